@@ -1,1 +1,66 @@
-//! x
+//! The core of a transactional outbox: the message model, the [`Store`] and [`Sink`]
+//! traits, the [`Relay`] that moves messages from one to the other, and a test kit.
+//!
+//! An application inserts a message in the same database transaction as its business
+//! change (with a backend crate such as `outbox-sqlx`). A [`Relay`] claims committed rows
+//! under a lease, publishes them through the [`Sink`] of their route, and marks a row
+//! published only after the sink acknowledged it. Delivery is at-least-once with a stable
+//! idempotency key that receivers deduplicate on.
+//!
+//! This crate depends on no database or broker client.
+//!
+//! ```
+//! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+//! use outbox_core::{MemoryStore, NewMessage, Relay, testkit::RecordingSink};
+//!
+//! let store = MemoryStore::new();
+//! store.enqueue(
+//!     NewMessage::builder("billing", "invoice.paid")
+//!         .json(&serde_json::json!({ "invoice": 42 }))
+//!         .build()?,
+//! )?;
+//!
+//! let sink = RecordingSink::new();
+//! let relay = Relay::builder(store.clone()).route("billing", sink.clone()).build()?;
+//! let report = relay.drain().await?;
+//! assert_eq!(report.published, 1);
+//! assert_eq!(sink.messages()[0].event_type, "invoice.paid");
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! # }).unwrap();
+//! ```
+//!
+//! The `testkit` feature adds the conformance suites every store and sink must pass,
+//! plus [`testkit::RecordingSink`] and [`testkit::FlakySink`] for your own tests.
+
+mod clock;
+mod error;
+mod memory;
+mod message;
+mod relay;
+mod retry;
+mod sink;
+pub mod state;
+mod store;
+mod wakeup;
+pub mod webhooks;
+
+#[cfg(feature = "testkit")]
+pub mod testkit;
+
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use error::{ConfigError, MessageError, StoreError, StoreErrorKind};
+pub use memory::{MemoryStore, RowSnapshot};
+pub use message::{
+    Availability, Headers, Limits, Message, MessageId, NewMessage, NewMessageBuilder,
+    deterministic_key,
+};
+pub use relay::{BatchReport, Ordering, Relay, RelayBuilder};
+pub use retry::{Decision, RetryPolicy};
+pub use sink::{BoxFuture, DynSink, Failure, FailureClass, Outcome, Sink};
+pub use state::{Lease, LeaseToken, Status};
+pub use store::{
+    Claim, ClaimRequest, CompleteAction, CompleteReport, Completion, DeadLetter, DeadLetterFilter,
+    DeadLetters, DestinationStats, Purge, PurgeRequest, Stats, Store, StoreStats, Wakeups,
+    purge_all,
+};
+pub use wakeup::{Wakeup, WakeupListener};

@@ -1,0 +1,384 @@
+//! A complete in-memory [`Store`], for tests and examples.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::clock::{Clock, SystemClock};
+use crate::error::{StoreError, StoreErrorKind};
+use crate::message::{Message, MessageId, NewMessage, chrono_duration};
+use crate::state::{Lease, LeaseToken, Row, RowState, Status};
+use crate::store::{
+    Claim, ClaimRequest, CompleteReport, Completion, DeadLetter, DeadLetterFilter, DeadLetters,
+    DestinationStats, Purge, PurgeRequest, Stats, Store, StoreStats, Wakeups,
+};
+use crate::wakeup::Wakeup;
+
+/// An in-memory outbox that keeps every guarantee of the SQL stores except durability.
+///
+/// Clones share the same rows. Time comes from a [`Clock`], so tests can use a
+/// [`ManualClock`](crate::ManualClock) to expire leases and backoffs instantly.
+///
+/// ```
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// use std::time::Duration;
+/// use outbox_core::{ClaimRequest, Completion, MemoryStore, NewMessage, Store};
+///
+/// let store = MemoryStore::new();
+/// store.enqueue(NewMessage::builder("billing", "invoice.paid").json(&42).build()?)?;
+///
+/// let claim = store.claim(&ClaimRequest::new("relay-1", 10, Duration::from_secs(30))).await?;
+/// assert_eq!(claim.messages.len(), 1);
+/// let done: Vec<_> = claim.messages.iter().map(|m| Completion::published(m.id)).collect();
+/// let report = store.complete(claim.lease.token, &done).await?;
+/// assert_eq!(report.applied, 1);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # }).unwrap();
+/// ```
+#[derive(Debug, Clone)]
+pub struct MemoryStore {
+    inner: Arc<Mutex<Inner>>,
+    clock: Arc<dyn Clock>,
+    wakeup: Wakeup,
+    delete_on_publish: bool,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    rows: BTreeMap<MessageId, Entry>,
+    /// Ids of pending and leased rows, oldest first: what a claim scans.
+    active: BTreeSet<MessageId>,
+}
+
+#[derive(Debug, Clone)]
+struct Entry {
+    message: Message,
+    row: Row,
+}
+
+/// One row as the in-memory store holds it, for assertions in tests.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RowSnapshot {
+    /// The message (with its current `attempts`).
+    pub message: Message,
+    /// Its state.
+    pub row: Row,
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MemoryStore {
+    /// An empty store on the system clock.
+    pub fn new() -> Self {
+        Self::with_clock(SystemClock)
+    }
+
+    /// An empty store on `clock`.
+    pub fn with_clock(clock: impl Clock) -> Self {
+        Self {
+            inner: Arc::default(),
+            clock: Arc::new(clock),
+            wakeup: Wakeup::new(),
+            delete_on_publish: false,
+        }
+    }
+
+    /// Deletes rows when they are published instead of keeping them as `published`.
+    pub fn delete_on_publish(mut self, enabled: bool) -> Self {
+        self.delete_on_publish = enabled;
+        self
+    }
+
+    /// Inserts one message and raises the wakeup signal.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreErrorKind::Constraint`] if a message with the same id exists.
+    pub fn enqueue(&self, message: NewMessage) -> Result<MessageId, StoreError> {
+        let id = message.id();
+        self.enqueue_all([message])?;
+        Ok(id)
+    }
+
+    /// Inserts messages atomically (all or none) and raises the wakeup signal once.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreErrorKind::Constraint`] if any id exists already or repeats in the batch.
+    pub fn enqueue_all(
+        &self,
+        messages: impl IntoIterator<Item = NewMessage>,
+    ) -> Result<usize, StoreError> {
+        let now = self.clock.now();
+        let messages: Vec<Message> = messages.into_iter().map(|m| m.into_message(now)).collect();
+        let mut inner = self.lock();
+        let mut seen = BTreeSet::new();
+        for m in &messages {
+            if inner.rows.contains_key(&m.id) || !seen.insert(m.id) {
+                return Err(StoreError::new(
+                    StoreErrorKind::Constraint,
+                    format!("duplicate message id {}", m.id),
+                ));
+            }
+        }
+        let n = messages.len();
+        for message in messages {
+            inner.active.insert(message.id);
+            let row = Row::new(message.available_at);
+            inner.rows.insert(message.id, Entry { message, row });
+        }
+        drop(inner);
+        if n > 0 {
+            self.wakeup.notify();
+        }
+        Ok(n)
+    }
+
+    /// The row with `id`, if the store has it.
+    pub fn row(&self, id: MessageId) -> Option<RowSnapshot> {
+        self.lock().rows.get(&id).map(Entry::snapshot)
+    }
+
+    /// Every row, oldest first.
+    pub fn rows(&self) -> Vec<RowSnapshot> {
+        self.lock().rows.values().map(Entry::snapshot).collect()
+    }
+
+    /// Ids of rows in `status`, oldest first.
+    pub fn ids_with_status(&self, status: Status) -> Vec<MessageId> {
+        self.lock()
+            .rows
+            .values()
+            .filter(|e| e.row.status() == status)
+            .map(|e| e.message.id)
+            .collect()
+    }
+
+    /// The clock this store reads.
+    pub fn clock(&self) -> &dyn Clock {
+        self.clock.as_ref()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic while holding the lock cannot leave a row half-changed: every mutation
+        // is a single assignment on an entry. Keep serving.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn claim_now(&self, request: &ClaimRequest) -> Claim {
+        let now = self.clock.now();
+        let lease = Lease {
+            owner: request.owner.clone(),
+            token: LeaseToken::new(),
+            until: now + chrono_duration(request.lease),
+        };
+        let mut inner = self.lock();
+        let Inner { rows, active } = &mut *inner;
+        let mut messages = Vec::new();
+        for id in active.iter() {
+            if messages.len() >= request.batch_size {
+                break;
+            }
+            let entry = rows.get_mut(id).expect("active ids have rows");
+            if request.wants(&entry.message.destination)
+                && entry.row.claim(now, lease.clone()).is_ok()
+            {
+                entry.message.attempts = entry.row.attempts;
+                messages.push(entry.message.clone());
+            }
+        }
+        Claim { lease, messages }
+    }
+
+    fn fenced<F>(&self, ids: impl Iterator<Item = (MessageId, F)>) -> CompleteReport
+    where
+        F: FnOnce(&mut Row) -> Result<(), crate::state::TransitionError>,
+    {
+        let mut inner = self.lock();
+        let mut report = CompleteReport::default();
+        let mut finished = Vec::new();
+        for (id, apply) in ids {
+            let Some(entry) = inner.rows.get_mut(&id) else {
+                report.stale.push(id);
+                continue;
+            };
+            if apply(&mut entry.row).is_err() {
+                report.stale.push(id);
+                continue;
+            }
+            entry.message.attempts = entry.row.attempts;
+            report.applied += 1;
+            if entry.row.due_at().is_none() {
+                finished.push((id, entry.row.status()));
+            }
+        }
+        for (id, status) in finished {
+            inner.active.remove(&id);
+            if self.delete_on_publish && status == Status::Published {
+                inner.rows.remove(&id);
+            }
+        }
+        report
+    }
+}
+
+impl Entry {
+    fn snapshot(&self) -> RowSnapshot {
+        RowSnapshot {
+            message: self.message.clone(),
+            row: self.row.clone(),
+        }
+    }
+}
+
+impl Store for MemoryStore {
+    async fn claim(&self, request: &ClaimRequest) -> Result<Claim, StoreError> {
+        Ok(self.claim_now(request))
+    }
+
+    async fn complete(
+        &self,
+        token: LeaseToken,
+        completions: &[Completion],
+    ) -> Result<CompleteReport, StoreError> {
+        let now = self.clock.now();
+        Ok(self.fenced(completions.iter().map(|c| {
+            (c.id, move |row: &mut Row| {
+                row.complete(token, now, &c.action)
+            })
+        })))
+    }
+
+    async fn release(
+        &self,
+        token: LeaseToken,
+        ids: &[MessageId],
+    ) -> Result<CompleteReport, StoreError> {
+        let now = self.clock.now();
+        let report = self.fenced(
+            ids.iter()
+                .map(|id| (*id, move |row: &mut Row| row.release(token, now))),
+        );
+        if report.applied > 0 {
+            self.wakeup.notify();
+        }
+        Ok(report)
+    }
+}
+
+impl StoreStats for MemoryStore {
+    async fn stats(&self) -> Result<Stats, StoreError> {
+        let inner = self.lock();
+        let mut by_destination: BTreeMap<&str, DestinationStats> = BTreeMap::new();
+        for entry in inner.rows.values() {
+            let d = by_destination
+                .entry(&entry.message.destination)
+                .or_insert_with(|| DestinationStats::new(entry.message.destination.clone()));
+            match entry.row.status() {
+                Status::Pending => d.pending += 1,
+                Status::Leased => d.leased += 1,
+                Status::Published => d.published += 1,
+                Status::Dead => d.dead += 1,
+            }
+            if matches!(entry.row.status(), Status::Pending | Status::Leased) {
+                let created = entry.message.created_at;
+                d.oldest_pending_created_at = Some(
+                    d.oldest_pending_created_at
+                        .map_or(created, |t| t.min(created)),
+                );
+            }
+        }
+        Ok(Stats {
+            destinations: by_destination.into_values().collect(),
+        })
+    }
+}
+
+impl DeadLetters for MemoryStore {
+    async fn list_dead(
+        &self,
+        filter: &DeadLetterFilter,
+        limit: usize,
+    ) -> Result<Vec<DeadLetter>, StoreError> {
+        let inner = self.lock();
+        Ok(inner
+            .rows
+            .values()
+            .filter_map(|e| match &e.row.state {
+                RowState::Dead { at, reason } if filter.matches(&e.message, reason) => {
+                    Some(DeadLetter {
+                        message: e.message.clone(),
+                        reason: reason.clone(),
+                        dead_at: *at,
+                    })
+                }
+                _ => None,
+            })
+            .take(limit)
+            .collect())
+    }
+
+    async fn replay_dead(&self, filter: &DeadLetterFilter) -> Result<u64, StoreError> {
+        let now = self.clock.now();
+        let mut inner = self.lock();
+        let Inner { rows, active } = &mut *inner;
+        let mut n = 0;
+        for entry in rows.values_mut() {
+            let matches = matches!(&entry.row.state, RowState::Dead { reason, .. } if filter.matches(&entry.message, reason));
+            if matches && entry.row.replay(now).is_ok() {
+                entry.message.attempts = 0;
+                active.insert(entry.message.id);
+                n += 1;
+            }
+        }
+        drop(inner);
+        if n > 0 {
+            self.wakeup.notify();
+        }
+        Ok(n)
+    }
+
+    async fn discard_dead(&self, filter: &DeadLetterFilter) -> Result<u64, StoreError> {
+        let mut inner = self.lock();
+        let before = inner.rows.len();
+        inner.rows.retain(|_, e| {
+            !matches!(&e.row.state, RowState::Dead { reason, .. } if filter.matches(&e.message, reason))
+        });
+        Ok((before - inner.rows.len()) as u64)
+    }
+}
+
+impl Purge for MemoryStore {
+    async fn purge(&self, request: &PurgeRequest) -> Result<u64, StoreError> {
+        let now = self.clock.now();
+        let published_cutoff = now - chrono_duration(request.published_older_than);
+        let dead_cutoff = request
+            .dead_older_than
+            .map(|age| now - chrono_duration(age));
+        let mut inner = self.lock();
+        let doomed: Vec<MessageId> = inner
+            .rows
+            .values()
+            .filter(|e| match &e.row.state {
+                RowState::Published { at } => *at <= published_cutoff,
+                RowState::Dead { at, .. } => dead_cutoff.is_some_and(|cutoff| *at <= cutoff),
+                _ => false,
+            })
+            .map(|e| e.message.id)
+            .take(request.batch_size)
+            .collect();
+        for id in &doomed {
+            inner.rows.remove(id);
+        }
+        Ok(doomed.len() as u64)
+    }
+}
+
+impl Wakeups for MemoryStore {
+    fn wakeup(&self) -> Wakeup {
+        self.wakeup.clone()
+    }
+}

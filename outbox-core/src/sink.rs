@@ -1,0 +1,221 @@
+//! The `Sink` trait: publish a batch, answer one outcome per message.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use crate::message::Message;
+
+/// Why a publish failed, for metrics labels and operators.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum FailureClass {
+    /// The broker or endpoint did not answer in time.
+    Timeout,
+    /// Connecting failed or the connection broke.
+    Connection,
+    /// Throttled (HTTP 429, broker quota).
+    RateLimited,
+    /// The receiver is temporarily unable (HTTP 5xx, broker unavailable, circuit open).
+    Unavailable,
+    /// The receiver refused the message (HTTP 4xx other than 408/425/429).
+    Rejected,
+    /// The message exceeds the receiver's size limit.
+    TooLarge,
+    /// The broker accepted but could not route the message (AMQP `basic.return`).
+    Unroutable,
+    /// The message could not be encoded for this sink.
+    Serialization,
+    /// The relay has no route for the message's destination.
+    UnknownDestination,
+    /// The sink is misconfigured.
+    Config,
+    /// Anything else.
+    Other,
+}
+
+impl FailureClass {
+    /// A short `snake_case` name, used as the `class` metrics label.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Timeout => "timeout",
+            Self::Connection => "connection",
+            Self::RateLimited => "rate_limited",
+            Self::Unavailable => "unavailable",
+            Self::Rejected => "rejected",
+            Self::TooLarge => "too_large",
+            Self::Unroutable => "unroutable",
+            Self::Serialization => "serialization",
+            Self::UnknownDestination => "unknown_destination",
+            Self::Config => "config",
+            Self::Other => "other",
+        }
+    }
+}
+
+impl fmt::Display for FailureClass {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A failed publish: its class, a message for `last_error`, and whether retrying can help.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    /// What kind of failure.
+    pub class: FailureClass,
+    /// Human-readable detail, stored as the row's last error.
+    pub message: String,
+    /// `false`: dead-letter at once. `true`: back off and try again.
+    pub retryable: bool,
+    /// The receiver asked to wait at least this long (e.g. `Retry-After`).
+    pub retry_after: Option<Duration>,
+}
+
+impl Failure {
+    /// A failure that a later attempt may not repeat.
+    pub fn retryable(class: FailureClass, message: impl Into<String>) -> Self {
+        Self {
+            class,
+            message: message.into(),
+            retryable: true,
+            retry_after: None,
+        }
+    }
+
+    /// A failure that every attempt would repeat; the message is dead-lettered.
+    pub fn permanent(class: FailureClass, message: impl Into<String>) -> Self {
+        Self {
+            class,
+            message: message.into(),
+            retryable: false,
+            retry_after: None,
+        }
+    }
+
+    /// Waits at least `delay` before the next attempt.
+    pub fn with_retry_after(mut self, delay: Duration) -> Self {
+        self.retry_after = Some(delay);
+        self
+    }
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = if self.retryable {
+            "retryable"
+        } else {
+            "permanent"
+        };
+        write!(f, "{kind} {}: {}", self.class, self.message)
+    }
+}
+
+impl std::error::Error for Failure {}
+
+/// The result of publishing one message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// The sink acknowledged the message; `receipt` is what the broker returned, such as
+    /// a partition/offset, a stream entry id or an SQS message id.
+    Published {
+        /// The broker's receipt, if it gives one.
+        receipt: Option<String>,
+    },
+    /// Not acknowledged.
+    Failed(Failure),
+}
+
+impl Outcome {
+    /// Acknowledged, no receipt.
+    pub fn published() -> Self {
+        Self::Published { receipt: None }
+    }
+    /// Acknowledged with a receipt.
+    pub fn published_with(receipt: impl Into<String>) -> Self {
+        Self::Published {
+            receipt: Some(receipt.into()),
+        }
+    }
+    /// A retryable failure.
+    pub fn retryable(class: FailureClass, message: impl Into<String>) -> Self {
+        Self::Failed(Failure::retryable(class, message))
+    }
+    /// A permanent failure.
+    pub fn permanent(class: FailureClass, message: impl Into<String>) -> Self {
+        Self::Failed(Failure::permanent(class, message))
+    }
+    /// Whether the sink acknowledged the message.
+    pub fn is_published(&self) -> bool {
+        matches!(self, Self::Published { .. })
+    }
+}
+
+impl From<Failure> for Outcome {
+    fn from(failure: Failure) -> Self {
+        Self::Failed(failure)
+    }
+}
+
+/// Publishes messages to one kind of receiver.
+///
+/// # Contract
+///
+/// - Return exactly one [`Outcome`] per message, in batch order. A sink that cannot tell
+///   messages apart returns `Err`, and every message of the batch gets that failure.
+/// - Return [`Outcome::Published`] only after the receiver acknowledged durably (HTTP 2xx,
+///   Kafka delivery report, SQS per-entry success, AMQP confirm without return, Redis
+///   reply). When unsure, fail retryably: a duplicate is recoverable, a loss is not.
+/// - Carry `id` and `idempotency_key` to the receiver unchanged on every attempt.
+/// - Never panic on a broker reply; classify it.
+///
+/// ```
+/// use outbox_core::{Failure, FailureClass, Message, Outcome, Sink};
+///
+/// struct Stdout;
+///
+/// impl Sink for Stdout {
+///     async fn publish(&self, batch: &[Message]) -> Result<Vec<Outcome>, Failure> {
+///         Ok(batch
+///             .iter()
+///             .map(|m| match m.payload_str() {
+///                 Some(text) => {
+///                     println!("{} {}", m.event_type, text);
+///                     Outcome::published()
+///                 }
+///                 None => Outcome::permanent(FailureClass::Serialization, "payload is not UTF-8"),
+///             })
+///             .collect())
+///     }
+/// }
+/// ```
+pub trait Sink: Send + Sync + 'static {
+    /// Publishes `batch`; see the trait's contract.
+    fn publish(
+        &self,
+        batch: &[Message],
+    ) -> impl Future<Output = Result<Vec<Outcome>, Failure>> + Send;
+}
+
+/// A boxed future, as [`DynSink`] returns.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// The object-safe twin of [`Sink`], implemented for every `Sink`, so a relay can hold
+/// sinks of different types as `Arc<dyn DynSink>`.
+pub trait DynSink: Send + Sync + 'static {
+    /// Publishes `batch`; see [`Sink::publish`].
+    fn publish_dyn<'a>(
+        &'a self,
+        batch: &'a [Message],
+    ) -> BoxFuture<'a, Result<Vec<Outcome>, Failure>>;
+}
+
+impl<S: Sink> DynSink for S {
+    fn publish_dyn<'a>(
+        &'a self,
+        batch: &'a [Message],
+    ) -> BoxFuture<'a, Result<Vec<Outcome>, Failure>> {
+        Box::pin(self.publish(batch))
+    }
+}

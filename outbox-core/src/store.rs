@@ -1,0 +1,408 @@
+//! The relay side of a store: claim, complete, release, plus small optional capabilities.
+//!
+//! Enqueueing is not here on purpose: it happens inside the application's own
+//! transaction, with the backend crate's types (`outbox-sqlx`, `outbox-diesel`), or with
+//! [`MemoryStore::enqueue`](crate::MemoryStore::enqueue) in tests.
+
+use std::future::Future;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+
+use crate::error::StoreError;
+use crate::message::{Message, MessageId};
+use crate::state::{Lease, LeaseToken};
+use crate::wakeup::Wakeup;
+
+/// What a relay asks for when it claims.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ClaimRequest {
+    /// The relay's name, stored as `lease_owner` for operators.
+    pub owner: String,
+    /// Most rows to lease.
+    pub batch_size: usize,
+    /// How long the lease lasts (measured by the store's clock).
+    pub lease: Duration,
+    /// Only these destinations; `None` claims every destination.
+    pub destinations: Option<Vec<String>>,
+}
+
+impl ClaimRequest {
+    /// A request for up to `batch_size` rows of any destination.
+    pub fn new(owner: impl Into<String>, batch_size: usize, lease: Duration) -> Self {
+        Self {
+            owner: owner.into(),
+            batch_size,
+            lease,
+            destinations: None,
+        }
+    }
+
+    /// Restricts the claim to these destinations.
+    pub fn destinations(mut self, destinations: Vec<String>) -> Self {
+        self.destinations = Some(destinations);
+        self
+    }
+
+    /// Whether `destination` passes the filter.
+    pub fn wants(&self, destination: &str) -> bool {
+        self.destinations
+            .as_ref()
+            .is_none_or(|d| d.iter().any(|x| x == destination))
+    }
+}
+
+/// Rows leased by one claim, all under the same lease.
+#[derive(Debug, Clone)]
+pub struct Claim {
+    /// The lease every row in `messages` carries.
+    pub lease: Lease,
+    /// The leased messages, oldest first.
+    pub messages: Vec<Message>,
+}
+
+/// How a leased row ends its attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CompleteAction {
+    /// The sink acknowledged it.
+    Published,
+    /// Try again after `delay` (from the store's clock).
+    Retry {
+        /// Backoff before the next claim.
+        delay: Duration,
+        /// The failure, kept in `last_error`.
+        error: String,
+    },
+    /// Give up; the row stays queryable as a dead letter.
+    Dead {
+        /// Why.
+        reason: String,
+    },
+}
+
+/// The completion of one leased row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Completion {
+    /// The row.
+    pub id: MessageId,
+    /// What happened.
+    pub action: CompleteAction,
+}
+
+impl Completion {
+    /// Marks `id` published.
+    pub fn published(id: MessageId) -> Self {
+        Self {
+            id,
+            action: CompleteAction::Published,
+        }
+    }
+    /// Schedules `id` again after `delay`.
+    pub fn retry(id: MessageId, delay: Duration, error: impl Into<String>) -> Self {
+        Self {
+            id,
+            action: CompleteAction::Retry {
+                delay,
+                error: error.into(),
+            },
+        }
+    }
+    /// Dead-letters `id`.
+    pub fn dead(id: MessageId, reason: impl Into<String>) -> Self {
+        Self {
+            id,
+            action: CompleteAction::Dead {
+                reason: reason.into(),
+            },
+        }
+    }
+}
+
+/// What a fenced operation did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CompleteReport {
+    /// Rows changed.
+    pub applied: usize,
+    /// Rows left alone because their lease token no longer matched (another relay
+    /// reclaimed them, or they were already completed).
+    pub stale: Vec<MessageId>,
+}
+
+/// The relay side of an outbox table.
+///
+/// # Contract
+///
+/// - [`claim`](Store::claim) leases up to `batch_size` rows that are pending and due, or
+///   leased with a lapsed lease, in one atomic step; two concurrent claims never return
+///   the same row. Each claimed row's `attempts` grows by one. Rows come oldest first.
+/// - [`complete`](Store::complete) and [`release`](Store::release) change a row only if
+///   it is still leased with the given token, and report every other row as stale.
+/// - Time (due, lease deadlines, backoff) is measured by the store's clock, so relays on
+///   hosts with skewed clocks agree.
+/// - A failed call changes nothing, or its effect is the same as if it had succeeded
+///   before a crash (a relay crash at any point must never lose a row).
+pub trait Store: Send + Sync + 'static {
+    /// Leases a batch. An empty claim has an empty `messages`.
+    fn claim(
+        &self,
+        request: &ClaimRequest,
+    ) -> impl Future<Output = Result<Claim, StoreError>> + Send;
+
+    /// Records how each leased row ended, fenced by `token`.
+    fn complete(
+        &self,
+        token: LeaseToken,
+        completions: &[Completion],
+    ) -> impl Future<Output = Result<CompleteReport, StoreError>> + Send;
+
+    /// Gives leased rows back without counting the attempt (graceful shutdown).
+    fn release(
+        &self,
+        token: LeaseToken,
+        ids: &[MessageId],
+    ) -> impl Future<Output = Result<CompleteReport, StoreError>> + Send;
+}
+
+/// Counts for one destination.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DestinationStats {
+    /// The route name.
+    pub destination: String,
+    /// Pending rows, due or scheduled.
+    pub pending: u64,
+    /// Leased rows, including lapsed leases not yet reclaimed.
+    pub leased: u64,
+    /// Dead letters.
+    pub dead: u64,
+    /// Published rows still kept in the table.
+    pub published: u64,
+    /// `created_at` of the oldest pending or leased row.
+    pub oldest_pending_created_at: Option<DateTime<Utc>>,
+}
+
+impl DestinationStats {
+    /// An all-zero entry for `destination`.
+    pub fn new(destination: impl Into<String>) -> Self {
+        Self {
+            destination: destination.into(),
+            ..Self::default()
+        }
+    }
+
+    /// Rows not yet finished: pending plus leased.
+    pub fn backlog(&self) -> u64 {
+        self.pending + self.leased
+    }
+
+    /// Age of the oldest unfinished row at `now`.
+    pub fn oldest_pending_age(&self, now: DateTime<Utc>) -> Option<Duration> {
+        self.oldest_pending_created_at
+            .map(|t| (now - t).to_std().unwrap_or(Duration::ZERO))
+    }
+}
+
+/// Counts per destination, sorted by destination.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// One entry per destination that has rows.
+    pub destinations: Vec<DestinationStats>,
+}
+
+impl Stats {
+    /// The entry for `destination`, if it has rows.
+    pub fn destination(&self, destination: &str) -> Option<&DestinationStats> {
+        self.destinations
+            .iter()
+            .find(|d| d.destination == destination)
+    }
+
+    /// Sums over every destination.
+    pub fn total(&self) -> DestinationStats {
+        let mut total = DestinationStats::new("*");
+        for d in &self.destinations {
+            total.pending += d.pending;
+            total.leased += d.leased;
+            total.dead += d.dead;
+            total.published += d.published;
+            total.oldest_pending_created_at =
+                match (total.oldest_pending_created_at, d.oldest_pending_created_at) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
+        }
+        total
+    }
+}
+
+/// Optional capability: counts for dashboards and the CLI.
+pub trait StoreStats: Send + Sync {
+    /// Counts per destination.
+    fn stats(&self) -> impl Future<Output = Result<Stats, StoreError>> + Send;
+}
+
+/// Which dead letters an operation applies to. Empty fields match everything; set fields
+/// must all match.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DeadLetterFilter {
+    /// Only these ids.
+    pub ids: Vec<MessageId>,
+    /// Only these destinations.
+    pub destinations: Vec<String>,
+    /// Only these event types.
+    pub event_types: Vec<String>,
+    /// Created at or after.
+    pub created_after: Option<DateTime<Utc>>,
+    /// Created before.
+    pub created_before: Option<DateTime<Utc>>,
+    /// The reason contains this text (case-sensitive).
+    pub error_contains: Option<String>,
+}
+
+impl DeadLetterFilter {
+    /// Matches every dead letter.
+    pub fn all() -> Self {
+        Self::default()
+    }
+    /// Only these ids.
+    pub fn ids(mut self, ids: impl IntoIterator<Item = MessageId>) -> Self {
+        self.ids.extend(ids);
+        self
+    }
+    /// Only this destination (call again to add more).
+    pub fn destination(mut self, destination: impl Into<String>) -> Self {
+        self.destinations.push(destination.into());
+        self
+    }
+    /// Only this event type (call again to add more).
+    pub fn event_type(mut self, event_type: impl Into<String>) -> Self {
+        self.event_types.push(event_type.into());
+        self
+    }
+    /// Created in `[after, before)`.
+    pub fn created_between(
+        mut self,
+        after: Option<DateTime<Utc>>,
+        before: Option<DateTime<Utc>>,
+    ) -> Self {
+        self.created_after = after;
+        self.created_before = before;
+        self
+    }
+    /// The reason contains `text`.
+    pub fn error_contains(mut self, text: impl Into<String>) -> Self {
+        self.error_contains = Some(text.into());
+        self
+    }
+
+    /// Whether a dead letter matches (used by the in-memory store and tests).
+    pub fn matches(&self, message: &Message, reason: &str) -> bool {
+        (self.ids.is_empty() || self.ids.contains(&message.id))
+            && (self.destinations.is_empty() || self.destinations.contains(&message.destination))
+            && (self.event_types.is_empty() || self.event_types.contains(&message.event_type))
+            && self.created_after.is_none_or(|t| message.created_at >= t)
+            && self.created_before.is_none_or(|t| message.created_at < t)
+            && self
+                .error_contains
+                .as_ref()
+                .is_none_or(|s| reason.contains(s.as_str()))
+    }
+}
+
+/// A dead-lettered message with why and when.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadLetter {
+    /// The message as stored.
+    pub message: Message,
+    /// Why it was given up on.
+    pub reason: String,
+    /// When.
+    pub dead_at: DateTime<Utc>,
+}
+
+/// Optional capability: operate dead letters.
+pub trait DeadLetters: Send + Sync {
+    /// Up to `limit` matching dead letters, oldest first.
+    fn list_dead(
+        &self,
+        filter: &DeadLetterFilter,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<DeadLetter>, StoreError>> + Send;
+
+    /// Makes matching dead letters pending again, due now, with zero attempts.
+    fn replay_dead(
+        &self,
+        filter: &DeadLetterFilter,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// Deletes matching dead letters.
+    fn discard_dead(
+        &self,
+        filter: &DeadLetterFilter,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+}
+
+/// Which finished rows a purge deletes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PurgeRequest {
+    /// Delete published rows finished at least this long ago.
+    pub published_older_than: Duration,
+    /// Also delete dead letters that died at least this long ago; `None` keeps them.
+    pub dead_older_than: Option<Duration>,
+    /// Most rows one call deletes, so a purge never holds long locks.
+    pub batch_size: usize,
+}
+
+impl PurgeRequest {
+    /// Purges published rows older than `age`, 1,000 rows a call, keeping dead letters.
+    pub fn published_older_than(age: Duration) -> Self {
+        Self {
+            published_older_than: age,
+            dead_older_than: None,
+            batch_size: 1000,
+        }
+    }
+    /// Also purges dead letters older than `age`.
+    pub fn dead_older_than(mut self, age: Duration) -> Self {
+        self.dead_older_than = Some(age);
+        self
+    }
+    /// Sets the per-call bound.
+    pub fn batch_size(mut self, n: usize) -> Self {
+        self.batch_size = n;
+        self
+    }
+}
+
+/// Optional capability: retention.
+pub trait Purge: Send + Sync {
+    /// Deletes at most `request.batch_size` finished rows; returns how many. Call again
+    /// until it returns less than the batch size (see [`purge_all`]).
+    fn purge(&self, request: &PurgeRequest)
+    -> impl Future<Output = Result<u64, StoreError>> + Send;
+}
+
+/// Runs [`Purge::purge`] in bounded batches until nothing old is left; returns the total.
+pub async fn purge_all<P: Purge + ?Sized>(
+    store: &P,
+    request: &PurgeRequest,
+) -> Result<u64, StoreError> {
+    let mut total = 0;
+    loop {
+        let n = store.purge(request).await?;
+        total += n;
+        if n < request.batch_size as u64 {
+            return Ok(total);
+        }
+    }
+}
+
+/// Optional capability: a signal raised when new rows may be due, so a relay wakes up
+/// before its next poll.
+pub trait Wakeups: Send + Sync {
+    /// The store's wakeup signal.
+    fn wakeup(&self) -> Wakeup;
+}

@@ -1,0 +1,664 @@
+//! The store conformance suite: every [`Store`] must pass every check here.
+//!
+//! Each check is a plain async function taking a fresh [`StoreHarness`]; it panics with a
+//! message saying which part of the contract broke. [`run_all`] runs them all with a
+//! harness factory:
+//!
+//! ```
+//! # tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap().block_on(async {
+//! use outbox_core::testkit::{MemoryHarness, store_suite};
+//!
+//! store_suite::run_all(|| async { MemoryHarness::new() }).await;
+//! # });
+//! ```
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::time::Duration;
+
+use crate::clock::ManualClock;
+use crate::error::StoreError;
+use crate::memory::MemoryStore;
+use crate::message::{MessageId, NewMessage};
+use crate::relay::Relay;
+use crate::retry::RetryPolicy;
+use crate::store::{
+    ClaimRequest, Completion, DeadLetterFilter, DeadLetters, Purge, PurgeRequest, Store,
+    StoreStats, purge_all,
+};
+use crate::testkit::{FlakySink, RecordingSink};
+
+/// What the suite needs from a backend besides the [`Store`] traits: a way to enqueue
+/// (each backend does that inside its own transactions) and a way to make time pass for
+/// the store (SQL harnesses shift the row timestamps back instead of sleeping).
+pub trait StoreHarness: Send + Sync {
+    /// The store under test.
+    type Store: Store + StoreStats + DeadLetters + Purge + Clone;
+
+    /// The store under test, over an empty outbox.
+    fn store(&self) -> &Self::Store;
+
+    /// Commits `messages` to the outbox in one transaction.
+    fn enqueue(
+        &self,
+        messages: Vec<NewMessage>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Makes `by` pass on the store's clock.
+    fn advance(&self, by: Duration) -> impl Future<Output = ()> + Send;
+}
+
+/// The in-memory store on a [`ManualClock`].
+#[derive(Debug, Clone)]
+pub struct MemoryHarness {
+    store: MemoryStore,
+    clock: ManualClock,
+}
+
+impl MemoryHarness {
+    /// A fresh empty store.
+    pub fn new() -> Self {
+        let clock = ManualClock::new();
+        Self {
+            store: MemoryStore::with_clock(clock.clone()),
+            clock,
+        }
+    }
+}
+
+impl Default for MemoryHarness {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl StoreHarness for MemoryHarness {
+    type Store = MemoryStore;
+
+    fn store(&self) -> &MemoryStore {
+        &self.store
+    }
+
+    async fn enqueue(&self, messages: Vec<NewMessage>) -> Result<(), StoreError> {
+        self.store.enqueue_all(messages).map(|_| ())
+    }
+
+    async fn advance(&self, by: Duration) {
+        self.clock.advance(by);
+    }
+}
+
+/// Runs every check, each on a fresh harness from `factory`, printing each name.
+pub async fn run_all<H, F, Fut>(factory: F)
+where
+    H: StoreHarness,
+    F: Fn() -> Fut,
+    Fut: Future<Output = H>,
+{
+    macro_rules! checks {
+        ($($check:ident),* $(,)?) => {$(
+            eprintln!("store conformance: {}", stringify!($check));
+            $check(&factory().await).await;
+        )*};
+    }
+    checks!(
+        fields_round_trip,
+        claims_due_rows_oldest_first,
+        claim_is_exclusive_under_concurrency,
+        claim_filters_destinations,
+        scheduled_rows_wait,
+        lapsed_lease_is_reclaimed,
+        stale_token_is_fenced,
+        retry_respects_available_at,
+        completion_is_batched,
+        release_does_not_count_an_attempt,
+        max_attempts_dead_letters,
+        dead_letters_list_replay_discard,
+        stats_count_each_state,
+        purge_is_bounded_and_keeps_unfinished,
+    );
+}
+
+const LEASE: Duration = Duration::from_secs(30);
+
+fn request(batch: usize) -> ClaimRequest {
+    ClaimRequest::new("suite-relay", batch, LEASE)
+}
+
+fn message(destination: &str, n: usize) -> NewMessage {
+    NewMessage::builder(destination, "suite.event")
+        .json(&serde_json::json!({ "n": n }))
+        .build()
+        .expect("valid message")
+}
+
+async fn enqueue_n<H: StoreHarness>(h: &H, destination: &str, n: usize) -> Vec<MessageId> {
+    let messages: Vec<NewMessage> = (0..n).map(|i| message(destination, i)).collect();
+    let ids = messages.iter().map(NewMessage::id).collect();
+    h.enqueue(messages).await.expect("enqueue");
+    ids
+}
+
+async fn counts<H: StoreHarness>(h: &H, destination: &str) -> (u64, u64, u64, u64) {
+    let stats = h.store().stats().await.expect("stats");
+    stats
+        .destination(destination)
+        .map_or((0, 0, 0, 0), |d| (d.pending, d.leased, d.published, d.dead))
+}
+
+/// Every field of a message survives the store byte for byte, binary payloads included.
+pub async fn fields_round_trip<H: StoreHarness>(h: &H) {
+    let ns = uuid::Uuid::NAMESPACE_URL;
+    let original = NewMessage::builder("round.trip", "order.paid")
+        .bytes(
+            vec![0u8, 159, 146, 150, 255, b'\'', b'"', b'\\'],
+            "application/octet-stream",
+        )
+        .aggregate("order", "o-1042")
+        .partition_key("o-1042")
+        .tenant_id("tenant-ü")
+        .header(
+            "traceparent",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        )
+        .header("x-quote", "it's \"quoted\"; DROP TABLE outbox; --")
+        .deterministic_key(ns, &["o-1042", "paid"])
+        .build()
+        .expect("valid message");
+    h.enqueue(vec![original.clone()]).await.expect("enqueue");
+    let claim = h.store().claim(&request(10)).await.expect("claim");
+    assert_eq!(claim.messages.len(), 1, "one message enqueued, one claimed");
+    let m = &claim.messages[0];
+    assert_eq!(m.id, original.id());
+    assert_eq!(m.destination, original.destination());
+    assert_eq!(m.event_type, original.event_type());
+    assert_eq!(m.aggregate_type.as_deref(), original.aggregate_type());
+    assert_eq!(m.aggregate_id.as_deref(), original.aggregate_id());
+    assert_eq!(m.partition_key.as_deref(), original.partition_key());
+    assert_eq!(m.tenant_id.as_deref(), original.tenant_id());
+    assert_eq!(m.idempotency_key, original.idempotency_key());
+    assert_eq!(
+        m.payload,
+        original.payload(),
+        "payload bytes must round-trip"
+    );
+    assert_eq!(m.content_type, original.content_type());
+    assert_eq!(&m.headers, original.headers());
+    assert_eq!(m.attempts, 1, "a claim counts one attempt");
+    assert!(m.available_at >= m.created_at);
+    assert_eq!(claim.lease.owner, "suite-relay");
+}
+
+/// Claims return due rows oldest first, never more than the batch size, each once.
+pub async fn claims_due_rows_oldest_first<H: StoreHarness>(h: &H) {
+    let ids = enqueue_n(h, "orders", 5).await;
+    let store = h.store();
+    let first = store.claim(&request(3)).await.expect("claim");
+    let got: Vec<_> = first.messages.iter().map(|m| m.id).collect();
+    assert_eq!(got, ids[..3], "first claim: three oldest rows in id order");
+    let second = store.claim(&request(3)).await.expect("claim");
+    let got: Vec<_> = second.messages.iter().map(|m| m.id).collect();
+    assert_eq!(got, ids[3..], "second claim: the remaining rows");
+    assert_ne!(
+        first.lease.token, second.lease.token,
+        "each claim gets its own token"
+    );
+    assert!(
+        store
+            .claim(&request(3))
+            .await
+            .expect("claim")
+            .messages
+            .is_empty(),
+        "nothing left to claim"
+    );
+    assert_eq!(counts(h, "orders").await, (0, 5, 0, 0));
+}
+
+/// Concurrent claimers never receive the same row.
+pub async fn claim_is_exclusive_under_concurrency<H: StoreHarness>(h: &H) {
+    let ids: HashSet<_> = enqueue_n(h, "orders", 300).await.into_iter().collect();
+    let mut tasks = tokio::task::JoinSet::new();
+    for worker in 0..8 {
+        let store = h.store().clone();
+        tasks.spawn(async move {
+            let mut mine = Vec::new();
+            loop {
+                let claim = store
+                    .claim(&ClaimRequest::new(format!("w{worker}"), 7, LEASE))
+                    .await
+                    .expect("claim");
+                if claim.messages.is_empty() {
+                    return mine;
+                }
+                mine.extend(claim.messages.into_iter().map(|m| m.id));
+            }
+        });
+    }
+    let mut seen = HashSet::new();
+    let mut total = 0;
+    while let Some(mine) = tasks.join_next().await {
+        for id in mine.expect("claimer task") {
+            total += 1;
+            assert!(seen.insert(id), "row {id} was claimed twice");
+        }
+    }
+    assert_eq!(total, 300);
+    assert_eq!(seen, ids, "every row claimed exactly once");
+}
+
+/// A claim restricted to some destinations leaves the others alone.
+pub async fn claim_filters_destinations<H: StoreHarness>(h: &H) {
+    enqueue_n(h, "a", 3).await;
+    let b = enqueue_n(h, "b", 2).await;
+    let claim = h
+        .store()
+        .claim(&request(10).destinations(vec!["b".into(), "c".into()]))
+        .await
+        .expect("claim");
+    let got: Vec<_> = claim.messages.iter().map(|m| m.id).collect();
+    assert_eq!(got, b);
+    assert_eq!(counts(h, "a").await, (3, 0, 0, 0));
+}
+
+/// A delayed message is not claimed before its time.
+pub async fn scheduled_rows_wait<H: StoreHarness>(h: &H) {
+    let later = NewMessage::builder("orders", "reminder")
+        .json(&1)
+        .delay(Duration::from_secs(60))
+        .build()
+        .expect("valid");
+    h.enqueue(vec![later.clone()]).await.expect("enqueue");
+    assert!(
+        h.store()
+            .claim(&request(10))
+            .await
+            .expect("claim")
+            .messages
+            .is_empty(),
+        "not due yet"
+    );
+    h.advance(Duration::from_secs(61)).await;
+    let claim = h.store().claim(&request(10)).await.expect("claim");
+    assert_eq!(
+        claim.messages.iter().map(|m| m.id).collect::<Vec<_>>(),
+        vec![later.id()],
+        "due now"
+    );
+}
+
+/// A lease that lapsed is claimed again, with a new token and one more attempt.
+pub async fn lapsed_lease_is_reclaimed<H: StoreHarness>(h: &H) {
+    let ids = enqueue_n(h, "orders", 2).await;
+    let store = h.store();
+    let first = store.claim(&request(10)).await.expect("claim");
+    assert_eq!(first.messages.len(), 2);
+    h.advance(LEASE / 2).await;
+    assert!(
+        store
+            .claim(&request(10))
+            .await
+            .expect("claim")
+            .messages
+            .is_empty(),
+        "lease still held"
+    );
+    h.advance(LEASE).await;
+    let second = store.claim(&request(10)).await.expect("claim");
+    let got: Vec<_> = second.messages.iter().map(|m| m.id).collect();
+    assert_eq!(got, ids, "lapsed rows are reclaimed");
+    assert!(
+        second.messages.iter().all(|m| m.attempts == 2),
+        "reclaim counts an attempt"
+    );
+    assert_ne!(first.lease.token, second.lease.token);
+    assert!(second.lease.until > first.lease.until);
+}
+
+/// A relay whose lease was reclaimed changes nothing, and is told which rows were stale.
+pub async fn stale_token_is_fenced<H: StoreHarness>(h: &H) {
+    let ids = enqueue_n(h, "orders", 3).await;
+    let store = h.store();
+    let old = store.claim(&request(10)).await.expect("claim");
+    h.advance(LEASE + Duration::from_secs(1)).await;
+    let new = store.claim(&request(10)).await.expect("claim");
+    assert_eq!(new.messages.len(), 3);
+
+    let before = counts(h, "orders").await;
+    let stale_publish: Vec<_> = ids.iter().map(|id| Completion::published(*id)).collect();
+    let report = store
+        .complete(old.lease.token, &stale_publish)
+        .await
+        .expect("complete");
+    assert_eq!(report.applied, 0, "a fenced completion changes no row");
+    assert_eq!(
+        report.stale.iter().copied().collect::<HashSet<_>>(),
+        ids.iter().copied().collect()
+    );
+    let stale_dead: Vec<_> = ids
+        .iter()
+        .map(|id| Completion::dead(*id, "stale"))
+        .collect();
+    assert_eq!(
+        store
+            .complete(old.lease.token, &stale_dead)
+            .await
+            .expect("complete")
+            .applied,
+        0
+    );
+    assert_eq!(
+        store
+            .release(old.lease.token, &ids)
+            .await
+            .expect("release")
+            .applied,
+        0
+    );
+    assert_eq!(
+        counts(h, "orders").await,
+        before,
+        "fenced calls left every row as it was"
+    );
+
+    let report = store
+        .complete(new.lease.token, &stale_publish)
+        .await
+        .expect("complete");
+    assert_eq!(report.applied, 3, "the current holder completes");
+    assert!(report.stale.is_empty());
+    let again = store
+        .complete(new.lease.token, &stale_publish)
+        .await
+        .expect("complete");
+    assert_eq!(
+        (again.applied, again.stale.len()),
+        (0, 3),
+        "completing twice is fenced too"
+    );
+    assert_eq!(counts(h, "orders").await, (0, 0, 3, 0));
+}
+
+/// A retried row waits for its backoff.
+pub async fn retry_respects_available_at<H: StoreHarness>(h: &H) {
+    let ids = enqueue_n(h, "orders", 1).await;
+    let store = h.store();
+    let claim = store.claim(&request(10)).await.expect("claim");
+    let retry = [Completion::retry(
+        ids[0],
+        Duration::from_secs(30),
+        "503 from receiver",
+    )];
+    assert_eq!(
+        store
+            .complete(claim.lease.token, &retry)
+            .await
+            .expect("complete")
+            .applied,
+        1
+    );
+    assert_eq!(counts(h, "orders").await, (1, 0, 0, 0));
+    h.advance(Duration::from_secs(25)).await;
+    assert!(
+        store
+            .claim(&request(10))
+            .await
+            .expect("claim")
+            .messages
+            .is_empty(),
+        "backoff not over"
+    );
+    h.advance(Duration::from_secs(6)).await;
+    let claim = store.claim(&request(10)).await.expect("claim");
+    assert_eq!(claim.messages.len(), 1, "due after the backoff");
+    assert_eq!(claim.messages[0].attempts, 2);
+}
+
+/// One completion call can publish, retry and dead-letter different rows.
+pub async fn completion_is_batched<H: StoreHarness>(h: &H) {
+    let ids = enqueue_n(h, "orders", 4).await;
+    let store = h.store();
+    let claim = store.claim(&request(10)).await.expect("claim");
+    let completions = [
+        Completion::published(ids[0]),
+        Completion::published(ids[1]),
+        Completion::retry(ids[2], Duration::from_secs(60), "timeout"),
+        Completion::dead(ids[3], "400 unknown template"),
+    ];
+    let report = store
+        .complete(claim.lease.token, &completions)
+        .await
+        .expect("complete");
+    assert_eq!(report.applied, 4);
+    assert_eq!(counts(h, "orders").await, (1, 0, 2, 1));
+    let dead = store
+        .list_dead(&DeadLetterFilter::all(), 10)
+        .await
+        .expect("list");
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].message.id, ids[3]);
+    assert_eq!(dead[0].reason, "400 unknown template");
+}
+
+/// Released rows are claimable at once and the release does not count as an attempt.
+pub async fn release_does_not_count_an_attempt<H: StoreHarness>(h: &H) {
+    let ids = enqueue_n(h, "orders", 2).await;
+    let store = h.store();
+    let claim = store.claim(&request(10)).await.expect("claim");
+    let report = store
+        .release(claim.lease.token, &ids)
+        .await
+        .expect("release");
+    assert_eq!(report.applied, 2);
+    let again = store.claim(&request(10)).await.expect("claim");
+    assert_eq!(again.messages.len(), 2, "released rows are due now");
+    assert!(
+        again.messages.iter().all(|m| m.attempts == 1),
+        "a release gives the attempt back"
+    );
+}
+
+/// A message that keeps failing is dead-lettered after the policy's attempts, by a relay.
+pub async fn max_attempts_dead_letters<H: StoreHarness>(h: &H) {
+    let ids = enqueue_n(h, "orders", 2).await;
+    let always_failing = FlakySink::new(RecordingSink::new()).retryable_rate(1.0);
+    let relay = Relay::builder(h.store().clone())
+        .route("orders", always_failing)
+        .retry(
+            RetryPolicy::default()
+                .initial_delay(Duration::from_secs(1))
+                .max_delay(Duration::from_secs(1))
+                .max_attempts(3),
+        )
+        .build()
+        .expect("relay");
+    for attempt in 1..=3 {
+        let report = relay.run_once().await.expect("batch");
+        assert_eq!(report.claimed, 2, "attempt {attempt} claims both rows");
+        h.advance(Duration::from_secs(2)).await;
+    }
+    assert_eq!(counts(h, "orders").await, (0, 0, 0, 2));
+    let dead = h
+        .store()
+        .list_dead(&DeadLetterFilter::all().ids(ids), 10)
+        .await
+        .expect("list");
+    assert_eq!(dead.len(), 2);
+    assert!(
+        dead.iter().all(|d| d.reason.contains("3 attempts")),
+        "reason names the attempts: {dead:?}"
+    );
+}
+
+/// Dead letters can be listed, replayed and discarded by filter; only matches are touched.
+pub async fn dead_letters_list_replay_discard<H: StoreHarness>(h: &H) {
+    let specs = [
+        ("sms", "order.paid", "400 bad phone"),
+        ("sms", "order.shipped", "400 unknown template"),
+        ("email", "order.paid", "550 mailbox unavailable"),
+        ("email", "order.paid", "400 bad address"),
+    ];
+    let messages: Vec<NewMessage> = specs
+        .iter()
+        .map(|(d, e, _)| NewMessage::builder(*d, *e).json(&1).build().expect("valid"))
+        .collect();
+    let ids: Vec<_> = messages.iter().map(NewMessage::id).collect();
+    h.enqueue(messages).await.expect("enqueue");
+    let store = h.store();
+    let claim = store.claim(&request(10)).await.expect("claim");
+    let deaths: Vec<_> = ids
+        .iter()
+        .zip(specs)
+        .map(|(id, (_, _, why))| Completion::dead(*id, why))
+        .collect();
+    store
+        .complete(claim.lease.token, &deaths)
+        .await
+        .expect("complete");
+
+    let all = store
+        .list_dead(&DeadLetterFilter::all(), 10)
+        .await
+        .expect("list");
+    assert_eq!(
+        all.iter().map(|d| d.message.id).collect::<Vec<_>>(),
+        ids,
+        "oldest first"
+    );
+    let limited = store
+        .list_dead(&DeadLetterFilter::all(), 2)
+        .await
+        .expect("list");
+    assert_eq!(limited.len(), 2, "limit applies");
+    let sms = DeadLetterFilter::all().destination("sms");
+    assert_eq!(store.list_dead(&sms, 10).await.expect("list").len(), 2);
+    let paid_email = DeadLetterFilter::all()
+        .destination("email")
+        .event_type("order.paid")
+        .error_contains("400");
+    let found = store.list_dead(&paid_email, 10).await.expect("list");
+    assert_eq!(
+        found.iter().map(|d| d.message.id).collect::<Vec<_>>(),
+        vec![ids[3]]
+    );
+    let by_id = DeadLetterFilter::all().ids([ids[1]]);
+    assert_eq!(
+        store.list_dead(&by_id, 10).await.expect("list")[0]
+            .message
+            .id,
+        ids[1]
+    );
+    let future = DeadLetterFilter::all()
+        .created_between(Some(chrono::Utc::now() + chrono::Duration::days(365)), None);
+    assert!(
+        store.list_dead(&future, 10).await.expect("list").is_empty(),
+        "time range applies"
+    );
+
+    assert_eq!(
+        store.replay_dead(&sms).await.expect("replay"),
+        2,
+        "replay moves exactly the matches"
+    );
+    assert_eq!(counts(h, "sms").await, (2, 0, 0, 0));
+    assert_eq!(counts(h, "email").await, (0, 0, 0, 2));
+    let replayed = store.claim(&request(10)).await.expect("claim");
+    assert_eq!(
+        replayed.messages.iter().map(|m| m.id).collect::<Vec<_>>(),
+        ids[..2]
+    );
+    assert!(
+        replayed.messages.iter().all(|m| m.attempts == 1),
+        "replay starts the attempts over"
+    );
+
+    let discard = DeadLetterFilter::all().error_contains("550");
+    assert_eq!(store.discard_dead(&discard).await.expect("discard"), 1);
+    assert_eq!(counts(h, "email").await, (0, 0, 0, 1));
+    assert_eq!(
+        store.discard_dead(&discard).await.expect("discard"),
+        0,
+        "nothing left to discard"
+    );
+}
+
+/// Stats count rows per state and destination and report the oldest unfinished row.
+pub async fn stats_count_each_state<H: StoreHarness>(h: &H) {
+    let a = enqueue_n(h, "a", 5).await;
+    h.advance(Duration::from_secs(10)).await;
+    enqueue_n(h, "b", 1).await;
+    let store = h.store();
+    let claim = store
+        .claim(&request(4).destinations(vec!["a".into()]))
+        .await
+        .expect("claim");
+    store
+        .complete(
+            claim.lease.token,
+            &[
+                Completion::published(a[0]),
+                Completion::dead(a[1], "bad"),
+                Completion::retry(a[2], LEASE, "e"),
+            ],
+        )
+        .await
+        .expect("complete");
+    assert_eq!(
+        counts(h, "a").await,
+        (2, 1, 1, 1),
+        "pending, leased, published, dead"
+    );
+    let stats = store.stats().await.expect("stats");
+    let sa = stats.destination("a").expect("a");
+    let sb = stats.destination("b").expect("b");
+    assert_eq!(sa.backlog(), 3);
+    assert_eq!((sb.pending, sb.leased, sb.published, sb.dead), (1, 0, 0, 0));
+    let (oa, ob) = (
+        sa.oldest_pending_created_at.expect("a"),
+        sb.oldest_pending_created_at.expect("b"),
+    );
+    assert!(oa < ob, "a's rows are older than b's");
+    assert_eq!(stats.total().backlog(), 4);
+    assert_eq!(stats.total().oldest_pending_created_at, Some(oa));
+}
+
+/// Purge deletes only old finished rows, at most a batch per call.
+pub async fn purge_is_bounded_and_keeps_unfinished<H: StoreHarness>(h: &H) {
+    let ids = enqueue_n(h, "orders", 8).await;
+    let store = h.store();
+    let claim = store.claim(&request(7)).await.expect("claim");
+    let mut done: Vec<_> = ids[..5]
+        .iter()
+        .map(|id| Completion::published(*id))
+        .collect();
+    done.push(Completion::dead(ids[5], "bad"));
+    store
+        .complete(claim.lease.token, &done)
+        .await
+        .expect("complete"); // ids[6] stays leased
+    let hour = Duration::from_secs(3600);
+    assert_eq!(
+        store
+            .purge(&PurgeRequest::published_older_than(hour))
+            .await
+            .expect("purge"),
+        0,
+        "too young"
+    );
+    h.advance(2 * hour).await;
+    let request = PurgeRequest::published_older_than(hour).batch_size(2);
+    assert_eq!(
+        store.purge(&request).await.expect("purge"),
+        2,
+        "one bounded batch"
+    );
+    assert_eq!(purge_all(store, &request).await.expect("purge"), 3);
+    assert_eq!(
+        counts(h, "orders").await,
+        (1, 1, 0, 1),
+        "dead, lapsed lease and pending kept"
+    );
+    let with_dead = request.dead_older_than(hour);
+    assert_eq!(purge_all(store, &with_dead).await.expect("purge"), 1);
+    assert_eq!(counts(h, "orders").await, (1, 1, 0, 0));
+}
