@@ -1,0 +1,149 @@
+//! The in-memory store and the test sinks pass the conformance suites they ship.
+
+use outbox_core::testkit::{
+    FlakySink, MemoryHarness, RecordingSink, SinkHarness, sink_suite, store_suite,
+};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_store_passes_the_store_suite() {
+    store_suite::run_all(|| async { MemoryHarness::new() }).await;
+}
+
+#[tokio::test]
+async fn recording_sink_passes_the_sink_suite() {
+    sink_suite::run_all(|| async { RecordingSink::new() }).await;
+}
+
+/// A flaky sink that happens not to fail is still a correct sink.
+struct QuietFlaky {
+    sink: FlakySink,
+    record: RecordingSink,
+}
+
+impl SinkHarness for QuietFlaky {
+    type Sink = FlakySink;
+    fn sink(&self) -> &FlakySink {
+        &self.sink
+    }
+    async fn received(&self) -> Vec<sink_suite::Delivered> {
+        self.record.received().await
+    }
+}
+
+#[tokio::test]
+async fn flaky_sink_without_failures_passes_the_sink_suite() {
+    sink_suite::run_all(|| async {
+        let record = RecordingSink::new();
+        QuietFlaky {
+            sink: FlakySink::new(record.clone()),
+            record,
+        }
+    })
+    .await;
+}
+
+/// The suite is able to fail: a sink that drops messages yet claims success is caught.
+#[tokio::test]
+#[should_panic(expected = "every acknowledged message arrived")]
+async fn sink_suite_catches_a_lying_sink() {
+    struct Liar(RecordingSink);
+    impl outbox_core::Sink for Liar {
+        async fn publish(
+            &self,
+            batch: &[outbox_core::Message],
+        ) -> Result<Vec<outbox_core::Outcome>, outbox_core::Failure> {
+            // Acknowledge everything, deliver only the first message.
+            let _ = self.0.publish(&batch[..batch.len().min(1)]).await?;
+            Ok(vec![outbox_core::Outcome::published(); batch.len()])
+        }
+    }
+    struct H(Liar);
+    impl SinkHarness for H {
+        type Sink = Liar;
+        fn sink(&self) -> &Liar {
+            &self.0
+        }
+        async fn received(&self) -> Vec<sink_suite::Delivered> {
+            self.0.0.received().await
+        }
+    }
+    sink_suite::one_outcome_per_message(&H(Liar(RecordingSink::new()))).await;
+}
+
+/// The store suite is able to fail: a store that ignores lease tokens is caught.
+#[tokio::test]
+#[should_panic(expected = "a fenced completion changes no row")]
+async fn store_suite_catches_a_store_without_fencing() {
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use outbox_core::testkit::StoreHarness;
+    use outbox_core::*;
+
+    /// Completes with the newest token it handed out, whatever token the caller presents.
+    #[derive(Clone)]
+    struct Unfenced(MemoryStore, Arc<Mutex<Option<LeaseToken>>>);
+    impl Store for Unfenced {
+        async fn claim(&self, r: &ClaimRequest) -> Result<Claim, StoreError> {
+            let claim = self.0.claim(r).await?;
+            *self.1.lock().unwrap() = Some(claim.lease.token);
+            Ok(claim)
+        }
+        async fn complete(
+            &self,
+            _: LeaseToken,
+            c: &[Completion],
+        ) -> Result<CompleteReport, StoreError> {
+            let newest = self.1.lock().unwrap().unwrap();
+            self.0.complete(newest, c).await
+        }
+        async fn release(
+            &self,
+            t: LeaseToken,
+            ids: &[MessageId],
+        ) -> Result<CompleteReport, StoreError> {
+            self.0.release(t, ids).await
+        }
+    }
+    impl StoreStats for Unfenced {
+        async fn stats(&self) -> Result<Stats, StoreError> {
+            self.0.stats().await
+        }
+    }
+    impl DeadLetters for Unfenced {
+        async fn list_dead(
+            &self,
+            f: &DeadLetterFilter,
+            n: usize,
+        ) -> Result<Vec<DeadLetter>, StoreError> {
+            self.0.list_dead(f, n).await
+        }
+        async fn replay_dead(&self, f: &DeadLetterFilter) -> Result<u64, StoreError> {
+            self.0.replay_dead(f).await
+        }
+        async fn discard_dead(&self, f: &DeadLetterFilter) -> Result<u64, StoreError> {
+            self.0.discard_dead(f).await
+        }
+    }
+    impl Purge for Unfenced {
+        async fn purge(&self, r: &PurgeRequest) -> Result<u64, StoreError> {
+            self.0.purge(r).await
+        }
+    }
+    struct H(MemoryHarness, Unfenced);
+    impl StoreHarness for H {
+        type Store = Unfenced;
+        fn store(&self) -> &Unfenced {
+            &self.1
+        }
+        async fn enqueue(&self, m: Vec<NewMessage>) -> Result<(), StoreError> {
+            self.0.enqueue(m).await
+        }
+        async fn advance(&self, by: Duration) {
+            self.0.advance(by).await
+        }
+    }
+    let inner = MemoryHarness::new();
+    let store = Unfenced(inner.store().clone(), Arc::default());
+    store_suite::stale_token_is_fenced(&H(inner, store)).await;
+}

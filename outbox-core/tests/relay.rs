@@ -1,0 +1,416 @@
+//! Relay behaviour on the in-memory store: routing, classification, timeouts, shutdown.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
+use std::time::Duration;
+
+use outbox_core::testkit::{FlakySink, RecordingSink};
+use outbox_core::{
+    Clock, Failure, FailureClass, ManualClock, MemoryStore, Message, NewMessage, Outcome, Relay,
+    RetryPolicy, Sink, Status, StoreStats, Wakeups,
+};
+
+fn msg(destination: &str, event: &str) -> NewMessage {
+    NewMessage::builder(destination, event)
+        .json(&serde_json::json!({"e": event}))
+        .build()
+        .unwrap()
+}
+
+fn status(store: &MemoryStore, id: outbox_core::MessageId) -> Status {
+    store.row(id).unwrap().row.status()
+}
+
+#[tokio::test]
+async fn publishes_and_marks_only_after_ack() {
+    let store = MemoryStore::new();
+    let ids: Vec<_> = (0..10)
+        .map(|i| store.enqueue(msg("orders", &format!("e{i}"))).unwrap())
+        .collect();
+    let sink = RecordingSink::new();
+    let relay = Relay::builder(store.clone())
+        .route("orders", sink.clone())
+        .batch_size(4)
+        .build()
+        .unwrap();
+    let report = relay.drain().await.unwrap();
+    assert_eq!((report.claimed, report.published), (10, 10));
+    assert_eq!(
+        sink.messages().iter().map(|m| m.id).collect::<Vec<_>>(),
+        ids
+    );
+    assert!(
+        ids.iter()
+            .all(|id| status(&store, *id) == Status::Published)
+    );
+}
+
+#[tokio::test]
+async fn unknown_destination_is_dead_lettered_not_a_crash() {
+    let store = MemoryStore::new();
+    let lost = store.enqueue(msg("nowhere", "x")).unwrap();
+    let fine = store.enqueue(msg("orders", "y")).unwrap();
+    let sink = RecordingSink::new();
+    let relay = Relay::builder(store.clone())
+        .route("orders", sink.clone())
+        .build()
+        .unwrap();
+    let report = relay.drain().await.unwrap();
+    assert_eq!((report.published, report.dead), (1, 1));
+    assert_eq!(status(&store, fine), Status::Published);
+    let row = store.row(lost).unwrap().row;
+    assert_eq!(row.status(), Status::Dead);
+    assert!(
+        row.last_error
+            .unwrap()
+            .contains("no route for destination \"nowhere\"")
+    );
+}
+
+#[tokio::test]
+async fn claim_only_routed_leaves_other_destinations_alone() {
+    let store = MemoryStore::new();
+    let other = store.enqueue(msg("someone-else", "x")).unwrap();
+    store.enqueue(msg("orders", "y")).unwrap();
+    let relay = Relay::builder(store.clone())
+        .route("orders", RecordingSink::new())
+        .claim_only_routed(true)
+        .build()
+        .unwrap();
+    assert_eq!(relay.drain().await.unwrap().published, 1);
+    assert_eq!(status(&store, other), Status::Pending);
+}
+
+#[tokio::test]
+async fn permanent_failures_dead_letter_at_once_while_others_flow() {
+    let store = MemoryStore::new();
+    let bad = store.enqueue(msg("sms", "bad-phone")).unwrap();
+    let good: Vec<_> = (0..5)
+        .map(|_| store.enqueue(msg("sms", "ok")).unwrap())
+        .collect();
+    let delivered = RecordingSink::new();
+    let sink = FlakySink::new(delivered.clone()).permanent_when(|m| m.event_type == "bad-phone");
+    let relay = Relay::builder(store.clone())
+        .route("sms", sink)
+        .build()
+        .unwrap();
+    let report = relay.drain().await.unwrap();
+    assert_eq!((report.published, report.dead, report.retried), (5, 1, 0));
+    let row = store.row(bad).unwrap().row;
+    assert_eq!(
+        (row.status(), row.attempts),
+        (Status::Dead, 1),
+        "one attempt, no retries"
+    );
+    assert!(
+        good.iter()
+            .all(|id| status(&store, *id) == Status::Published)
+    );
+}
+
+#[tokio::test]
+async fn retryable_failures_back_off_and_honour_retry_after() {
+    let clock = ManualClock::new();
+    let store = MemoryStore::with_clock(clock.clone());
+    let id = store.enqueue(msg("api", "x")).unwrap();
+    let sink = FlakySink::new(RecordingSink::new())
+        .retryable_rate(1.0)
+        .retry_after(Duration::from_secs(120));
+    let relay = Relay::builder(store.clone())
+        .route("api", sink)
+        .clock(clock.clone())
+        .retry(RetryPolicy::default().max_delay(Duration::from_secs(1)))
+        .build()
+        .unwrap();
+    let report = relay.run_once().await.unwrap();
+    assert_eq!(report.retried, 1);
+    let snapshot = store.row(id).unwrap();
+    let due = snapshot.row.due_at().unwrap();
+    assert_eq!(
+        due - clock.now(),
+        chrono::Duration::seconds(120),
+        "Retry-After wins over the 1 s cap"
+    );
+    assert!(
+        snapshot
+            .row
+            .last_error
+            .unwrap()
+            .contains("retryable unavailable")
+    );
+    clock.advance(Duration::from_secs(119));
+    assert_eq!(
+        relay.run_once().await.unwrap().claimed,
+        0,
+        "still backing off"
+    );
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(relay.run_once().await.unwrap().claimed, 1);
+}
+
+struct Miscounting;
+impl Sink for Miscounting {
+    async fn publish(&self, batch: &[Message]) -> Result<Vec<Outcome>, Failure> {
+        Ok(vec![Outcome::published(); batch.len().saturating_sub(1)])
+    }
+}
+
+#[tokio::test]
+async fn a_sink_that_miscounts_outcomes_publishes_nothing() {
+    let store = MemoryStore::new();
+    let ids: Vec<_> = (0..3)
+        .map(|_| store.enqueue(msg("x", "e")).unwrap())
+        .collect();
+    let relay = Relay::builder(store.clone())
+        .route("x", Miscounting)
+        .build()
+        .unwrap();
+    let report = relay.run_once().await.unwrap();
+    assert_eq!((report.published, report.retried), (0, 3));
+    let err = store.row(ids[0]).unwrap().row.last_error.unwrap();
+    assert!(
+        err.contains("sink returned 2 outcomes for 3 messages"),
+        "{err}"
+    );
+}
+
+struct Panicking;
+impl Sink for Panicking {
+    async fn publish(&self, _: &[Message]) -> Result<Vec<Outcome>, Failure> {
+        panic!("sink bug")
+    }
+}
+
+#[tokio::test]
+async fn a_panicking_sink_fails_its_messages_not_the_relay() {
+    let store = MemoryStore::new();
+    let a = store.enqueue(msg("boom", "e")).unwrap();
+    let b = store.enqueue(msg("fine", "e")).unwrap();
+    let relay = Relay::builder(store.clone())
+        .route("boom", Panicking)
+        .route("fine", RecordingSink::new())
+        .build()
+        .unwrap();
+    let report = relay.run_once().await.unwrap();
+    assert_eq!((report.published, report.retried), (1, 1));
+    assert_eq!(status(&store, a), Status::Pending);
+    assert!(
+        store
+            .row(a)
+            .unwrap()
+            .row
+            .last_error
+            .unwrap()
+            .contains("sink task failed")
+    );
+    assert_eq!(status(&store, b), Status::Published);
+}
+
+struct Slow(Duration);
+impl Sink for Slow {
+    async fn publish(&self, batch: &[Message]) -> Result<Vec<Outcome>, Failure> {
+        tokio::time::sleep(self.0).await;
+        Ok(vec![Outcome::published(); batch.len()])
+    }
+}
+
+#[tokio::test]
+async fn a_publish_slower_than_the_timeout_is_retried_not_marked() {
+    let store = MemoryStore::new();
+    let id = store.enqueue(msg("slow", "e")).unwrap();
+    let relay = Relay::builder(store.clone())
+        .route("slow", Slow(Duration::from_secs(5)))
+        .lease(Duration::from_millis(400))
+        .build()
+        .unwrap();
+    let report = relay.run_once().await.unwrap();
+    assert_eq!(report.retried, 1);
+    let row = store.row(id).unwrap().row;
+    assert_eq!(row.status(), Status::Pending);
+    assert!(row.last_error.unwrap().contains("timed out after 200ms"));
+}
+
+#[tokio::test]
+async fn rows_claimed_too_often_without_completion_are_dead_lettered_unpublished() {
+    let clock = ManualClock::new();
+    let store = MemoryStore::with_clock(clock.clone());
+    let id = store.enqueue(msg("x", "crashy")).unwrap();
+    let request = outbox_core::ClaimRequest::new("crashing-relay", 10, Duration::from_secs(1));
+    for _ in 0..3 {
+        // A relay claims and dies each time.
+        let claim = outbox_core::Store::claim(&store, &request).await.unwrap();
+        assert_eq!(claim.messages.len(), 1);
+        clock.advance(Duration::from_secs(2));
+    }
+    let sink = RecordingSink::new();
+    let relay = Relay::builder(store.clone())
+        .route("x", sink.clone())
+        .retry(RetryPolicy::default().max_attempts(3))
+        .build()
+        .unwrap();
+    assert_eq!(relay.run_once().await.unwrap().dead, 1);
+    assert!(
+        sink.is_empty(),
+        "a crash-looping message is not published again"
+    );
+    assert!(
+        store
+            .row(id)
+            .unwrap()
+            .row
+            .last_error
+            .unwrap()
+            .contains("claimed 4 times")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wakeups_beat_the_poll_interval() {
+    let store = MemoryStore::new();
+    let sink = RecordingSink::new();
+    let relay = Relay::builder(store.clone())
+        .route("orders", sink.clone())
+        .poll_interval(Duration::from_secs(3600))
+        .wakeup(store.wakeup())
+        .concurrency(2)
+        .build()
+        .unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(relay.run(async {
+        let _ = stopped.await;
+    }));
+    tokio::time::sleep(Duration::from_millis(100)).await; // workers are idle now
+    for round in 1..=3 {
+        store.enqueue(msg("orders", "e")).unwrap();
+        assert!(
+            sink.wait_for(round, Duration::from_secs(5)).await,
+            "woken for message {round}"
+        );
+    }
+    stop.send(()).unwrap();
+    running.await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_waits_for_in_flight_batches_within_the_grace() {
+    let store = MemoryStore::new();
+    let id = store.enqueue(msg("slow", "e")).unwrap();
+    let relay = Relay::builder(store.clone())
+        .route("slow", Slow(Duration::from_millis(300)))
+        .shutdown_grace(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let shutdown = tokio::time::sleep(Duration::from_millis(100));
+    relay.run(shutdown).await;
+    assert_eq!(
+        status(&store, id),
+        Status::Published,
+        "the in-flight publish finished"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_releases_leases_it_cannot_finish() {
+    let store = MemoryStore::new();
+    let ids: Vec<_> = (0..3)
+        .map(|_| store.enqueue(msg("slow", "e")).unwrap())
+        .collect();
+    let relay = Relay::builder(store.clone())
+        .route("slow", Slow(Duration::from_secs(30)))
+        .lease(Duration::from_secs(120))
+        .shutdown_grace(Duration::from_millis(100))
+        .build()
+        .unwrap();
+    relay
+        .run(tokio::time::sleep(Duration::from_millis(100)))
+        .await;
+    for id in ids {
+        let row = store.row(id).unwrap().row;
+        assert_eq!(
+            (row.status(), row.attempts),
+            (Status::Pending, 0),
+            "released at once, attempt given back"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_errors_do_not_stop_the_relay() {
+    /// Fails every other claim.
+    #[derive(Clone)]
+    struct Unreliable(MemoryStore, Arc<AtomicUsize>);
+    impl outbox_core::Store for Unreliable {
+        async fn claim(
+            &self,
+            r: &outbox_core::ClaimRequest,
+        ) -> Result<outbox_core::Claim, outbox_core::StoreError> {
+            if self.1.fetch_add(1, AtomicOrdering::SeqCst) % 2 == 0 {
+                return Err(outbox_core::StoreError::new(
+                    outbox_core::StoreErrorKind::Unavailable,
+                    "db down",
+                ));
+            }
+            self.0.claim(r).await
+        }
+        async fn complete(
+            &self,
+            t: outbox_core::LeaseToken,
+            c: &[outbox_core::Completion],
+        ) -> Result<outbox_core::CompleteReport, outbox_core::StoreError> {
+            self.0.complete(t, c).await
+        }
+        async fn release(
+            &self,
+            t: outbox_core::LeaseToken,
+            ids: &[outbox_core::MessageId],
+        ) -> Result<outbox_core::CompleteReport, outbox_core::StoreError> {
+            self.0.release(t, ids).await
+        }
+    }
+    let store = MemoryStore::new();
+    for _ in 0..20 {
+        store.enqueue(msg("orders", "e")).unwrap();
+    }
+    let sink = RecordingSink::new();
+    let relay = Relay::builder(Unreliable(store.clone(), Arc::default()))
+        .route("orders", sink.clone())
+        .batch_size(5)
+        .poll_interval(Duration::from_millis(10))
+        .build()
+        .unwrap();
+    let done = sink.clone();
+    relay
+        .run(async move { assert!(done.wait_for(20, Duration::from_secs(10)).await) })
+        .await;
+    assert_eq!(store.stats().await.unwrap().total().published, 20);
+}
+
+#[test]
+fn bad_settings_are_named() {
+    let build = |f: fn(
+        outbox_core::RelayBuilder<MemoryStore>,
+    ) -> outbox_core::RelayBuilder<MemoryStore>| {
+        f(Relay::builder(MemoryStore::new()).route("x", RecordingSink::new()))
+            .build()
+            .err()
+            .map(|e| e.to_string())
+    };
+    assert!(build(|b| b.batch_size(0)).unwrap().contains("batch_size"));
+    assert!(build(|b| b.concurrency(0)).unwrap().contains("concurrency"));
+    assert!(
+        build(|b| b
+            .lease(Duration::from_secs(1))
+            .publish_timeout(Duration::from_secs(2)))
+        .unwrap()
+        .contains("publish_timeout")
+    );
+    assert!(
+        build(|b| b.poll_interval(Duration::ZERO))
+            .unwrap()
+            .contains("poll_interval")
+    );
+    assert!(build(|b| b).is_none());
+    let no_routes = Relay::builder(MemoryStore::new()).build().err().unwrap();
+    assert!(no_routes.to_string().contains("no routes"));
+    let _ = FailureClass::Timeout;
+}
