@@ -344,7 +344,11 @@ async fn store_errors_do_not_stop_the_relay() {
             &self,
             r: &outbox_core::ClaimRequest,
         ) -> Result<outbox_core::Claim, outbox_core::StoreError> {
-            if self.1.fetch_add(1, AtomicOrdering::SeqCst).is_multiple_of(2) {
+            if self
+                .1
+                .fetch_add(1, AtomicOrdering::SeqCst)
+                .is_multiple_of(2)
+            {
                 return Err(outbox_core::StoreError::new(
                     outbox_core::StoreErrorKind::Unavailable,
                     "db down",
