@@ -1,7 +1,7 @@
 //! The relay: claims due rows, publishes them through their route's sink, and records the
 //! outcome — published only after the sink acknowledged.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -16,7 +16,7 @@ use crate::message::{Message, MessageId};
 use crate::retry::{Decision, RetryPolicy};
 use crate::sink::{DynSink, Failure, FailureClass, Outcome, Sink};
 use crate::state::LeaseToken;
-use crate::store::{ClaimRequest, Completion, Store};
+use crate::store::{ClaimRequest, CompleteAction, Completion, Store};
 use crate::wakeup::Wakeup;
 
 /// How messages that share a partition key are ordered.
@@ -404,37 +404,25 @@ impl<S: Store> Inner<S> {
 
         let now = self.clock.now();
         let mut completions = Vec::with_capacity(outcomes.len());
+        let mut classes = Vec::with_capacity(outcomes.len());
         for (message, outcome) in &outcomes {
-            let destination = message.destination.as_str();
-            match outcome {
-                Outcome::Published { .. } => {
-                    report.published += 1;
-                    completions.push(Completion::published(message.id));
-                }
+            let (completion, class) = match outcome {
+                Outcome::Published { .. } => (Completion::published(message.id), None),
                 Outcome::Failed(failure) => {
-                    let class = failure.class.as_str();
-                    match self
-                        .retry
-                        .decide(failure, message.attempts, message.created_at, now)
-                    {
+                    let decision =
+                        self.retry
+                            .decide(failure, message.attempts, message.created_at, now);
+                    let completion = match decision {
                         Decision::Retry(delay) => {
-                            report.retried += 1;
-                            metrics::counter!("outbox_messages_retried_total", "destination" => destination.to_owned(), "class" => class).increment(1);
-                            completions.push(Completion::retry(
-                                message.id,
-                                delay,
-                                failure.to_string(),
-                            ));
+                            Completion::retry(message.id, delay, failure.to_string())
                         }
-                        Decision::GiveUp(reason) => {
-                            report.dead += 1;
-                            metrics::counter!("outbox_messages_dead_total", "destination" => destination.to_owned(), "class" => class).increment(1);
-                            warn!(id = %message.id, destination, %reason, "dead-lettered");
-                            completions.push(Completion::dead(message.id, reason));
-                        }
-                    }
+                        Decision::GiveUp(reason) => Completion::dead(message.id, reason),
+                    };
+                    (completion, Some(failure.class.as_str()))
                 }
-            }
+            };
+            completions.push(completion);
+            classes.push(class);
         }
         let result = self.complete(token, &completions).await;
         self.lock_in_flight().remove(&token);
@@ -442,14 +430,35 @@ impl<S: Store> Inner<S> {
         report.stale = completed.stale.len();
         if report.stale > 0 {
             metrics::counter!("outbox_lease_conflicts_total").increment(report.stale as u64);
-            warn!(stale = report.stale, token = %token.as_uuid(), "lease lost before completion: another relay owns these rows now, nothing changed");
+            warn!(
+                stale = report.stale,
+                token = %token.as_uuid(),
+                "lease lost before completion: another relay owns these rows now, nothing changed"
+            );
         }
-        for (message, outcome) in &outcomes {
-            if outcome.is_published() && !completed.stale.contains(&message.id) {
-                let destination = message.destination.clone();
-                metrics::counter!("outbox_messages_published_total", "destination" => destination.clone()).increment(1);
-                let lag = (now - message.created_at).to_std().unwrap_or_default();
-                metrics::histogram!("outbox_commit_to_publish_seconds", "destination" => destination).record(lag.as_secs_f64());
+        let stale: HashSet<MessageId> = completed.stale.into_iter().collect();
+        for (((message, _), completion), class) in outcomes.iter().zip(&completions).zip(classes) {
+            if stale.contains(&message.id) {
+                continue;
+            }
+            let destination = message.destination.clone();
+            let class = class.unwrap_or_default();
+            match &completion.action {
+                CompleteAction::Published => {
+                    report.published += 1;
+                    let lag = (now - message.created_at).to_std().unwrap_or_default();
+                    metrics::counter!("outbox_messages_published_total", "destination" => destination.clone()).increment(1);
+                    metrics::histogram!("outbox_commit_to_publish_seconds", "destination" => destination).record(lag.as_secs_f64());
+                }
+                CompleteAction::Retry { .. } => {
+                    report.retried += 1;
+                    metrics::counter!("outbox_messages_retried_total", "destination" => destination, "class" => class).increment(1);
+                }
+                CompleteAction::Dead { reason } => {
+                    report.dead += 1;
+                    warn!(id = %message.id, destination, %reason, "dead-lettered");
+                    metrics::counter!("outbox_messages_dead_total", "destination" => destination, "class" => class).increment(1);
+                }
             }
         }
         debug!(?report, "batch done");
@@ -514,8 +523,9 @@ impl<S: Store> Inner<S> {
         results
     }
 
-    /// Records completions, retrying a failed store call a few times while the lease
-    /// still has time: a lost completion means a duplicate publish, never a lost row.
+    /// Records completions, retrying a retryable store failure three times with backoff:
+    /// if it still fails, the rows stay leased and are reclaimed after the lease — a
+    /// duplicate publish, never a lost row.
     async fn complete(
         &self,
         token: LeaseToken,
