@@ -3,6 +3,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use chrono::{DateTime, Utc};
+
 use crate::clock::{Clock, SystemClock};
 use crate::error::{StoreError, StoreErrorKind};
 use crate::message::{Message, MessageId, NewMessage, chrono_duration};
@@ -113,10 +115,16 @@ impl MemoryStore {
         messages: impl IntoIterator<Item = NewMessage>,
     ) -> Result<usize, StoreError> {
         let now = self.clock.now();
-        let messages: Vec<Message> = messages.into_iter().map(|m| m.into_message(now)).collect();
+        let messages: Vec<(Message, DateTime<Utc>)> = messages
+            .into_iter()
+            .map(|m| {
+                let due = m.available_at(now);
+                (m.into_message(now), due)
+            })
+            .collect();
         let mut inner = self.lock();
         let mut seen = BTreeSet::new();
-        for m in &messages {
+        for (m, _) in &messages {
             if inner.rows.contains_key(&m.id) || !seen.insert(m.id) {
                 return Err(StoreError::new(
                     StoreErrorKind::Constraint,
@@ -125,9 +133,9 @@ impl MemoryStore {
             }
         }
         let n = messages.len();
-        for message in messages {
+        for (message, due) in messages {
             inner.active.insert(message.id);
-            let row = Row::new(message.available_at);
+            let row = Row::new(due);
             inner.rows.insert(message.id, Entry { message, row });
         }
         drop(inner);

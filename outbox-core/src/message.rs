@@ -201,9 +201,8 @@ impl NewMessage {
         }
     }
 
-    /// Turns this new message into the stored form, as a store does at insert.
+    /// Turns this new message into the claimed form, as if inserted at `now`.
     pub fn into_message(self, now: DateTime<Utc>) -> Message {
-        let available_at = self.available_at(now);
         Message {
             id: self.id,
             destination: self.destination,
@@ -218,7 +217,6 @@ impl NewMessage {
             headers: self.headers,
             attempts: 0,
             created_at: now,
-            available_at,
         }
     }
 }
@@ -519,8 +517,6 @@ pub struct Message {
     pub attempts: u32,
     /// When the row was inserted (the store's clock).
     pub created_at: DateTime<Utc>,
-    /// When the message became (or becomes) due.
-    pub available_at: DateTime<Utc>,
 }
 
 impl Message {
@@ -535,7 +531,6 @@ impl Message {
         idempotency_key: String,
         attempts: u32,
         created_at: DateTime<Utc>,
-        available_at: DateTime<Utc>,
     ) -> Self {
         Self {
             id,
@@ -551,7 +546,6 @@ impl Message {
             headers: Headers::new(),
             attempts,
             created_at,
-            available_at,
         }
     }
 
@@ -687,8 +681,8 @@ mod tests {
         assert_eq!(m.available_at(now), now + chrono::Duration::seconds(60));
         let at = now + chrono::Duration::hours(1);
         let m = ok().available_at(at).build().unwrap();
+        assert_eq!(m.available_at(now), at);
         let stored = m.into_message(now);
-        assert_eq!(stored.available_at, at);
         assert_eq!(stored.created_at, now);
         assert_eq!(stored.attempts, 0);
     }

@@ -1,0 +1,325 @@
+//! The one source of the outbox schema.
+//!
+//! DDL (as migrations) and every statement the relay and the enqueue path run, for
+//! PostgreSQL, SQLite and MySQL/MariaDB, rendered for validated table names. The sqlx
+//! and diesel backends both execute exactly this text, binding parameters in the order
+//! each statement's documentation gives, so the table means the same thing whichever
+//! library wrote it — and any other language can write it too.
+//!
+//! Row conventions shared by every dialect:
+//! - `status` is one of `pending`, `leased`, `published`, `dead` (always written as
+//!   literals in `WHERE` clauses so partial indexes match);
+//! - `available_at` is when a pending row is due, and for a leased row its lease deadline;
+//!   finished rows (`published`, `dead`) have `available_at` NULL, so one index on
+//!   `(available_at, id)` serves the claim and the reclaim of lapsed leases;
+//! - `attempts` counts claims; a release gives one back;
+//! - every completion is conditioned on `status = 'leased' AND lease_token = <token>`.
+//!
+//! ```
+//! use outbox_sql::{Dialect, TableNames, outbox_migrations, postgres};
+//!
+//! let names = TableNames::default().outbox("billing_outbox")?;
+//! let sql = postgres::Statements::new(&names);
+//! assert!(sql.claim.contains("FOR UPDATE SKIP LOCKED"));
+//! assert!(outbox_migrations(Dialect::Postgres, &names)[0].statements[0].contains("\"billing_outbox\""));
+//! # Ok::<(), outbox_sql::IdentError>(())
+//! ```
+
+mod ident;
+pub mod mysql;
+pub mod postgres;
+pub mod sqlite;
+
+pub use ident::{Ident, IdentError, MAX_IDENT_BYTES};
+
+/// A SQL dialect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Dialect {
+    /// PostgreSQL 12 or later.
+    Postgres,
+    /// SQLite 3.38 or later (JSON functions built in, `RETURNING`, `UPDATE … FROM`).
+    Sqlite,
+    /// MySQL 8 or MariaDB 10.6 or later (`SKIP LOCKED`).
+    MySql,
+}
+
+impl Dialect {
+    /// The identifier quote character.
+    pub const fn quote_char(self) -> char {
+        match self {
+            Self::Postgres | Self::Sqlite => '"',
+            Self::MySql => '`',
+        }
+    }
+}
+
+/// The names of the outbox and inbox tables, optionally in a schema (a PostgreSQL
+/// schema, a MySQL database, an attached SQLite database).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TableNames {
+    schema: Option<Ident>,
+    outbox: Ident,
+    inbox: Ident,
+}
+
+impl Default for TableNames {
+    /// `outbox` and `outbox_inbox`, unqualified.
+    fn default() -> Self {
+        Self {
+            schema: None,
+            outbox: Ident::parse("outbox").expect("valid"),
+            inbox: Ident::parse("outbox_inbox").expect("valid"),
+        }
+    }
+}
+
+impl TableNames {
+    /// Puts both tables in `schema`.
+    ///
+    /// # Errors
+    ///
+    /// [`IdentError`] if the name is not a valid identifier (see [`Ident`]).
+    pub fn schema(mut self, schema: &str) -> Result<Self, IdentError> {
+        self.schema = Some(Ident::parse(schema)?);
+        Ok(self)
+    }
+
+    /// Names the outbox table.
+    ///
+    /// # Errors
+    ///
+    /// [`IdentError`] if the name is not a valid identifier (see [`Ident`]).
+    pub fn outbox(mut self, table: &str) -> Result<Self, IdentError> {
+        self.outbox = Ident::parse(table)?;
+        Ok(self)
+    }
+
+    /// Names the inbox table.
+    ///
+    /// # Errors
+    ///
+    /// [`IdentError`] if the name is not a valid identifier (see [`Ident`]).
+    pub fn inbox(mut self, table: &str) -> Result<Self, IdentError> {
+        self.inbox = Ident::parse(table)?;
+        Ok(self)
+    }
+
+    /// The schema, if any.
+    pub fn schema_name(&self) -> Option<&Ident> {
+        self.schema.as_ref()
+    }
+    /// The outbox table name.
+    pub fn outbox_name(&self) -> &Ident {
+        &self.outbox
+    }
+    /// The inbox table name.
+    pub fn inbox_name(&self) -> &Ident {
+        &self.inbox
+    }
+
+    fn qualified(&self, dialect: Dialect, name: &Ident) -> String {
+        match &self.schema {
+            Some(schema) => format!("{}.{}", schema.quoted(dialect), name.quoted(dialect)),
+            None => name.quoted(dialect),
+        }
+    }
+
+    /// Index names: schema-qualified in SQLite (where the index names the schema), bare
+    /// elsewhere (where an index lives in its table's schema).
+    fn index(&self, dialect: Dialect, table: &Ident, suffix: &str) -> String {
+        let name = table.derived(suffix);
+        match dialect {
+            Dialect::Sqlite => self.qualified(dialect, &name),
+            Dialect::Postgres | Dialect::MySql => name.quoted(dialect),
+        }
+    }
+
+    /// Replaces the `{placeholders}` of a SQL template with quoted names.
+    pub fn render(&self, dialect: Dialect, template: &str) -> String {
+        let migrations = Ident::parse("outbox_migrations").expect("valid");
+        let pairs = [
+            ("{outbox}", self.qualified(dialect, &self.outbox)),
+            ("{outbox_table}", self.outbox.quoted(dialect)),
+            (
+                "{outbox_due_idx}",
+                self.index(dialect, &self.outbox, "_due_idx"),
+            ),
+            (
+                "{outbox_dead_idx}",
+                self.index(dialect, &self.outbox, "_dead_idx"),
+            ),
+            (
+                "{outbox_published_idx}",
+                self.index(dialect, &self.outbox, "_published_idx"),
+            ),
+            (
+                "{outbox_finished_idx}",
+                self.index(dialect, &self.outbox, "_finished_idx"),
+            ),
+            (
+                "{outbox_status_check}",
+                self.outbox.derived("_status_check").quoted(dialect),
+            ),
+            ("{inbox}", self.qualified(dialect, &self.inbox)),
+            ("{inbox_table}", self.inbox.quoted(dialect)),
+            (
+                "{inbox_received_idx}",
+                self.index(dialect, &self.inbox, "_received_idx"),
+            ),
+            ("{migrations}", self.qualified(dialect, &migrations)),
+        ];
+        // One left-to-right pass, so a quoted name that happens to contain `{outbox}`
+        // is never substituted again.
+        let mut out = String::with_capacity(template.len() + 64);
+        let mut rest = template;
+        'scan: while let Some(start) = rest.find('{') {
+            out.push_str(&rest[..start]);
+            rest = &rest[start..];
+            for (key, value) in &pairs {
+                if let Some(after) = rest.strip_prefix(key) {
+                    out.push_str(value);
+                    rest = after;
+                    continue 'scan;
+                }
+            }
+            out.push('{');
+            rest = &rest[1..];
+        }
+        out.push_str(rest);
+        out
+    }
+}
+
+/// One migration: an id recorded in the migrations table once applied, and its
+/// statements, each idempotent (`IF NOT EXISTS`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Migration {
+    /// `<table name>/<file>`, e.g. `outbox/001_outbox`.
+    pub id: String,
+    /// Statements to run in order.
+    pub statements: Vec<String>,
+}
+
+/// The outbox table's migrations for `dialect`, oldest first.
+pub fn outbox_migrations(dialect: Dialect, names: &TableNames) -> Vec<Migration> {
+    let files = match dialect {
+        Dialect::Postgres => postgres::OUTBOX_MIGRATIONS,
+        Dialect::Sqlite => sqlite::OUTBOX_MIGRATIONS,
+        Dialect::MySql => mysql::OUTBOX_MIGRATIONS,
+    };
+    migrations(dialect, names, names.outbox_name(), files)
+}
+
+/// The inbox table's migrations for `dialect`, oldest first.
+pub fn inbox_migrations(dialect: Dialect, names: &TableNames) -> Vec<Migration> {
+    let files = match dialect {
+        Dialect::Postgres => postgres::INBOX_MIGRATIONS,
+        Dialect::Sqlite => sqlite::INBOX_MIGRATIONS,
+        Dialect::MySql => mysql::INBOX_MIGRATIONS,
+    };
+    migrations(dialect, names, names.inbox_name(), files)
+}
+
+fn migrations(
+    dialect: Dialect,
+    names: &TableNames,
+    table: &Ident,
+    files: &[(&str, &str)],
+) -> Vec<Migration> {
+    files
+        .iter()
+        .map(|(file, sql)| Migration {
+            id: format!("{}/{}", table.name(), file),
+            statements: split_statements(&names.render(dialect, sql)),
+        })
+        .collect()
+}
+
+/// Splits a migration file into statements: each ends with `;` at the end of a line.
+/// Comment lines are dropped.
+fn split_statements(sql: &str) -> Vec<String> {
+    let mut statements = Vec::new();
+    let mut current = String::new();
+    for line in sql.lines() {
+        if line.trim_start().starts_with("--") || line.trim().is_empty() {
+            continue;
+        }
+        current.push_str(line);
+        current.push('\n');
+        if line.trim_end().ends_with(';') {
+            let statement = current.trim().trim_end_matches(';').trim().to_owned();
+            statements.push(statement);
+            current.clear();
+        }
+    }
+    if !current.trim().is_empty() {
+        statements.push(current.trim().to_owned());
+    }
+    statements
+}
+
+/// The status a completion writes (`published`, `pending` for a retry, `dead`).
+pub fn completion_status(action: &outbox_core::CompleteAction) -> &'static str {
+    match action {
+        outbox_core::CompleteAction::Published => outbox_core::Status::Published.as_str(),
+        outbox_core::CompleteAction::Retry { .. } => outbox_core::Status::Pending.as_str(),
+        outbox_core::CompleteAction::Dead { .. } => outbox_core::Status::Dead.as_str(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_placeholders_once_and_quotes_names() {
+        let names = TableNames::default()
+            .schema("app")
+            .unwrap()
+            .outbox(r#""my {outbox}""#)
+            .unwrap();
+        let sql = names.render(
+            Dialect::Postgres,
+            "SELECT * FROM {outbox} WHERE x = '{unknown}'",
+        );
+        assert_eq!(
+            sql,
+            r#"SELECT * FROM "app"."my {outbox}" WHERE x = '{unknown}'"#
+        );
+        let mysql = names.render(Dialect::MySql, "{outbox}");
+        assert_eq!(mysql, "`app`.`my {outbox}`");
+    }
+
+    #[test]
+    fn migrations_render_without_leftover_placeholders() {
+        for dialect in [Dialect::Postgres, Dialect::Sqlite, Dialect::MySql] {
+            let names = TableNames::default();
+            for m in outbox_migrations(dialect, &names)
+                .into_iter()
+                .chain(inbox_migrations(dialect, &names))
+            {
+                assert!(!m.statements.is_empty());
+                for s in &m.statements {
+                    assert!(
+                        !s.contains("{outbox") && !s.contains("{inbox"),
+                        "{dialect:?}: {s}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn splits_statements_at_line_ends() {
+        let parts = split_statements(
+            "-- c\nCREATE TABLE a (x int);\n\nCREATE INDEX i ON a (x)\n  WHERE x > 0;\n",
+        );
+        assert_eq!(
+            parts,
+            vec![
+                "CREATE TABLE a (x int)",
+                "CREATE INDEX i ON a (x)\n  WHERE x > 0"
+            ]
+        );
+    }
+}

@@ -1,0 +1,275 @@
+//! MySQL 8 / MariaDB ≥ 10.6 statements.
+//!
+//! Times are UTC `DATETIME(6)` computed by the server (`UTC_TIMESTAMP(6)`); ids and tokens
+//! are UUID text. MySQL has no `UPDATE … RETURNING` and no array parameters, so the claim
+//! and completions run as short transactions of a few statements, and statements that
+//! take a list of ids are built for the list's length (`?` placeholders only; no value is
+//! ever written into SQL).
+//!
+//! | statement | parameters (`?`, in order) |
+//! |---|---|
+//! | `insert` | id, destination, event_type, aggregate_type?, aggregate_id?, partition_key?, tenant_id?, idempotency_key, payload, content_type, headers JSON, available_at?, delay ms |
+//! | [`Statements::insert_batch`] | the thirteen above, per row |
+//! | [`Statements::claim_select`] | destinations… (when filtered), limit |
+//! | [`Statements::claim_lease`] | owner, token, lease ms, lease ms, ids… |
+//! | [`Statements::lock_leased`] | ids…, token → the ids still held |
+//! | [`Statements::publish`], [`Statements::delete_published`], [`Statements::release`] | ids…, token |
+//! | `retry` | delay ms, error, id, token |
+//! | `dead` | reason, id, token |
+//! | `stats` | none |
+//! | [`Statements::dead_filter`] users | ids…, destinations…, event types…, after?, before?, error? (each only when set); `list_dead` adds limit |
+//! | `purge` | published age ms, dead age ms?, dead age ms?, limit |
+//! | `inbox_record` | consumer, message id |
+//! | `inbox_purge` | age ms, limit |
+
+use crate::{Dialect, TableNames};
+
+/// Migration files of the outbox table.
+pub const OUTBOX_MIGRATIONS: &[(&str, &str)] =
+    &[("001_outbox", include_str!("../sql/mysql/001_outbox.sql"))];
+/// Migration files of the inbox table.
+pub const INBOX_MIGRATIONS: &[(&str, &str)] =
+    &[("001_inbox", include_str!("../sql/mysql/001_inbox.sql"))];
+
+/// The columns every message-returning statement yields, in order.
+pub const MESSAGE_COLUMNS: &str = "id, destination, event_type, aggregate_type, aggregate_id, partition_key, tenant_id, idempotency_key, payload, content_type, headers, attempts, created_at";
+
+/// Which parts of a dead-letter filter are set, and how many values each list has.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DeadFilterShape {
+    /// Number of ids (0 = no id condition).
+    pub ids: usize,
+    /// Number of destinations.
+    pub destinations: usize,
+    /// Number of event types.
+    pub event_types: usize,
+    /// A lower bound on `created_at` is bound.
+    pub after: bool,
+    /// An upper bound on `created_at` is bound.
+    pub before: bool,
+    /// An error substring is bound.
+    pub error: bool,
+}
+
+/// Every MySQL statement for one set of table names; list statements are built per call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Statements {
+    names: TableNames,
+    outbox: String,
+    /// Creates the migrations table.
+    pub create_migrations: String,
+    /// `(id)` → a row if that migration was applied.
+    pub migration_applied: String,
+    /// Records a migration: `(id)`.
+    pub record_migration: String,
+    /// Takes the migration lock: `(name, timeout s)` → 1 when held.
+    pub migration_lock: String,
+    /// Releases the migration lock: `(name)`.
+    pub migration_unlock: String,
+    /// Inserts one message.
+    pub insert: String,
+    /// Schedules one leased row again.
+    pub retry: String,
+    /// Dead-letters one leased row.
+    pub dead: String,
+    /// Counts per destination and state.
+    pub stats: String,
+    /// Deletes one bounded batch of old finished rows.
+    pub purge: String,
+    /// Records a delivery in the inbox: one row affected if new, zero if a duplicate.
+    pub inbox_record: String,
+    /// Deletes one bounded batch of old inbox rows.
+    pub inbox_purge: String,
+}
+
+const NOW: &str = "UTC_TIMESTAMP(6)";
+const LEASE_CLEARED: &str = "lease_owner = NULL, lease_token = NULL, lease_until = NULL";
+
+fn list(n: usize) -> String {
+    let mut s = String::with_capacity(n * 3);
+    for i in 0..n {
+        s.push_str(if i == 0 { "?" } else { ", ?" });
+    }
+    s
+}
+
+impl Statements {
+    /// Renders the fixed statements for `names`.
+    pub fn new(names: &TableNames) -> Self {
+        let r = |t: &str| {
+            names.render(
+                Dialect::MySql,
+                &t.replace("{now}", NOW).replace("{cleared}", LEASE_CLEARED),
+            )
+        };
+        Self {
+            names: names.clone(),
+            outbox: r("{outbox}"),
+            create_migrations: r(
+                "CREATE TABLE IF NOT EXISTS {migrations} (id VARCHAR(255) NOT NULL PRIMARY KEY, applied_at DATETIME(6) NOT NULL) ENGINE = InnoDB",
+            ),
+            migration_applied: r("SELECT 1 FROM {migrations} WHERE id = ?"),
+            record_migration: r(
+                "INSERT IGNORE INTO {migrations} (id, applied_at) VALUES (?, {now})",
+            ),
+            migration_lock: "SELECT GET_LOCK(?, ?)".to_owned(),
+            migration_unlock: "SELECT RELEASE_LOCK(?)".to_owned(),
+            insert: r(&format!("{INSERT_HEAD} {INSERT_ROW}")),
+            retry: r(
+                "UPDATE {outbox} SET status = 'pending', available_at = {now} + INTERVAL (? * 1000) MICROSECOND, last_error = ?, {cleared} WHERE id = ? AND status = 'leased' AND lease_token = ?",
+            ),
+            dead: r(
+                "UPDATE {outbox} SET status = 'dead', available_at = NULL, dead_at = {now}, last_error = ?, {cleared} WHERE id = ? AND status = 'leased' AND lease_token = ?",
+            ),
+            stats: r(STATS),
+            purge: r(PURGE),
+            inbox_record: r(
+                "INSERT IGNORE INTO {inbox} (consumer, message_id, received_at) VALUES (?, ?, {now})",
+            ),
+            inbox_purge: r(
+                "DELETE FROM {inbox} WHERE received_at <= {now} - INTERVAL (? * 1000) MICROSECOND ORDER BY received_at LIMIT ?",
+            ),
+        }
+    }
+
+    /// Inserts `rows` messages in one statement.
+    pub fn insert_batch(&self, rows: usize) -> String {
+        let mut sql = self.names.render(Dialect::MySql, INSERT_HEAD);
+        let row = INSERT_ROW.replace("{now}", NOW);
+        for i in 0..rows {
+            sql.push_str(if i == 0 { " " } else { ", " });
+            sql.push_str(&row);
+        }
+        sql.replace("VALUES ,", "VALUES")
+    }
+
+    /// Selects and locks up to `limit` due rows, skipping rows other relays hold.
+    pub fn claim_select(&self, destinations: usize) -> String {
+        let filter = if destinations == 0 {
+            String::new()
+        } else {
+            format!("AND destination IN ({}) ", list(destinations))
+        };
+        format!(
+            "SELECT {MESSAGE_COLUMNS} FROM {} WHERE status IN ('pending', 'leased') AND available_at <= {NOW} {filter}ORDER BY available_at, id LIMIT ? FOR UPDATE SKIP LOCKED",
+            self.outbox
+        )
+    }
+
+    /// Leases the selected rows.
+    pub fn claim_lease(&self, ids: usize) -> String {
+        format!(
+            "UPDATE {} SET status = 'leased', lease_owner = ?, lease_token = ?, lease_until = {NOW} + INTERVAL (? * 1000) MICROSECOND, available_at = {NOW} + INTERVAL (? * 1000) MICROSECOND, attempts = attempts + 1 WHERE id IN ({})",
+            self.outbox,
+            list(ids)
+        )
+    }
+
+    /// Locks the rows of `ids` that are still leased with the token, returning their ids.
+    pub fn lock_leased(&self, ids: usize) -> String {
+        format!(
+            "SELECT id FROM {} WHERE id IN ({}) AND status = 'leased' AND lease_token = ? FOR UPDATE",
+            self.outbox,
+            list(ids)
+        )
+    }
+
+    /// Marks leased rows published.
+    pub fn publish(&self, ids: usize) -> String {
+        format!(
+            "UPDATE {} SET status = 'published', available_at = NULL, published_at = {NOW}, {LEASE_CLEARED} WHERE id IN ({}) AND status = 'leased' AND lease_token = ?",
+            self.outbox,
+            list(ids)
+        )
+    }
+
+    /// Deletes leased rows on publish (delete-on-publish mode).
+    pub fn delete_published(&self, ids: usize) -> String {
+        format!(
+            "DELETE FROM {} WHERE id IN ({}) AND status = 'leased' AND lease_token = ?",
+            self.outbox,
+            list(ids)
+        )
+    }
+
+    /// Gives leased rows back without counting the attempt.
+    pub fn release(&self, ids: usize) -> String {
+        format!(
+            "UPDATE {} SET status = 'pending', available_at = {NOW}, attempts = GREATEST(attempts - 1, 0), {LEASE_CLEARED} WHERE id IN ({}) AND status = 'leased' AND lease_token = ?",
+            self.outbox,
+            list(ids)
+        )
+    }
+
+    /// The `WHERE` clause of a dead-letter operation.
+    pub fn dead_filter(&self, shape: DeadFilterShape) -> String {
+        let mut sql = String::from("status = 'dead'");
+        if shape.ids > 0 {
+            sql.push_str(&format!(" AND id IN ({})", list(shape.ids)));
+        }
+        if shape.destinations > 0 {
+            sql.push_str(&format!(
+                " AND destination IN ({})",
+                list(shape.destinations)
+            ));
+        }
+        if shape.event_types > 0 {
+            sql.push_str(&format!(" AND event_type IN ({})", list(shape.event_types)));
+        }
+        if shape.after {
+            sql.push_str(" AND created_at >= ?");
+        }
+        if shape.before {
+            sql.push_str(" AND created_at < ?");
+        }
+        if shape.error {
+            sql.push_str(" AND LOCATE(?, last_error) > 0");
+        }
+        sql
+    }
+
+    /// Lists matching dead letters, oldest first; the last parameter is the limit.
+    pub fn list_dead(&self, shape: DeadFilterShape) -> String {
+        format!(
+            "SELECT {MESSAGE_COLUMNS}, last_error, dead_at FROM {} WHERE {} ORDER BY id LIMIT ?",
+            self.outbox,
+            self.dead_filter(shape)
+        )
+    }
+
+    /// Replays matching dead letters.
+    pub fn replay_dead(&self, shape: DeadFilterShape) -> String {
+        format!(
+            "UPDATE {} SET status = 'pending', available_at = {NOW}, attempts = 0, dead_at = NULL WHERE {}",
+            self.outbox,
+            self.dead_filter(shape)
+        )
+    }
+
+    /// Deletes matching dead letters.
+    pub fn discard_dead(&self, shape: DeadFilterShape) -> String {
+        format!(
+            "DELETE FROM {} WHERE {}",
+            self.outbox,
+            self.dead_filter(shape)
+        )
+    }
+}
+
+const INSERT_HEAD: &str = "INSERT INTO {outbox} (id, destination, event_type, aggregate_type, aggregate_id, partition_key, tenant_id, idempotency_key, payload, content_type, headers, available_at, created_at) VALUES";
+
+const INSERT_ROW: &str = "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, COALESCE(?, {now} + INTERVAL (? * 1000) MICROSECOND), {now})";
+
+const STATS: &str = "SELECT destination,
+    CAST(SUM(status = 'pending') AS SIGNED) AS pending,
+    CAST(SUM(status = 'leased') AS SIGNED) AS leased,
+    CAST(SUM(status = 'dead') AS SIGNED) AS dead,
+    CAST(SUM(status = 'published') AS SIGNED) AS published,
+    MIN(CASE WHEN status IN ('pending', 'leased') THEN created_at END) AS oldest
+FROM {outbox} GROUP BY destination ORDER BY destination";
+
+const PURGE: &str = "DELETE FROM {outbox}
+WHERE (status = 'published' AND published_at <= {now} - INTERVAL (? * 1000) MICROSECOND)
+   OR (? IS NOT NULL AND status = 'dead' AND dead_at <= {now} - INTERVAL (? * 1000) MICROSECOND)
+LIMIT ?";

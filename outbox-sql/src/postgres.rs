@@ -1,0 +1,192 @@
+//! PostgreSQL statements.
+//!
+//! Parameters (`$n`), by statement:
+//!
+//! | statement | parameters |
+//! |---|---|
+//! | `insert` | 1 id uuid, 2 destination, 3 event_type, 4 aggregate_type?, 5 aggregate_id?, 6 partition_key?, 7 tenant_id?, 8 idempotency_key, 9 payload bytea, 10 content_type, 11 headers (JSON text), 12 available_at timestamptz?, 13 delay ms bigint (used when 12 is NULL) |
+//! | `insert_batch` | the same thirteen, each as an array |
+//! | `claim` | 1 limit, 2 owner, 3 token uuid, 4 lease ms |
+//! | `claim_filtered` | as `claim`, 5 destinations text[] |
+//! | `complete` | 1 token, 2 ids uuid[], 3 statuses text[], 4 delays ms bigint[], 5 errors text[] → returns applied ids |
+//! | `delete_published` | 1 token, 2 ids uuid[] → returns deleted ids |
+//! | `release` | 1 token, 2 ids uuid[] → returns released ids |
+//! | `stats` | none → destination, pending, leased, dead, published, oldest created_at |
+//! | dead-letter filter (`list_dead`, `replay_dead`, `discard_dead`) | 1 ids uuid[]?, 2 destinations text[]?, 3 event types text[]?, 4 created after?, 5 created before?, 6 error text?; `list_dead` adds 7 limit |
+//! | `purge` | 1 published age ms, 2 dead age ms (NULL keeps dead letters), 3 limit |
+//! | `inbox_record` | 1 consumer, 2 message id |
+//! | `inbox_purge` | 1 age ms, 2 limit |
+//! | `notify` | 1 payload (the qualified outbox table name) |
+//! | `migration_lock` | 1 lock key bigint |
+//!
+//! Rows read back (claim, `list_dead`) have the columns of [`MESSAGE_COLUMNS`] in order,
+//! `list_dead` followed by `last_error` and `dead_at`.
+
+use crate::{Dialect, TableNames};
+
+/// Migration files of the outbox table.
+pub const OUTBOX_MIGRATIONS: &[(&str, &str)] =
+    &[("001_outbox", include_str!("../sql/postgres/001_outbox.sql"))];
+/// Migration files of the inbox table.
+pub const INBOX_MIGRATIONS: &[(&str, &str)] =
+    &[("001_inbox", include_str!("../sql/postgres/001_inbox.sql"))];
+
+/// The columns every message-returning statement yields, in order.
+pub const MESSAGE_COLUMNS: &str = "id, destination, event_type, aggregate_type, aggregate_id, partition_key, tenant_id, idempotency_key, payload, content_type, headers::text AS headers, attempts, created_at";
+
+const DEAD_FILTER: &str = "status = 'dead'
+  AND ($1::uuid[] IS NULL OR id = ANY($1))
+  AND ($2::text[] IS NULL OR destination = ANY($2))
+  AND ($3::text[] IS NULL OR event_type = ANY($3))
+  AND ($4::timestamptz IS NULL OR created_at >= $4)
+  AND ($5::timestamptz IS NULL OR created_at < $5)
+  AND ($6::text IS NULL OR strpos(last_error, $6) > 0)";
+
+/// Every PostgreSQL statement, rendered for one set of table names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Statements {
+    /// Creates the migrations table.
+    pub create_migrations: String,
+    /// `(id)` → a row if that migration was applied.
+    pub migration_applied: String,
+    /// Records a migration: `(id)`.
+    pub record_migration: String,
+    /// Takes the migration lock for this transaction: `(key bigint)`.
+    pub migration_lock: String,
+    /// Inserts one message.
+    pub insert: String,
+    /// Inserts many messages in one statement.
+    pub insert_batch: String,
+    /// Leases due rows of any destination.
+    pub claim: String,
+    /// Leases due rows of some destinations.
+    pub claim_filtered: String,
+    /// Completes leased rows.
+    pub complete: String,
+    /// Deletes leased rows on publish (delete-on-publish mode).
+    pub delete_published: String,
+    /// Gives leased rows back.
+    pub release: String,
+    /// Counts per destination and state.
+    pub stats: String,
+    /// Lists matching dead letters.
+    pub list_dead: String,
+    /// Replays matching dead letters.
+    pub replay_dead: String,
+    /// Deletes matching dead letters.
+    pub discard_dead: String,
+    /// Deletes one bounded batch of old finished rows.
+    pub purge: String,
+    /// Records a delivery in the inbox: one row affected if new, zero if a duplicate.
+    pub inbox_record: String,
+    /// Deletes one bounded batch of old inbox rows.
+    pub inbox_purge: String,
+    /// Sends a wakeup after commit: `(channel payload text)`.
+    pub notify: String,
+}
+
+/// The LISTEN/NOTIFY channel every outbox table signals on; the payload names the table.
+pub const NOTIFY_CHANNEL: &str = "outbox_wakeup";
+
+impl Statements {
+    /// Renders every statement for `names`.
+    pub fn new(names: &TableNames) -> Self {
+        let r = |t: &str| names.render(Dialect::Postgres, t);
+        let dead = |t: &str| r(&t.replace("{dead_filter}", DEAD_FILTER));
+        Self {
+            create_migrations: r(
+                "CREATE TABLE IF NOT EXISTS {migrations} (id text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())",
+            ),
+            migration_applied: r("SELECT 1 FROM {migrations} WHERE id = $1"),
+            record_migration: r(
+                "INSERT INTO {migrations} (id) VALUES ($1) ON CONFLICT (id) DO NOTHING",
+            ),
+            migration_lock: "SELECT pg_advisory_xact_lock($1)".to_owned(),
+            insert: r(INSERT),
+            insert_batch: r(INSERT_BATCH),
+            claim: r(&CLAIM.replace("{filter}", "")),
+            claim_filtered: r(&CLAIM.replace("{filter}", "AND destination = ANY($5)")),
+            complete: r(COMPLETE),
+            delete_published: r(
+                "DELETE FROM {outbox} WHERE id = ANY($2) AND status = 'leased' AND lease_token = $1 RETURNING id",
+            ),
+            release: r(RELEASE),
+            stats: r(STATS),
+            list_dead: dead(LIST_DEAD),
+            replay_dead: dead(
+                "UPDATE {outbox} SET status = 'pending', available_at = now(), attempts = 0, dead_at = NULL WHERE {dead_filter}",
+            ),
+            discard_dead: dead("DELETE FROM {outbox} WHERE {dead_filter}"),
+            purge: r(PURGE),
+            inbox_record: r(
+                "INSERT INTO {inbox} (consumer, message_id) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+            ),
+            inbox_purge: r(
+                "DELETE FROM {inbox} WHERE ctid IN (SELECT ctid FROM {inbox} WHERE received_at <= now() - $1 * interval '1 millisecond' LIMIT $2)",
+            ),
+            notify: format!("SELECT pg_notify('{NOTIFY_CHANNEL}', $1)"),
+        }
+    }
+}
+
+const RELEASE: &str = "UPDATE {outbox}
+SET status = 'pending', available_at = now(), attempts = GREATEST(attempts - 1, 0),
+    lease_owner = NULL, lease_token = NULL, lease_until = NULL
+WHERE id = ANY($2) AND status = 'leased' AND lease_token = $1
+RETURNING id";
+
+const INSERT: &str = "INSERT INTO {outbox} (id, destination, event_type, aggregate_type, aggregate_id, partition_key, tenant_id, idempotency_key, payload, content_type, headers, available_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11::jsonb, COALESCE($12, now() + $13 * interval '1 millisecond'))";
+
+const INSERT_BATCH: &str = "INSERT INTO {outbox} (id, destination, event_type, aggregate_type, aggregate_id, partition_key, tenant_id, idempotency_key, payload, content_type, headers, available_at)
+SELECT m.id, m.destination, m.event_type, m.aggregate_type, m.aggregate_id, m.partition_key, m.tenant_id, m.idempotency_key, m.payload, m.content_type, m.headers::jsonb,
+       COALESCE(m.at, now() + m.delay_ms * interval '1 millisecond')
+FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[], $9::bytea[], $10::text[], $11::text[], $12::timestamptz[], $13::bigint[])
+  AS m(id, destination, event_type, aggregate_type, aggregate_id, partition_key, tenant_id, idempotency_key, payload, content_type, headers, at, delay_ms)";
+
+const CLAIM: &str = "WITH due AS (
+    SELECT id FROM {outbox}
+    WHERE status IN ('pending', 'leased') AND available_at <= now() {filter}
+    ORDER BY available_at, id
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE {outbox} AS o
+SET status = 'leased', lease_owner = $2, lease_token = $3,
+    lease_until = now() + $4 * interval '1 millisecond',
+    available_at = now() + $4 * interval '1 millisecond',
+    attempts = o.attempts + 1
+FROM due
+WHERE o.id = due.id
+RETURNING o.id, o.destination, o.event_type, o.aggregate_type, o.aggregate_id, o.partition_key, o.tenant_id, o.idempotency_key, o.payload, o.content_type, o.headers::text AS headers, o.attempts, o.created_at";
+
+const COMPLETE: &str = "UPDATE {outbox} AS o
+SET status = c.status,
+    available_at = CASE WHEN c.status = 'pending' THEN now() + c.delay_ms * interval '1 millisecond' END,
+    last_error = COALESCE(c.error, o.last_error),
+    published_at = CASE WHEN c.status = 'published' THEN now() END,
+    dead_at = CASE WHEN c.status = 'dead' THEN now() END,
+    lease_owner = NULL, lease_token = NULL, lease_until = NULL
+FROM UNNEST($2::uuid[], $3::text[], $4::bigint[], $5::text[]) AS c(id, status, delay_ms, error)
+WHERE o.id = c.id AND o.status = 'leased' AND o.lease_token = $1
+RETURNING o.id";
+
+const STATS: &str = "SELECT destination,
+    count(*) FILTER (WHERE status = 'pending') AS pending,
+    count(*) FILTER (WHERE status = 'leased') AS leased,
+    count(*) FILTER (WHERE status = 'dead') AS dead,
+    count(*) FILTER (WHERE status = 'published') AS published,
+    min(created_at) FILTER (WHERE status IN ('pending', 'leased')) AS oldest
+FROM {outbox} GROUP BY destination ORDER BY destination";
+
+const LIST_DEAD: &str = "SELECT id, destination, event_type, aggregate_type, aggregate_id, partition_key, tenant_id, idempotency_key, payload, content_type, headers::text AS headers, attempts, created_at, last_error, dead_at
+FROM {outbox} WHERE {dead_filter} ORDER BY id LIMIT $7";
+
+const PURGE: &str = "DELETE FROM {outbox} WHERE id IN (
+    SELECT id FROM {outbox}
+    WHERE (status = 'published' AND published_at <= now() - $1 * interval '1 millisecond')
+       OR ($2::bigint IS NOT NULL AND status = 'dead' AND dead_at <= now() - $2 * interval '1 millisecond')
+    LIMIT $3
+    FOR UPDATE SKIP LOCKED
+)";
