@@ -1,1 +1,60 @@
-//! sqlx stores.
+//! Transactional outbox stores on [sqlx](https://docs.rs/sqlx): PostgreSQL (primary),
+//! SQLite (embedded) and MySQL 8 / MariaDB ≥ 10.6, each behind a Cargo feature
+//! (`postgres`, `sqlite`, `mysql`).
+//!
+//! Each backend gives you three things:
+//!
+//! - **enqueue inside your transaction**: `outbox.enqueue(&mut tx, &message)` runs one
+//!   `INSERT` on the connection you pass and nothing else — no commit, no other
+//!   connection, no network call — so the message commits or rolls back with your
+//!   business change;
+//! - **a relay store** implementing [`outbox_core::Store`] (claim with
+//!   `FOR UPDATE SKIP LOCKED` or a single atomic SQLite statement, token-fenced batched
+//!   completion) plus stats, dead letters and purge;
+//! - **an inbox** for receivers: record `(consumer, message id)` inside the receiver's own
+//!   transaction and learn whether the delivery is new or a duplicate.
+//!
+//! The SQL comes from `outbox-sql`, the one source of the schema that every backend runs.
+//! Table and schema names are validated identifiers, so no name can inject SQL.
+//!
+//! Run [`postgres::PgOutbox::migrate`] (or the SQLite/MySQL equivalent) once at start-up;
+//! migrations are idempotent and safe to run from several processes at once.
+
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+mod common;
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+mod error;
+#[cfg(feature = "mysql")]
+pub mod mysql;
+#[cfg(feature = "postgres")]
+pub mod postgres;
+#[cfg(feature = "sqlite")]
+pub mod sqlite;
+
+pub use outbox_sql::{Ident, IdentError, TableNames};
+
+/// Whether an inbox delivery is the first one for its `(consumer, message id)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Delivery {
+    /// First time: run the side effect, then commit.
+    New,
+    /// Seen before (committed by an earlier delivery): skip the side effect.
+    Duplicate,
+}
+
+impl Delivery {
+    /// `true` for [`Delivery::New`].
+    pub fn is_new(self) -> bool {
+        matches!(self, Self::New)
+    }
+}
+
+/// What happens to a row once its sink acknowledged it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum PublishedRows {
+    /// Keep it with status `published` until a retention purge (default).
+    #[default]
+    Keep,
+    /// Delete it at once; stats then show no published rows.
+    Delete,
+}

@@ -1,0 +1,56 @@
+//! Conversions shared by the dialects.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use outbox_core::{Availability, Headers, NewMessage, StoreError, StoreErrorKind};
+
+/// A duration as whole milliseconds for binding, saturating.
+pub(crate) fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// When a new message is due: an absolute instant, or a delay from the database's now.
+pub(crate) fn availability(message: &NewMessage) -> (Option<DateTime<Utc>>, i64) {
+    match message.availability() {
+        Availability::Now => (None, 0),
+        Availability::After(delay) => (None, millis(delay)),
+        Availability::At(at) => (Some(at), 0),
+    }
+}
+
+pub(crate) fn headers_json(headers: &Headers) -> String {
+    serde_json::to_string(headers).expect("string maps always serialize")
+}
+
+pub(crate) fn headers_from_json(json: &str) -> Result<Headers, StoreError> {
+    serde_json::from_str(json).map_err(|e| {
+        StoreError::new(
+            StoreErrorKind::Schema,
+            format!("headers column is not a JSON object of strings: {e}"),
+        )
+    })
+}
+
+pub(crate) fn attempts(value: i64) -> u32 {
+    u32::try_from(value.max(0)).unwrap_or(u32::MAX)
+}
+
+pub(crate) fn count(value: i64) -> u64 {
+    u64::try_from(value.max(0)).unwrap_or(0)
+}
+
+pub(crate) fn limit(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// Checks an inbox key part: 1 to 191 bytes (the longest MySQL can index), no NUL.
+pub(crate) fn check_inbox_key(field: &str, value: &str) -> Result<(), StoreError> {
+    if value.is_empty() || value.len() > 191 || value.contains('\0') {
+        return Err(StoreError::new(
+            StoreErrorKind::InvalidInput,
+            format!("inbox {field} must be 1 to 191 bytes without NUL"),
+        ));
+    }
+    Ok(())
+}

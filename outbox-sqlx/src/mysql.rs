@@ -1,0 +1,1 @@
+//! MySQL / MariaDB backend (in progress).

@@ -1,0 +1,1 @@
+//! SQLite backend (in progress).

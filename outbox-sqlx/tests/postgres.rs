@@ -1,0 +1,426 @@
+//! The PostgreSQL store against a real server.
+#![cfg(feature = "postgres")]
+
+mod common;
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use outbox_core::testkit::{RecordingSink, StoreHarness, store_suite};
+use outbox_core::{NewMessage, Relay, StoreError, StoreStats};
+use outbox_sqlx::postgres::{PgInbox, PgOutbox};
+use outbox_sqlx::{PublishedRows, TableNames};
+use sqlx::PgPool;
+use sqlx::postgres::PgPoolOptions;
+
+const URL_VAR: &str = "OUTBOX_TEST_POSTGRES_URL";
+const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
+
+async fn pool() -> PgPool {
+    let url = common::url(URL_VAR, DEFAULT_URL);
+    match PgPoolOptions::new()
+        .max_connections(16)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect(&url)
+        .await
+    {
+        Ok(pool) => pool,
+        Err(e) => common::no_server("PostgreSQL", URL_VAR, &url, e),
+    }
+}
+
+/// A fresh outbox table on the test server.
+struct PgHarness {
+    outbox: PgOutbox,
+}
+
+impl PgHarness {
+    async fn new() -> Self {
+        Self::with_mode(PublishedRows::Keep).await
+    }
+
+    async fn with_mode(mode: PublishedRows) -> Self {
+        let names = TableNames::default()
+            .outbox(&common::fresh_table("outbox"))
+            .unwrap();
+        let outbox = PgOutbox::with_names(pool().await, names).published_rows(mode);
+        outbox.migrate().await.expect("migrate");
+        Self { outbox }
+    }
+
+    fn table(&self) -> String {
+        self.outbox
+            .names()
+            .render(outbox_sql::Dialect::Postgres, "{outbox}")
+    }
+}
+
+impl StoreHarness for PgHarness {
+    type Store = PgOutbox;
+
+    fn store(&self) -> &PgOutbox {
+        &self.outbox
+    }
+
+    async fn enqueue(&self, messages: Vec<NewMessage>) -> Result<(), StoreError> {
+        let mut tx = self.outbox.pool().begin().await.unwrap();
+        self.outbox.enqueue_all(&mut tx, &messages).await?;
+        tx.commit().await.unwrap();
+        Ok(())
+    }
+
+    async fn advance(&self, by: Duration) {
+        let ms = by.as_millis() as i64;
+        let sql = format!(
+            "UPDATE {} SET created_at = created_at - $1 * interval '1 millisecond', \
+             available_at = available_at - $1 * interval '1 millisecond', \
+             lease_until = lease_until - $1 * interval '1 millisecond', \
+             published_at = published_at - $1 * interval '1 millisecond', \
+             dead_at = dead_at - $1 * interval '1 millisecond'",
+            self.table()
+        );
+        sqlx::query(&sql)
+            .bind(ms)
+            .execute(self.outbox.pool())
+            .await
+            .unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_passes_the_store_suite() {
+    store_suite::run_all(PgHarness::new).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn single_enqueue_and_relay_deliver_with_all_fields() {
+    let h = PgHarness::new().await;
+    let message = NewMessage::builder("orders", "order.paid")
+        .bytes(vec![0, 255, 10], "application/octet-stream")
+        .partition_key("o-1")
+        .header("x-a", "1")
+        .build()
+        .unwrap();
+    let mut tx = h.outbox.pool().begin().await.unwrap();
+    h.outbox.enqueue(&mut tx, &message).await.unwrap();
+    tx.commit().await.unwrap();
+    let sink = RecordingSink::new();
+    let relay = Relay::builder(h.outbox.clone())
+        .route("orders", sink.clone())
+        .build()
+        .unwrap();
+    assert_eq!(relay.drain().await.unwrap().published, 1);
+    let got = &sink.messages()[0];
+    assert_eq!(
+        (got.id, got.payload.as_slice(), got.headers["x-a"].as_str()),
+        (message.id(), &[0u8, 255, 10][..], "1")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delete_on_publish_removes_rows() {
+    let h = PgHarness::with_mode(PublishedRows::Delete).await;
+    h.enqueue((0..5).map(|n| common::message("orders", n)).collect())
+        .await
+        .unwrap();
+    let relay = Relay::builder(h.outbox.clone())
+        .route("orders", RecordingSink::new())
+        .build()
+        .unwrap();
+    assert_eq!(relay.drain().await.unwrap().published, 5);
+    let rows: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {}", h.table()))
+        .fetch_one(h.outbox.pool())
+        .await
+        .unwrap();
+    assert_eq!(rows, 0);
+}
+
+/// 1,000 business transactions, 30% rolled back: outbox rows = committed business rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn producer_atomicity_with_rollbacks() {
+    let h = PgHarness::new().await;
+    let business = common::fresh_table("orders");
+    let pool = h.outbox.pool();
+    sqlx::query(&format!("CREATE TABLE {business} (id bigint PRIMARY KEY)"))
+        .execute(pool)
+        .await
+        .unwrap();
+    let mut committed = 0;
+    for n in 0..1000_i64 {
+        let mut tx = pool.begin().await.unwrap();
+        sqlx::query(&format!("INSERT INTO {business} (id) VALUES ($1)"))
+            .bind(n)
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        h.outbox
+            .enqueue(&mut tx, &common::message("orders", n as u64))
+            .await
+            .unwrap();
+        if fastrand::f64() < 0.3 {
+            tx.rollback().await.unwrap();
+        } else {
+            tx.commit().await.unwrap();
+            committed += 1;
+        }
+    }
+    let business_rows: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {business}"))
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    let outbox_rows: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {}", h.table()))
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert_eq!(business_rows, committed);
+    assert_eq!(
+        outbox_rows, committed,
+        "outbox rows = committed business rows, exactly"
+    );
+    assert!(
+        (600..=800).contains(&committed),
+        "about 30% rolled back: {committed}"
+    );
+    sqlx::query(&format!("DROP TABLE {business}"))
+        .execute(pool)
+        .await
+        .unwrap();
+}
+
+/// 10,000 ids, each delivered 3 times concurrently by 4 consumers → 10,000 side effects.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inbox_dedupes_concurrent_duplicate_deliveries() {
+    let pool = pool().await;
+    let names = TableNames::default()
+        .inbox(&common::fresh_table("inbox"))
+        .unwrap();
+    let inbox = PgInbox::with_names(names.clone());
+    inbox.migrate(&pool).await.unwrap();
+    let effects = common::fresh_table("effects");
+    sqlx::query(&format!(
+        "CREATE TABLE {effects} (message_id text NOT NULL)"
+    ))
+    .execute(&pool)
+    .await
+    .unwrap();
+
+    const IDS: usize = 10_000;
+    let deliveries: Vec<String> = (0..3)
+        .flat_map(|_| (0..IDS).map(|i| format!("msg-{i}")))
+        .collect();
+    let queue = Arc::new(std::sync::Mutex::new(deliveries));
+    let mut consumers = tokio::task::JoinSet::new();
+    for _ in 0..4 {
+        let (pool, inbox, queue, effects) =
+            (pool.clone(), inbox.clone(), queue.clone(), effects.clone());
+        consumers.spawn(async move {
+            let mut duplicates = 0;
+            loop {
+                let Some(id) = queue.lock().unwrap().pop() else {
+                    return duplicates;
+                };
+                let mut tx = pool.begin().await.unwrap();
+                if inbox
+                    .record(&mut tx, "billing", &id)
+                    .await
+                    .unwrap()
+                    .is_new()
+                {
+                    sqlx::query(&format!("INSERT INTO {effects} (message_id) VALUES ($1)"))
+                        .bind(&id)
+                        .execute(&mut *tx)
+                        .await
+                        .unwrap();
+                } else {
+                    duplicates += 1;
+                }
+                tx.commit().await.unwrap();
+            }
+        });
+    }
+    let mut duplicates = 0;
+    while let Some(d) = consumers.join_next().await {
+        duplicates += d.unwrap();
+    }
+    let (total, distinct): (i64, i64) = sqlx::query_as(&format!(
+        "SELECT count(*), count(DISTINCT message_id) FROM {effects}"
+    ))
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        (total, distinct),
+        (IDS as i64, IDS as i64),
+        "exactly one side effect per message"
+    );
+    assert_eq!(duplicates, 2 * IDS);
+    assert_eq!(
+        inbox.purge(&pool, Duration::ZERO, 100_000).await.unwrap(),
+        IDS as u64
+    );
+    sqlx::query(&format!("DROP TABLE {effects}"))
+        .execute(&pool)
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notify_wakes_a_listening_relay_and_survives_backend_termination() {
+    let h = PgHarness::new().await;
+    let listener = h.outbox.listen().await.unwrap();
+    let sink = RecordingSink::new();
+    let relay = Relay::builder(h.outbox.clone())
+        .route("orders", sink.clone())
+        .poll_interval(Duration::from_secs(3600))
+        .wakeup(listener.wakeup())
+        .build()
+        .unwrap();
+    let running = tokio::spawn(relay.run(std::future::pending()));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let notifier = h.outbox.notifier();
+    for round in 1..=2 {
+        h.enqueue(vec![common::message("orders", round)])
+            .await
+            .unwrap();
+        notifier.notify();
+        assert!(
+            sink.wait_for(round as usize, Duration::from_secs(10)).await,
+            "NOTIFY woke the relay"
+        );
+        // Kill every LISTEN connection: the listener must reconnect and keep working.
+        let killed: Vec<bool> = sqlx::query_scalar(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query ILIKE 'LISTEN%' AND pid <> pg_backend_pid()",
+        )
+        .fetch_all(h.outbox.pool())
+        .await
+        .unwrap();
+        assert!(
+            !killed.is_empty(),
+            "a LISTEN connection was found and terminated"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    // No listener connection is ever idle inside a transaction.
+    let idle_in_tx: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity WHERE query ILIKE 'LISTEN%' AND state LIKE 'idle in transaction%'",
+    )
+    .fetch_one(h.outbox.pool())
+    .await
+    .unwrap();
+    assert_eq!(idle_in_tx, 0);
+    h.enqueue(vec![common::message("orders", 3)]).await.unwrap();
+    notifier.notify();
+    assert!(
+        sink.wait_for(3, Duration::from_secs(10)).await,
+        "woken after reconnect"
+    );
+    running.abort();
+}
+
+/// Hostile names are either rejected or used exactly as quoted; a canary table survives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_identifiers_are_rejected_or_quoted_exactly() {
+    let pool = pool().await;
+    let canary = common::fresh_table("canary");
+    sqlx::query(&format!("CREATE TABLE {canary} (x int)"))
+        .execute(&pool)
+        .await
+        .unwrap();
+    sqlx::query(&format!("INSERT INTO {canary} VALUES (1)"))
+        .execute(&pool)
+        .await
+        .unwrap();
+    let mut rng = fastrand::Rng::with_seed(11);
+    let fragments = [
+        "\"",
+        "\"\"",
+        "'",
+        ";",
+        "--",
+        "/*",
+        "*/",
+        " ",
+        "DROP TABLE ",
+        &canary,
+        "\0",
+        "\\",
+        "`",
+        "$1",
+        "$$",
+        "\n",
+        "é",
+        "😀",
+        "outbox",
+        "\"; DROP TABLE ",
+        ")",
+        "(",
+        "{outbox}",
+        "%s",
+        "x",
+    ];
+    let (mut rejected, mut used) = (0, 0);
+    let mut created = HashSet::new();
+    for i in 0..1000 {
+        let mut name = String::new();
+        for _ in 0..rng.usize(1..6) {
+            name.push_str(fragments[rng.usize(..fragments.len())]);
+        }
+        if i % 2 == 0 {
+            name = format!("\"{name}\"");
+        }
+        let names = match TableNames::default().outbox(&name) {
+            Ok(names) => names,
+            Err(_) => {
+                rejected += 1;
+                continue;
+            }
+        };
+        let outbox = PgOutbox::with_names(pool.clone(), names.clone());
+        outbox
+            .migrate()
+            .await
+            .unwrap_or_else(|e| panic!("valid name {name:?} failed to migrate: {e}"));
+        let exact = names.outbox_name().name().to_owned();
+        let exists: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM pg_class WHERE relname = $1 AND relkind = 'r')",
+        )
+        .bind(&exact)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        assert!(exists, "table created under exactly the name {exact:?}");
+        created.insert(names.render(outbox_sql::Dialect::Postgres, "{outbox}"));
+        used += 1;
+    }
+    assert!(
+        rejected > 100 && used > 100,
+        "both paths exercised: rejected={rejected} used={used}"
+    );
+    let canary_rows: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {canary}"))
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(canary_rows, 1, "the canary table survived");
+    for table in created {
+        sqlx::query(&format!("DROP TABLE IF EXISTS {table}"))
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
+    sqlx::query(&format!("DROP TABLE {canary}"))
+        .execute(&pool)
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stats_match_the_table() {
+    let h = PgHarness::new().await;
+    h.enqueue((0..7).map(|n| common::message("a", n)).collect())
+        .await
+        .unwrap();
+    let stats = h.outbox.stats().await.unwrap();
+    assert_eq!(stats.destination("a").unwrap().pending, 7);
+}
