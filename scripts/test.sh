@@ -1,10 +1,18 @@
 #!/usr/bin/env bash
-# The project's one test command: formatting, lints, docs, architecture invariants, and
-# every test in the workspace. CI (.ci/run) runs exactly this.
+# The project's one test command: starts the servers the tests need (scripts/services.sh),
+# then checks formatting, lints, docs and architecture invariants, and runs every test in
+# the workspace. CI (.ci/run) runs exactly this.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 step() { printf '\n==> %s\n' "$*"; }
+
+step "services"
+# Start (or install) the servers the tests need; keep URLs the caller already exported.
+while IFS='=' read -r name value; do
+    if [[ -z ${!name:-} ]]; then export "$name=$value"; fi
+    echo "$name=${!name}"
+done < <(bash scripts/services.sh)
 
 step "rustfmt"
 cargo fmt --all -- --check

@@ -1,0 +1,207 @@
+//! Crash recovery with real processes: a relay running in a separate OS process is killed
+//! with SIGKILL while it holds leased rows; another relay finishes the job. Nothing may be
+//! lost, and duplicates are bounded by the rows leased at the kill.
+//!
+//! This file is its own test harness (`harness = false`): run without arguments it is the
+//! test; with `OUTBOX_CRASH_CHILD` set it is the child relay that gets killed.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use outbox_core::{Failure, Message, Outcome, Relay, RetryPolicy, Sink, StoreStats};
+use outbox_sqlx::TableNames;
+use outbox_sqlx::postgres::PgOutbox;
+use sqlx::PgPool;
+use sqlx::postgres::PgPoolOptions;
+
+#[path = "common/mod.rs"]
+mod common;
+
+const URL_VAR: &str = "OUTBOX_TEST_POSTGRES_URL";
+const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
+const MESSAGES: u64 = 2_000;
+const CHILD_LEASE: Duration = Duration::from_secs(3);
+
+/// The "broker": records every delivery in a table, then acknowledges after a pause, so
+/// a kill lands between a delivery and its completion for some rows.
+struct TableSink {
+    pool: PgPool,
+    received: String,
+    pause: Duration,
+}
+
+impl Sink for TableSink {
+    async fn publish(&self, batch: &[Message]) -> Result<Vec<Outcome>, Failure> {
+        let ids: Vec<uuid::Uuid> = batch.iter().map(|m| *m.id.as_uuid()).collect();
+        sqlx::query(&format!(
+            "INSERT INTO {} (id) SELECT * FROM UNNEST($1::uuid[])",
+            self.received
+        ))
+        .bind(ids)
+        .execute(&self.pool)
+        .await
+        .map_err(|e| Failure::retryable(outbox_core::FailureClass::Connection, e.to_string()))?;
+        tokio::time::sleep(self.pause).await;
+        Ok(vec![Outcome::published(); batch.len()])
+    }
+}
+
+async fn pool() -> PgPool {
+    let url = common::url(URL_VAR, DEFAULT_URL);
+    match PgPoolOptions::new().max_connections(8).connect(&url).await {
+        Ok(pool) => pool,
+        Err(e) => common::no_server("PostgreSQL", URL_VAR, &url, e),
+    }
+}
+
+fn relay(outbox: PgOutbox, sink: TableSink, owner: &str, lease: Duration) -> Relay<PgOutbox> {
+    Relay::builder(outbox)
+        .owner(owner)
+        .route("orders", sink)
+        .batch_size(25)
+        .concurrency(3)
+        .lease(lease)
+        .poll_interval(Duration::from_millis(50))
+        .retry(RetryPolicy::default().initial_delay(Duration::from_millis(10)))
+        .build()
+        .expect("relay")
+}
+
+async fn child(table: String, received: String) {
+    let pool = pool().await;
+    let names = TableNames::default().outbox(&table).expect("table name");
+    let outbox = PgOutbox::with_names(pool.clone(), names);
+    let sink = TableSink {
+        pool,
+        received,
+        pause: Duration::from_millis(150),
+    };
+    relay(outbox, sink, "doomed-child", CHILD_LEASE)
+        .run(std::future::pending())
+        .await;
+}
+
+async fn leased_by(pool: &PgPool, table: &str, owner: &str) -> i64 {
+    sqlx::query_scalar(&format!(
+        "SELECT count(*) FROM {table} WHERE status = 'leased' AND lease_owner = $1"
+    ))
+    .bind(owner)
+    .fetch_one(pool)
+    .await
+    .expect("count leased")
+}
+
+async fn parent() {
+    let pool = pool().await;
+    let table = common::fresh_table("crash_outbox");
+    let received = common::fresh_table("crash_received");
+    let names = TableNames::default().outbox(&table).expect("table name");
+    let outbox = PgOutbox::with_names(pool.clone(), names);
+    outbox.migrate().await.expect("migrate");
+    sqlx::query(&format!("CREATE TABLE {received} (id uuid NOT NULL)"))
+        .execute(&pool)
+        .await
+        .unwrap();
+    let messages: Vec<_> = (0..MESSAGES)
+        .map(|n| common::message("orders", n))
+        .collect();
+    let mut tx = pool.begin().await.unwrap();
+    outbox.enqueue_all(&mut tx, &messages).await.unwrap();
+    tx.commit().await.unwrap();
+
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .env("OUTBOX_CRASH_CHILD", format!("{table} {received}"))
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("spawn child relay");
+    // Wait until the child has published some rows and holds leases on others.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let delivered: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {received}"))
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        if delivered >= 200 && leased_by(&pool, &table, "doomed-child").await > 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "child relay made no progress");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    child.kill().expect("SIGKILL the child"); // std sends SIGKILL on Unix
+    let status = child.wait().unwrap();
+    assert!(!status.success(), "the child died by the signal");
+    let leased_at_kill = leased_by(&pool, &table, "doomed-child").await;
+    assert!(
+        leased_at_kill > 0,
+        "rows were leased by the killed relay at the kill"
+    );
+
+    let sink = TableSink {
+        pool: pool.clone(),
+        received: received.clone(),
+        pause: Duration::ZERO,
+    };
+    let survivor = relay(outbox.clone(), sink, "survivor", Duration::from_secs(30));
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        survivor.drain().await.expect("drain");
+        let total = outbox.stats().await.unwrap().total();
+        if total.published == MESSAGES {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "survivor did not finish: {total:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await; // until the dead child's leases lapse
+    }
+
+    let (deliveries, distinct, lost): (i64, i64, i64) = sqlx::query_as(&format!(
+        "SELECT (SELECT count(*) FROM {received}), (SELECT count(DISTINCT id) FROM {received}), \
+         (SELECT count(*) FROM {table} o WHERE NOT EXISTS (SELECT 1 FROM {received} r WHERE r.id = o.id))"
+    ))
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    let duplicates = deliveries - distinct;
+    eprintln!(
+        "crash: leased_at_kill={leased_at_kill} deliveries={deliveries} distinct={distinct} duplicates={duplicates} lost={lost}"
+    );
+    assert_eq!(lost, 0, "every message reached the sink");
+    assert_eq!(distinct, MESSAGES as i64);
+    assert!(
+        duplicates <= leased_at_kill,
+        "duplicates ({duplicates}) ≤ rows leased at the kill ({leased_at_kill})"
+    );
+    sqlx::query(&format!("DROP TABLE {table}, {received}"))
+        .execute(&pool)
+        .await
+        .unwrap();
+}
+
+fn main() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    if let Ok(tables) = std::env::var("OUTBOX_CRASH_CHILD") {
+        let (table, received) = tables.split_once(' ').expect("two table names");
+        runtime.block_on(child(table.to_owned(), received.to_owned()));
+        return;
+    }
+    // Honour a name filter like libtest does, so `cargo test other_test` skips this.
+    let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
+    if filter.is_some_and(|f| !"crash_recovery_after_sigkill".contains(&f)) {
+        println!("test result: ok. 0 passed; 0 failed; 0 ignored; 0 measured; 1 filtered out");
+        return;
+    }
+    let started = Instant::now();
+    println!("running 1 test");
+    runtime.block_on(parent());
+    println!("test crash_recovery_after_sigkill ... ok");
+    println!(
+        "\ntest result: ok. 1 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out; finished in {:.2}s\n",
+        started.elapsed().as_secs_f64()
+    );
+}

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Makes the servers the tests need available on loopback, and prints their URLs.
+#
+# Uses a server that is already running; otherwise starts an installed one; otherwise
+# installs it from Debian's packages (as root) and starts it. Creates the test databases.
+# Safe to run again and again.
+#
+#   PostgreSQL  postgres://postgres@127.0.0.1:5432/test   (trust auth on loopback)
+#   MariaDB     mysql://root@127.0.0.1:3306/test          (root, empty password)
+set -euo pipefail
+
+log() { printf '[services] %s\n' "$*" >&2; }
+
+as_root() {
+    if [[ $(id -u) -eq 0 ]]; then "$@"; else sudo "$@"; fi
+}
+
+APT_UPDATED=0
+apt_install() {
+    if [[ $APT_UPDATED -eq 0 ]]; then
+        log "apt-get update"
+        as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+        APT_UPDATED=1
+    fi
+    log "installing $*"
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+
+wait_for() { # description, seconds, command...
+    local what=$1 seconds=$2
+    shift 2
+    for _ in $(seq "$((seconds * 5))"); do
+        if "$@" >/dev/null 2>&1; then return 0; fi
+        sleep 0.2
+    done
+    log "$what did not come up within ${seconds}s"
+    return 1
+}
+
+ensure_postgres() {
+    if ! pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null; then
+        if ! compgen -G "/etc/postgresql/*/main" >/dev/null; then
+            apt_install postgresql postgresql-client
+        fi
+        local version
+        version=$(ls /etc/postgresql | sort -V | tail -1)
+        local hba="/etc/postgresql/$version/main/pg_hba.conf"
+        # Test machines only: trust local and loopback connections.
+        if ! grep -q '^host all all 127.0.0.1/32 trust' "$hba"; then
+            log "configuring trust authentication on loopback ($hba)"
+            as_root sh -c "printf 'local all all trust\nhost all all 127.0.0.1/32 trust\nhost all all ::1/128 trust\n' > '$hba'"
+        fi
+        log "starting PostgreSQL $version"
+        as_root pg_ctlcluster --skip-systemctl-redirect "$version" main start || true
+        wait_for PostgreSQL 30 pg_isready -q -h 127.0.0.1 -p 5432
+    fi
+    if [[ -z $(psql -h 127.0.0.1 -U postgres -d postgres -Atc "SELECT 1 FROM pg_database WHERE datname = 'test'") ]]; then
+        log "creating database test"
+        psql -h 127.0.0.1 -U postgres -d postgres -qc "CREATE DATABASE test"
+    fi
+    echo "OUTBOX_TEST_POSTGRES_URL=postgres://postgres@127.0.0.1:5432/test"
+}
+
+mariadb_up() { mariadb-admin -h 127.0.0.1 -P 3306 -u root ping; }
+
+ensure_mariadb() {
+    if ! command -v mariadb-admin >/dev/null || ! mariadb_up >/dev/null 2>&1; then
+        if [[ ! -x /usr/sbin/mariadbd ]]; then
+            apt_install mariadb-server mariadb-client
+        fi
+        log "starting MariaDB"
+        as_root mkdir -p /run/mysqld
+        as_root chown mysql:mysql /run/mysqld 2>/dev/null || true
+        as_root start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd -- --user=mysql
+        wait_for MariaDB 60 as_root mariadb-admin ping
+        # A fresh Debian install lets root in only through the unix socket; the tests
+        # connect over TCP as root with an empty password.
+        if ! mariadb_up >/dev/null 2>&1; then
+            log "allowing root over loopback TCP with an empty password (test machines only)"
+            as_root mariadb -e "ALTER USER 'root'@'localhost' IDENTIFIED VIA mysql_native_password USING PASSWORD('') OR unix_socket; CREATE USER IF NOT EXISTS 'root'@'127.0.0.1' IDENTIFIED BY ''; GRANT ALL ON *.* TO 'root'@'127.0.0.1' WITH GRANT OPTION; FLUSH PRIVILEGES;"
+        fi
+        wait_for "MariaDB over TCP" 30 mariadb_up
+    fi
+    mariadb -h 127.0.0.1 -P 3306 -u root -e "CREATE DATABASE IF NOT EXISTS test"
+    echo "OUTBOX_TEST_MYSQL_URL=mysql://root@127.0.0.1:3306/test"
+}
+
+ensure_postgres
+ensure_mariadb
