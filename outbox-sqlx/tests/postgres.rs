@@ -430,3 +430,87 @@ async fn stats_match_the_table() {
     let stats = h.outbox.stats().await.unwrap();
     assert_eq!(stats.destination("a").unwrap().pending, 7);
 }
+
+/// A relay stalls after publishing until its lease lapsed and another relay reclaimed the
+/// rows: its late completion changes nothing and is reported as stale.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_that_lost_its_lease_changes_nothing() {
+    use outbox_core::{
+        Claim, ClaimRequest, CompleteReport, Completion, LeaseToken, MessageId, Store,
+    };
+
+    #[derive(Clone)]
+    struct StallBeforeComplete(PgOutbox, Duration);
+    impl Store for StallBeforeComplete {
+        async fn claim(&self, r: &ClaimRequest) -> Result<Claim, StoreError> {
+            self.0.claim(r).await
+        }
+        async fn complete(
+            &self,
+            t: LeaseToken,
+            c: &[Completion],
+        ) -> Result<CompleteReport, StoreError> {
+            tokio::time::sleep(self.1).await; // a GC pause, a network partition...
+            self.0.complete(t, c).await
+        }
+        async fn release(
+            &self,
+            t: LeaseToken,
+            ids: &[MessageId],
+        ) -> Result<CompleteReport, StoreError> {
+            self.0.release(t, ids).await
+        }
+    }
+
+    let h = PgHarness::new().await;
+    h.enqueue((0..5).map(|n| common::message("orders", n)).collect())
+        .await
+        .unwrap();
+    let slow = Relay::builder(StallBeforeComplete(
+        h.outbox.clone(),
+        Duration::from_millis(2500),
+    ))
+    .route("orders", RecordingSink::new())
+    .lease(Duration::from_secs(1))
+    .build()
+    .unwrap();
+    let stalled = tokio::spawn(async move { slow.run_once().await });
+    tokio::time::sleep(Duration::from_millis(1500)).await; // the slow relay's lease lapsed
+    let healthy = Relay::builder(h.outbox.clone())
+        .route("orders", RecordingSink::new())
+        .build()
+        .unwrap();
+    let report = healthy.run_once().await.unwrap();
+    assert_eq!(
+        (report.claimed, report.published),
+        (5, 5),
+        "the lapsed rows were reclaimed"
+    );
+
+    let before: Vec<(uuid::Uuid, String, i32)> = sqlx::query_as(&format!(
+        "SELECT id, status, attempts FROM {} ORDER BY id",
+        h.table()
+    ))
+    .fetch_all(h.outbox.pool())
+    .await
+    .unwrap();
+    let late = stalled.await.unwrap().unwrap();
+    assert_eq!(
+        (late.claimed, late.published, late.stale),
+        (5, 0, 5),
+        "the late completion is reported stale"
+    );
+    let after: Vec<(uuid::Uuid, String, i32)> = sqlx::query_as(&format!(
+        "SELECT id, status, attempts FROM {} ORDER BY id",
+        h.table()
+    ))
+    .fetch_all(h.outbox.pool())
+    .await
+    .unwrap();
+    assert_eq!(before, after, "0 rows changed");
+    assert!(
+        after
+            .iter()
+            .all(|(_, status, attempts)| status == "published" && *attempts == 2)
+    );
+}
