@@ -1,8 +1,10 @@
 //! SQLite statements.
 //!
 //! Times are unix milliseconds computed by SQLite ([`NOW_MS`]); ids and tokens are UUID
-//! text; lists are bound as one JSON array text and read with `json_each`. Every statement
-//! is a single atomic statement, so the relay needs no explicit transaction.
+//! text (hyphenated, lowercase, so text order is UUIDv7 time order); lists are bound as
+//! one JSON array text and read with `json_each`. Every relay statement is a single
+//! atomic statement that takes SQLite's write lock when it starts, so the relay needs no
+//! explicit transaction.
 //!
 //! | statement | parameters (`?n`) |
 //! |---|---|
@@ -11,11 +13,15 @@
 //! | `claim_filtered` | as `claim`, 5 destinations JSON array |
 //! | `complete` | 1 token, 2 JSON array of `{"id","status","delay_ms","error"}` → returns applied ids |
 //! | `delete_published`, `release` | 1 token, 2 ids JSON array → returns affected ids |
-//! | `stats` | none |
-//! | dead-letter filter | 1 ids JSON?, 2 destinations JSON?, 3 event types JSON?, 4 created after ms?, 5 created before ms?, 6 error text?; `list_dead` adds 7 limit |
-//! | `purge` | 1 published age ms, 2 dead age ms?, 3 limit |
+//! | `stats` | none → destination, pending, leased, dead, published, oldest created_at ms |
+//! | dead-letter filter (`list_dead`, `replay_dead`, `discard_dead`) | 1 ids JSON?, 2 destinations JSON?, 3 event types JSON?, 4 created after ms?, 5 created before ms?, 6 error text?; `list_dead` adds 7 limit |
+//! | `purge` | 1 published age ms, 2 dead age ms (NULL keeps dead letters), 3 limit |
 //! | `inbox_record` | 1 consumer, 2 message id |
 //! | `inbox_purge` | 1 age ms, 2 limit |
+//! | `migration_applied`, `record_migration` | 1 migration id |
+//!
+//! Rows read back (claim, `list_dead`) have the columns of [`MESSAGE_COLUMNS`] in order,
+//! `list_dead` followed by `last_error` and `dead_at`.
 
 use crate::{Dialect, TableNames};
 
@@ -27,7 +33,11 @@ pub const INBOX_MIGRATIONS: &[(&str, &str)] =
     &[("001_inbox", include_str!("../sql/sqlite/001_inbox.sql"))];
 
 /// The current time in unix milliseconds, as SQLite computes it (stable within a statement).
-pub const NOW_MS: &str = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)";
+///
+/// SQLite keeps `now` as whole milliseconds; `julianday` turns it into a float, so the
+/// product is rounded back rather than truncated (truncating lands one millisecond early
+/// about half of the time). `unixepoch('now', 'subsec')` would need SQLite 3.42.
+pub const NOW_MS: &str = "CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)";
 
 /// The columns every message-returning statement yields, in order.
 pub const MESSAGE_COLUMNS: &str = "id, destination, event_type, aggregate_type, aggregate_id, partition_key, tenant_id, idempotency_key, payload, content_type, headers, attempts, created_at";
@@ -125,20 +135,22 @@ WHERE id IN (
 )
 RETURNING id, destination, event_type, aggregate_type, aggregate_id, partition_key, tenant_id, idempotency_key, payload, content_type, headers, attempts, created_at";
 
+// RETURNING names the updated table's columns unqualified: SQLite 3.46 rejects `o.id`
+// there ("no such column"). The batch's columns are named apart from the table's.
 const COMPLETE: &str = "UPDATE {outbox} AS o
-SET status = c.status,
-    available_at = CASE WHEN c.status = 'pending' THEN {now} + c.delay_ms END,
+SET status = c.new_status,
+    available_at = CASE WHEN c.new_status = 'pending' THEN {now} + c.delay_ms END,
     last_error = COALESCE(c.error, o.last_error),
-    published_at = CASE WHEN c.status = 'published' THEN {now} END,
-    dead_at = CASE WHEN c.status = 'dead' THEN {now} END,
+    published_at = CASE WHEN c.new_status = 'published' THEN {now} END,
+    dead_at = CASE WHEN c.new_status = 'dead' THEN {now} END,
     lease_owner = NULL, lease_token = NULL, lease_until = NULL
 FROM (
-    SELECT json_extract(value, '$.id') AS id, json_extract(value, '$.status') AS status,
+    SELECT json_extract(value, '$.id') AS message_id, json_extract(value, '$.status') AS new_status,
            json_extract(value, '$.delay_ms') AS delay_ms, json_extract(value, '$.error') AS error
     FROM json_each(?2)
 ) AS c
-WHERE o.id = c.id AND o.status = 'leased' AND o.lease_token = ?1
-RETURNING o.id";
+WHERE o.id = c.message_id AND o.status = 'leased' AND o.lease_token = ?1
+RETURNING id";
 
 const RELEASE: &str = "UPDATE {outbox}
 SET status = 'pending', available_at = {now}, attempts = MAX(attempts - 1, 0),

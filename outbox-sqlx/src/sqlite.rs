@@ -1,1 +1,679 @@
-//! SQLite backend (in progress).
+//! The SQLite store, enqueue and inbox: the embedded outbox, no server needed.
+//!
+//! Times are unix milliseconds computed by SQLite, ids and lease tokens are UUID text, and
+//! every relay operation (claim, completion, release) is one atomic statement, so the
+//! relay never holds a transaction open.
+//!
+//! # Pool settings
+//!
+//! Open the database in WAL mode with a busy timeout. WAL lets readers run while one
+//! connection writes; the busy timeout makes a writer wait for SQLite's single write lock
+//! instead of failing at once with `SQLITE_BUSY`:
+//!
+//! ```no_run
+//! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::time::Duration;
+//! use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
+//!
+//! let options = SqliteConnectOptions::new()
+//!     .filename("app.db")
+//!     .create_if_missing(true)
+//!     .journal_mode(SqliteJournalMode::Wal)
+//!     .busy_timeout(Duration::from_secs(5));
+//! let pool = SqlitePoolOptions::new().max_connections(8).connect_with(options).await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! sqlx leaves the journal mode as the file has it (a new file starts in rollback-journal
+//! mode, where a writer blocks readers) and does not create a missing file unless asked;
+//! its busy timeout is 5 s by default. Do not use `:memory:` with a pool: each connection
+//! would get its own empty database. With WAL, `synchronous = NORMAL` is a common trade:
+//! a commit survives a process crash but the last commits may be lost (never torn) on
+//! power loss; SQLite's default, `FULL`, survives both.
+//!
+//! # Write transactions
+//!
+//! SQLite has one writer at a time. A transaction opened with a plain `BEGIN` that
+//! *reads* first and writes later may fail with `SQLITE_BUSY` when another connection
+//! wrote in between (the busy timeout cannot help: its snapshot is stale). Open business
+//! transactions that read before they write with `pool.begin_with("BEGIN IMMEDIATE")`,
+//! which takes the write lock up front (waiting up to the busy timeout). A transaction
+//! whose first statement is a write behaves the same way.
+//!
+//! # Wakeups
+//!
+//! SQLite has no LISTEN/NOTIFY. With SQLite the writer and the relay share a process (and
+//! a database file), so signal the relay in-process: give the relay builder a
+//! [`Wakeup`](outbox_core::Wakeup) with `.wakeup(..)` and call
+//! [`Wakeup::notify`](outbox_core::Wakeup::notify) **after** your transaction committed.
+//! The relay's poll interval remains the fallback if a notify is missed.
+//!
+//! ```no_run
+//! # async fn example(pool: sqlx::SqlitePool) -> Result<(), Box<dyn std::error::Error>> {
+//! use outbox_core::{NewMessage, Relay, Wakeup};
+//! use outbox_core::testkit::RecordingSink;
+//! use outbox_sqlx::sqlite::SqliteOutbox;
+//!
+//! let outbox = SqliteOutbox::new(pool.clone());
+//! outbox.migrate().await?;
+//!
+//! // The relay, in the same process.
+//! let wakeup = Wakeup::new();
+//! let relay = Relay::builder(outbox.clone())
+//!     .route("billing", RecordingSink::new())
+//!     .wakeup(wakeup.clone())
+//!     .build()?;
+//! tokio::spawn(relay.run(std::future::pending()));
+//!
+//! // A business transaction that enqueues a message.
+//! let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
+//! sqlx::query("UPDATE orders SET status = 'paid' WHERE id = ?1").bind(42_i64).execute(&mut *tx).await?;
+//! outbox.enqueue(&mut tx, &NewMessage::builder("billing", "order.paid").json(&42).build()?).await?;
+//! tx.commit().await?;
+//! wakeup.notify(); // after commit: the relay claims now instead of at its next poll
+//! # Ok(())
+//! # }
+//! ```
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use outbox_core::{
+    Availability, Claim, ClaimRequest, CompleteAction, CompleteReport, Completion, DeadLetter,
+    DeadLetterFilter, DeadLetters, DestinationStats, Lease, LeaseToken, Message, MessageId,
+    NewMessage, Purge, PurgeRequest, Stats, Store, StoreError, StoreErrorKind, StoreStats,
+};
+use outbox_sql::sqlite::Statements;
+use outbox_sql::{Dialect, TableNames};
+use sqlx::Row;
+use sqlx::sqlite::{SqliteArguments, SqliteConnection, SqlitePool, SqliteRow};
+use uuid::Uuid;
+
+use crate::common::{
+    attempts, check_inbox_key, count, headers_from_json, headers_json, limit, millis,
+};
+use crate::error::classify;
+use crate::{Delivery, PublishedRows};
+
+/// The outbox on SQLite: enqueue in your transaction, and the relay's [`Store`].
+///
+/// Cheap to clone; clones share the pool and the rendered statements. See the
+/// [module documentation](self) for the recommended pool settings and for wakeups.
+#[derive(Debug, Clone)]
+pub struct SqliteOutbox {
+    pool: SqlitePool,
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    names: TableNames,
+    sql: Statements,
+    published: PublishedRows,
+}
+
+impl SqliteOutbox {
+    /// The outbox in table `outbox` (in the `main` database).
+    pub fn new(pool: SqlitePool) -> Self {
+        Self::with_names(pool, TableNames::default())
+    }
+
+    /// The outbox in the tables `names` gives. A schema names an attached database
+    /// (`main`, or one attached on every connection of the pool).
+    ///
+    /// SQLite compares ASCII letters in names case-insensitively, so two names that differ
+    /// only in ASCII case name the same table.
+    pub fn with_names(pool: SqlitePool, names: TableNames) -> Self {
+        Self {
+            pool,
+            inner: Arc::new(Inner {
+                sql: Statements::new(&names),
+                names,
+                published: PublishedRows::Keep,
+            }),
+        }
+    }
+
+    /// Keeps or deletes rows once published (default: keep, purge later).
+    pub fn published_rows(self, mode: PublishedRows) -> Self {
+        let inner = Inner {
+            names: self.inner.names.clone(),
+            sql: self.inner.sql.clone(),
+            published: mode,
+        };
+        Self {
+            pool: self.pool,
+            inner: Arc::new(inner),
+        }
+    }
+
+    /// The pool the relay side uses.
+    pub fn pool(&self) -> &SqlitePool {
+        &self.pool
+    }
+
+    /// The table names.
+    pub fn names(&self) -> &TableNames {
+        &self.inner.names
+    }
+
+    /// Creates the outbox table and its indexes if missing, and records the migrations
+    /// applied. Idempotent; everything runs in one `BEGIN IMMEDIATE` transaction, so
+    /// concurrent callers take turns and a failure leaves nothing half-made.
+    ///
+    /// # Errors
+    ///
+    /// A [`StoreError`]; kind `Schema` if an unrelated table already has the name.
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        let migrations = outbox_sql::outbox_migrations(Dialect::Sqlite, &self.inner.names);
+        run_migrations(&self.pool, &self.inner.sql, &migrations).await
+    }
+
+    /// Inserts `message` on `conn` — normally your open transaction (`&mut tx`). Runs one
+    /// `INSERT`; never commits and uses no other connection.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] of kind `Constraint` if the id exists, or the database's error. The
+    /// failed insert changed nothing; roll your transaction back as for any failed
+    /// statement.
+    pub async fn enqueue(
+        &self,
+        conn: &mut SqliteConnection,
+        message: &NewMessage,
+    ) -> Result<(), StoreError> {
+        let (at, delay_ms) = availability_ms(message);
+        sqlx::query(&self.inner.sql.insert)
+            .bind(message.id().to_string())
+            .bind(message.destination())
+            .bind(message.event_type())
+            .bind(message.aggregate_type())
+            .bind(message.aggregate_id())
+            .bind(message.partition_key())
+            .bind(message.tenant_id())
+            .bind(message.idempotency_key())
+            .bind(message.payload())
+            .bind(message.content_type())
+            .bind(headers_json(message.headers()))
+            .bind(at)
+            .bind(delay_ms)
+            .execute(conn)
+            .await
+            .map_err(classify)?;
+        Ok(())
+    }
+
+    /// Inserts `messages` on `conn`, one `INSERT` each, inside a savepoint so that either
+    /// all of them or none are inserted; see [`enqueue`](Self::enqueue). On a connection
+    /// in a transaction the savepoint is only released, never committed: your commit
+    /// decides. (On a connection outside any transaction, the savepoint is itself the
+    /// transaction, as one multi-row statement would be.)
+    ///
+    /// Open your transaction through sqlx (`pool.begin()`, `begin_with(..)`), which
+    /// tracks the nesting; a `BEGIN` sent as a plain query is invisible to it and makes
+    /// this call fail.
+    ///
+    /// # Errors
+    ///
+    /// As [`enqueue`](Self::enqueue); no message of the batch is inserted if any fails.
+    pub async fn enqueue_all(
+        &self,
+        conn: &mut SqliteConnection,
+        messages: &[NewMessage],
+    ) -> Result<u64, StoreError> {
+        match messages {
+            [] => Ok(0),
+            [one] => self.enqueue(conn, one).await.map(|()| 1),
+            many => {
+                // A nested sqlx transaction is a SAVEPOINT; if this future is dropped or
+                // an insert fails, sqlx rolls back to it, leaving the caller's
+                // transaction as it was.
+                let mut savepoint = sqlx::Connection::begin(conn).await.map_err(classify)?;
+                for message in many {
+                    self.enqueue(&mut savepoint, message).await?;
+                }
+                savepoint.commit().await.map_err(classify)?;
+                Ok(many.len() as u64)
+            }
+        }
+    }
+
+    fn message(row: &SqliteRow) -> Result<Message, StoreError> {
+        let headers: String = row.try_get("headers").map_err(classify)?;
+        let mut m = Message::from_parts(
+            message_id(&row.try_get::<String, _>("id").map_err(classify)?)?,
+            row.try_get("destination").map_err(classify)?,
+            row.try_get("event_type").map_err(classify)?,
+            row.try_get("payload").map_err(classify)?,
+            row.try_get("content_type").map_err(classify)?,
+            row.try_get("idempotency_key").map_err(classify)?,
+            attempts(row.try_get("attempts").map_err(classify)?),
+            from_ms(row.try_get("created_at").map_err(classify)?)?,
+        );
+        m.aggregate_type = row.try_get("aggregate_type").map_err(classify)?;
+        m.aggregate_id = row.try_get("aggregate_id").map_err(classify)?;
+        m.partition_key = row.try_get("partition_key").map_err(classify)?;
+        m.tenant_id = row.try_get("tenant_id").map_err(classify)?;
+        m.headers = headers_from_json(&headers)?;
+        Ok(m)
+    }
+
+    fn dead_query<'q>(
+        sql: &'q str,
+        filter: &DeadLetterFilter,
+    ) -> sqlx::query::Query<'q, sqlx::Sqlite, SqliteArguments<'q>> {
+        let ids =
+            (!filter.ids.is_empty()).then(|| json_list(filter.ids.iter().map(ToString::to_string)));
+        let destinations =
+            (!filter.destinations.is_empty()).then(|| json_list(filter.destinations.iter()));
+        let event_types =
+            (!filter.event_types.is_empty()).then(|| json_list(filter.event_types.iter()));
+        sqlx::query(sql)
+            .bind(ids)
+            .bind(destinations)
+            .bind(event_types)
+            .bind(filter.created_after.map(ceil_ms))
+            .bind(filter.created_before.map(ceil_ms))
+            .bind(filter.error_contains.clone())
+    }
+}
+
+/// When a new message is due, in the form the insert binds: absolute unix milliseconds,
+/// or a delay from SQLite's now.
+fn availability_ms(message: &NewMessage) -> (Option<i64>, i64) {
+    match message.availability() {
+        Availability::Now => (None, 0),
+        Availability::After(delay) => (None, millis(delay)),
+        // Rounded up, so the message is never claimed before `at`.
+        Availability::At(at) => (Some(ceil_ms(at)), 0),
+    }
+}
+
+/// `t` in unix milliseconds, rounded up. Stored times are whole milliseconds, so for a
+/// stored `c`, `c >= t` exactly when `c >= ceil_ms(t)` (and likewise for `<`).
+fn ceil_ms(t: DateTime<Utc>) -> i64 {
+    let floor = t.timestamp_millis();
+    if t.timestamp_subsec_nanos().is_multiple_of(1_000_000) {
+        floor
+    } else {
+        floor.saturating_add(1)
+    }
+}
+
+fn from_ms(ms: i64) -> Result<DateTime<Utc>, StoreError> {
+    DateTime::from_timestamp_millis(ms).ok_or_else(|| {
+        StoreError::new(
+            StoreErrorKind::Schema,
+            format!("time column holds {ms}, not unix milliseconds in range"),
+        )
+    })
+}
+
+fn uuid(text: &str) -> Result<Uuid, StoreError> {
+    Uuid::parse_str(text).map_err(|e| {
+        StoreError::new(
+            StoreErrorKind::Schema,
+            format!("id column holds {text:?}, not a UUID: {e}"),
+        )
+    })
+}
+
+fn message_id(text: &str) -> Result<MessageId, StoreError> {
+    uuid(text).map(MessageId::from_uuid)
+}
+
+/// A JSON array of strings, as the statements read it with `json_each`.
+fn json_list<S: AsRef<str>>(items: impl IntoIterator<Item = S>) -> String {
+    let items: Vec<serde_json::Value> = items
+        .into_iter()
+        .map(|s| serde_json::Value::String(s.as_ref().to_owned()))
+        .collect();
+    serde_json::Value::Array(items).to_string()
+}
+
+async fn run_migrations(
+    pool: &SqlitePool,
+    sql: &Statements,
+    migrations: &[outbox_sql::Migration],
+) -> Result<(), StoreError> {
+    // IMMEDIATE takes the write lock before the first read, so two migrating processes
+    // take turns (waiting up to the busy timeout) instead of failing on a stale snapshot.
+    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await.map_err(classify)?;
+    sqlx::query(&sql.create_migrations)
+        .execute(&mut *tx)
+        .await
+        .map_err(classify)?;
+    for migration in migrations {
+        let applied = sqlx::query(&sql.migration_applied)
+            .bind(&migration.id)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(classify)?;
+        if applied.is_some() {
+            continue;
+        }
+        for statement in &migration.statements {
+            sqlx::query(statement)
+                .execute(&mut *tx)
+                .await
+                .map_err(classify)?;
+        }
+        sqlx::query(&sql.record_migration)
+            .bind(&migration.id)
+            .execute(&mut *tx)
+            .await
+            .map_err(classify)?;
+    }
+    tx.commit().await.map_err(classify)
+}
+
+fn ids_of(rows: &[SqliteRow]) -> Result<HashSet<Uuid>, StoreError> {
+    rows.iter()
+        .map(|r| uuid(&r.try_get::<String, _>(0).map_err(classify)?))
+        .collect()
+}
+
+fn report(requested: impl Iterator<Item = MessageId>, applied: &HashSet<Uuid>) -> CompleteReport {
+    let mut report = CompleteReport::default();
+    for id in requested {
+        if applied.contains(id.as_uuid()) {
+            report.applied += 1;
+        } else {
+            report.stale.push(id);
+        }
+    }
+    report
+}
+
+impl Store for SqliteOutbox {
+    async fn claim(&self, request: &ClaimRequest) -> Result<Claim, StoreError> {
+        let token = LeaseToken::new();
+        let lease = Lease {
+            owner: request.owner.clone(),
+            token,
+            until: Utc::now() + chrono::Duration::milliseconds(millis(request.lease)),
+        };
+        let sql = &self.inner.sql;
+        let query = match &request.destinations {
+            None => sqlx::query(&sql.claim),
+            Some(_) => sqlx::query(&sql.claim_filtered),
+        }
+        .bind(limit(request.batch_size))
+        .bind(&request.owner)
+        .bind(token.as_uuid().to_string())
+        .bind(millis(request.lease));
+        let query = match &request.destinations {
+            None => query,
+            Some(destinations) => query.bind(json_list(destinations)),
+        };
+        let rows = query.fetch_all(&self.pool).await.map_err(classify)?;
+        let mut messages = rows
+            .iter()
+            .map(Self::message)
+            .collect::<Result<Vec<_>, _>>()?;
+        messages.sort_by_key(|m| m.id);
+        Ok(Claim { lease, messages })
+    }
+
+    async fn complete(
+        &self,
+        token: LeaseToken,
+        completions: &[Completion],
+    ) -> Result<CompleteReport, StoreError> {
+        let sql = &self.inner.sql;
+        let token_text = token.as_uuid().to_string();
+        let mut applied = HashSet::new();
+        let (deleted, updated): (Vec<&Completion>, Vec<&Completion>) =
+            completions.iter().partition(|c| {
+                self.inner.published == PublishedRows::Delete
+                    && c.action == CompleteAction::Published
+            });
+        if !deleted.is_empty() {
+            let ids = json_list(deleted.iter().map(|c| c.id.to_string()));
+            let rows = sqlx::query(&sql.delete_published)
+                .bind(&token_text)
+                .bind(ids)
+                .fetch_all(&self.pool)
+                .await
+                .map_err(classify)?;
+            applied.extend(ids_of(&rows)?);
+        }
+        if !updated.is_empty() {
+            let items: Vec<serde_json::Value> = updated
+                .iter()
+                .map(|c| {
+                    let (delay, error) = match &c.action {
+                        CompleteAction::Published => (0, None),
+                        CompleteAction::Retry { delay, error } => {
+                            (millis(*delay), Some(error.as_str()))
+                        }
+                        CompleteAction::Dead { reason } => (0, Some(reason.as_str())),
+                    };
+                    serde_json::json!({
+                        "id": c.id.to_string(),
+                        "status": outbox_sql::completion_status(&c.action),
+                        "delay_ms": delay,
+                        "error": error,
+                    })
+                })
+                .collect();
+            let rows = sqlx::query(&sql.complete)
+                .bind(&token_text)
+                .bind(serde_json::Value::Array(items).to_string())
+                .fetch_all(&self.pool)
+                .await
+                .map_err(classify)?;
+            applied.extend(ids_of(&rows)?);
+        }
+        Ok(report(completions.iter().map(|c| c.id), &applied))
+    }
+
+    async fn release(
+        &self,
+        token: LeaseToken,
+        ids: &[MessageId],
+    ) -> Result<CompleteReport, StoreError> {
+        let rows = sqlx::query(&self.inner.sql.release)
+            .bind(token.as_uuid().to_string())
+            .bind(json_list(ids.iter().map(ToString::to_string)))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(classify)?;
+        Ok(report(ids.iter().copied(), &ids_of(&rows)?))
+    }
+}
+
+impl StoreStats for SqliteOutbox {
+    async fn stats(&self) -> Result<Stats, StoreError> {
+        let rows = sqlx::query(&self.inner.sql.stats)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(classify)?;
+        let destinations = rows
+            .iter()
+            .map(|row| {
+                let mut d = DestinationStats::new(
+                    row.try_get::<String, _>("destination").map_err(classify)?,
+                );
+                d.pending = count(row.try_get("pending").map_err(classify)?);
+                d.leased = count(row.try_get("leased").map_err(classify)?);
+                d.dead = count(row.try_get("dead").map_err(classify)?);
+                d.published = count(row.try_get("published").map_err(classify)?);
+                d.oldest_pending_created_at = row
+                    .try_get::<Option<i64>, _>("oldest")
+                    .map_err(classify)?
+                    .map(from_ms)
+                    .transpose()?;
+                Ok(d)
+            })
+            .collect::<Result<_, StoreError>>()?;
+        Ok(Stats { destinations })
+    }
+}
+
+impl DeadLetters for SqliteOutbox {
+    async fn list_dead(
+        &self,
+        filter: &DeadLetterFilter,
+        limit_rows: usize,
+    ) -> Result<Vec<DeadLetter>, StoreError> {
+        let rows = Self::dead_query(&self.inner.sql.list_dead, filter)
+            .bind(limit(limit_rows))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(classify)?;
+        rows.iter()
+            .map(|row| {
+                Ok(DeadLetter {
+                    message: Self::message(row)?,
+                    reason: row
+                        .try_get::<Option<String>, _>("last_error")
+                        .map_err(classify)?
+                        .unwrap_or_default(),
+                    dead_at: from_ms(row.try_get("dead_at").map_err(classify)?)?,
+                })
+            })
+            .collect()
+    }
+
+    async fn replay_dead(&self, filter: &DeadLetterFilter) -> Result<u64, StoreError> {
+        let done = Self::dead_query(&self.inner.sql.replay_dead, filter)
+            .execute(&self.pool)
+            .await
+            .map_err(classify)?;
+        Ok(done.rows_affected())
+    }
+
+    async fn discard_dead(&self, filter: &DeadLetterFilter) -> Result<u64, StoreError> {
+        let done = Self::dead_query(&self.inner.sql.discard_dead, filter)
+            .execute(&self.pool)
+            .await
+            .map_err(classify)?;
+        Ok(done.rows_affected())
+    }
+}
+
+impl Purge for SqliteOutbox {
+    async fn purge(&self, request: &PurgeRequest) -> Result<u64, StoreError> {
+        let done = sqlx::query(&self.inner.sql.purge)
+            .bind(millis(request.published_older_than))
+            .bind(request.dead_older_than.map(millis))
+            .bind(limit(request.batch_size))
+            .execute(&self.pool)
+            .await
+            .map_err(classify)?;
+        Ok(done.rows_affected())
+    }
+}
+
+/// The receiver-side inbox on SQLite: deduplicates deliveries inside the receiver's own
+/// transaction.
+///
+/// Open the transaction with `BEGIN IMMEDIATE` (or make [`record`](Self::record) its
+/// first statement) so it holds SQLite's write lock from the start; see the
+/// [module documentation](self#write-transactions).
+///
+/// ```no_run
+/// # async fn handle(pool: sqlx::SqlitePool, message_id: &str) -> Result<(), Box<dyn std::error::Error>> {
+/// use outbox_sqlx::sqlite::SqliteInbox;
+///
+/// let inbox = SqliteInbox::new();
+/// let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
+/// if inbox.record(&mut tx, "billing-service", message_id).await?.is_new() {
+///     // apply the side effect with `&mut *tx`
+/// }
+/// tx.commit().await?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+pub struct SqliteInbox {
+    names: TableNames,
+    sql: Arc<Statements>,
+}
+
+impl Default for SqliteInbox {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl SqliteInbox {
+    /// The inbox in table `outbox_inbox`.
+    pub fn new() -> Self {
+        Self::with_names(TableNames::default())
+    }
+
+    /// The inbox in the table `names` gives.
+    pub fn with_names(names: TableNames) -> Self {
+        Self {
+            sql: Arc::new(Statements::new(&names)),
+            names,
+        }
+    }
+
+    /// Creates the inbox table if missing. Idempotent; runs in one `BEGIN IMMEDIATE`
+    /// transaction.
+    ///
+    /// # Errors
+    ///
+    /// A [`StoreError`] if a statement fails.
+    pub async fn migrate(&self, pool: &SqlitePool) -> Result<(), StoreError> {
+        let migrations = outbox_sql::inbox_migrations(Dialect::Sqlite, &self.names);
+        run_migrations(pool, &self.sql, &migrations).await
+    }
+
+    /// Records `(consumer, message_id)` on `conn` (your transaction). SQLite serialises
+    /// writers, so concurrent deliveries of the same id take turns: exactly one sees
+    /// [`Delivery::New`] once its transaction commits; if it rolls back, the next one
+    /// does.
+    ///
+    /// # Errors
+    ///
+    /// `InvalidInput` for an empty key, one over 191 bytes or one containing NUL; the
+    /// database's error (kind `Conflict` for `SQLITE_BUSY`, which can happen when the
+    /// transaction read before this write; see the type's documentation).
+    pub async fn record(
+        &self,
+        conn: &mut SqliteConnection,
+        consumer: &str,
+        message_id: &str,
+    ) -> Result<Delivery, StoreError> {
+        check_inbox_key("consumer", consumer)?;
+        check_inbox_key("message id", message_id)?;
+        let done = sqlx::query(&self.sql.inbox_record)
+            .bind(consumer)
+            .bind(message_id)
+            .execute(conn)
+            .await
+            .map_err(classify)?;
+        Ok(if done.rows_affected() == 1 {
+            Delivery::New
+        } else {
+            Delivery::Duplicate
+        })
+    }
+
+    /// Deletes at most `batch_size` records older than `older_than`; returns how many.
+    ///
+    /// # Errors
+    ///
+    /// The database's error.
+    pub async fn purge(
+        &self,
+        pool: &SqlitePool,
+        older_than: Duration,
+        batch_size: usize,
+    ) -> Result<u64, StoreError> {
+        let done = sqlx::query(&self.sql.inbox_purge)
+            .bind(millis(older_than))
+            .bind(limit(batch_size))
+            .execute(pool)
+            .await
+            .map_err(classify)?;
+        Ok(done.rows_affected())
+    }
+}

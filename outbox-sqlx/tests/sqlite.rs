@@ -1,0 +1,1003 @@
+//! The SQLite store on a real database file (WAL, busy timeout, a pool of connections).
+#![cfg(feature = "sqlite")]
+
+mod common;
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use outbox_core::testkit::{RecordingSink, StoreHarness, store_suite};
+use outbox_core::{
+    ClaimRequest, Completion, DeadLetterFilter, DeadLetters, NewMessage, Relay, Store, StoreError,
+    StoreErrorKind, StoreStats, Wakeup,
+};
+use outbox_sql::Dialect;
+use outbox_sqlx::sqlite::{SqliteInbox, SqliteOutbox};
+use outbox_sqlx::{PublishedRows, TableNames};
+use sqlx::SqlitePool;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+
+/// A database file in the temp directory, unique to one test, deleted on drop.
+struct TestDb {
+    pool: SqlitePool,
+    path: PathBuf,
+}
+
+impl TestDb {
+    async fn new() -> Self {
+        let path = std::env::temp_dir().join(format!(
+            "outbox-sqlx-test-{}-{:016x}.db",
+            std::process::id(),
+            fastrand::u64(..)
+        ));
+        let options = SqliteConnectOptions::new()
+            .filename(&path)
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Normal)
+            .busy_timeout(Duration::from_secs(10));
+        let pool = SqlitePoolOptions::new()
+            .max_connections(8)
+            .acquire_timeout(Duration::from_secs(30))
+            .connect_with(options)
+            .await
+            .unwrap_or_else(|e| panic!("open SQLite database {}: {e}", path.display()));
+        Self { pool, path }
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        for suffix in ["", "-wal", "-shm"] {
+            let mut file = self.path.clone().into_os_string();
+            file.push(suffix);
+            let _ = std::fs::remove_file(file);
+        }
+    }
+}
+
+/// A fresh outbox table in the test's database file.
+struct SqliteHarness {
+    outbox: SqliteOutbox,
+}
+
+impl SqliteHarness {
+    async fn new(pool: SqlitePool) -> Self {
+        Self::with_mode(pool, PublishedRows::Keep).await
+    }
+
+    async fn with_mode(pool: SqlitePool, mode: PublishedRows) -> Self {
+        let names = TableNames::default()
+            .outbox(&common::fresh_table("outbox"))
+            .unwrap();
+        let outbox = SqliteOutbox::with_names(pool, names).published_rows(mode);
+        outbox.migrate().await.expect("migrate");
+        Self { outbox }
+    }
+
+    fn table(&self) -> String {
+        self.outbox.names().render(Dialect::Sqlite, "{outbox}")
+    }
+
+    async fn rows(&self) -> i64 {
+        sqlx::query_scalar(&format!("SELECT count(*) FROM {}", self.table()))
+            .fetch_one(self.outbox.pool())
+            .await
+            .unwrap()
+    }
+}
+
+impl StoreHarness for SqliteHarness {
+    type Store = SqliteOutbox;
+
+    fn store(&self) -> &SqliteOutbox {
+        &self.outbox
+    }
+
+    async fn enqueue(&self, messages: Vec<NewMessage>) -> Result<(), StoreError> {
+        let mut tx = self.outbox.pool().begin().await.unwrap();
+        self.outbox.enqueue_all(&mut tx, &messages).await?;
+        tx.commit().await.unwrap();
+        Ok(())
+    }
+
+    async fn advance(&self, by: Duration) {
+        let ms = i64::try_from(by.as_millis()).unwrap();
+        let sql = format!(
+            "UPDATE {} SET created_at = created_at - ?1, available_at = available_at - ?1, \
+             lease_until = lease_until - ?1, published_at = published_at - ?1, \
+             dead_at = dead_at - ?1",
+            self.table()
+        );
+        sqlx::query(&sql)
+            .bind(ms)
+            .execute(self.outbox.pool())
+            .await
+            .unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_passes_the_store_suite() {
+    let db = TestDb::new().await;
+    store_suite::run_all(|| SqliteHarness::new(db.pool.clone())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_passes_the_store_suite_in_delete_mode_where_it_applies() {
+    // Delete-on-publish changes what stats and purge see, so run the checks that do not
+    // count published rows.
+    let db = TestDb::new().await;
+    let h = || SqliteHarness::with_mode(db.pool.clone(), PublishedRows::Delete);
+    store_suite::fields_round_trip(&h().await).await;
+    store_suite::claims_due_rows_oldest_first(&h().await).await;
+    store_suite::claim_is_exclusive_under_concurrency(&h().await).await;
+    store_suite::lapsed_lease_is_reclaimed(&h().await).await;
+    store_suite::retry_respects_available_at(&h().await).await;
+    store_suite::release_does_not_count_an_attempt(&h().await).await;
+    store_suite::max_attempts_dead_letters(&h().await).await;
+    store_suite::dead_letters_list_replay_discard(&h().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn single_enqueue_and_relay_deliver_with_all_fields() {
+    let db = TestDb::new().await;
+    let h = SqliteHarness::new(db.pool.clone()).await;
+    let message = NewMessage::builder("orders", "order.paid")
+        .bytes(vec![0, 255, 10, 0], "application/octet-stream")
+        .aggregate("order", "o-1")
+        .partition_key("o-1")
+        .tenant_id("t-9")
+        .idempotency_key("order-1:paid")
+        .header("x-a", "1")
+        .header(
+            "traceparent",
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+        )
+        .build()
+        .unwrap();
+    let mut tx = db.pool.begin().await.unwrap();
+    h.outbox.enqueue(&mut tx, &message).await.unwrap();
+    tx.commit().await.unwrap();
+    let sink = RecordingSink::new();
+    let relay = Relay::builder(h.outbox.clone())
+        .route("orders", sink.clone())
+        .build()
+        .unwrap();
+    let report = relay.drain().await.unwrap();
+    assert_eq!((report.claimed, report.published), (1, 1));
+    let got = sink.messages();
+    assert_eq!(got.len(), 1);
+    let got = &got[0];
+    assert_eq!(got.id, message.id());
+    assert_eq!(got.destination, "orders");
+    assert_eq!(got.event_type, "order.paid");
+    assert_eq!(got.payload, [0u8, 255, 10, 0]);
+    assert_eq!(got.content_type, "application/octet-stream");
+    assert_eq!(got.aggregate_type.as_deref(), Some("order"));
+    assert_eq!(got.aggregate_id.as_deref(), Some("o-1"));
+    assert_eq!(got.partition_key.as_deref(), Some("o-1"));
+    assert_eq!(got.tenant_id.as_deref(), Some("t-9"));
+    assert_eq!(got.idempotency_key, "order-1:paid");
+    assert_eq!(&got.headers, message.headers());
+    assert_eq!(got.attempts, 1);
+
+    // The row is kept as published, with the times SQLite wrote.
+    let (status, payload_type, published_at, created_at): (String, String, i64, i64) =
+        sqlx::query_as(&format!(
+            "SELECT status, typeof(payload), published_at, created_at FROM {}",
+            h.table()
+        ))
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(status, "published");
+    assert_eq!(payload_type, "blob", "payload is stored as a BLOB");
+    assert!(published_at >= created_at);
+    let now_ms = chrono::Utc::now().timestamp_millis();
+    assert!(
+        (now_ms - created_at).abs() < 60_000,
+        "created_at is unix milliseconds: {created_at} vs {now_ms}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn empty_payload_round_trips() {
+    let db = TestDb::new().await;
+    let h = SqliteHarness::new(db.pool.clone()).await;
+    let message = NewMessage::builder("orders", "ping")
+        .bytes(Vec::new(), "application/octet-stream")
+        .build()
+        .unwrap();
+    h.enqueue(vec![message.clone()]).await.unwrap();
+    let claim = h
+        .outbox
+        .claim(&ClaimRequest::new("t", 10, Duration::from_secs(30)))
+        .await
+        .unwrap();
+    assert_eq!(claim.messages.len(), 1);
+    assert!(claim.messages[0].payload.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delete_on_publish_removes_rows() {
+    let db = TestDb::new().await;
+    let h = SqliteHarness::with_mode(db.pool.clone(), PublishedRows::Delete).await;
+    h.enqueue((0..5).map(|n| common::message("orders", n)).collect())
+        .await
+        .unwrap();
+    let relay = Relay::builder(h.outbox.clone())
+        .route("orders", RecordingSink::new())
+        .build()
+        .unwrap();
+    assert_eq!(relay.drain().await.unwrap().published, 5);
+    assert_eq!(h.rows().await, 0);
+
+    // Mixed completions: published rows go, the others stay; repeats are stale.
+    let ids: Vec<_> = (0..3).map(|n| common::message("orders", n)).collect();
+    let ids: Vec<_> = {
+        let out = ids.iter().map(NewMessage::id).collect();
+        h.enqueue(ids).await.unwrap();
+        out
+    };
+    let claim = h
+        .outbox
+        .claim(&ClaimRequest::new("t", 10, Duration::from_secs(30)))
+        .await
+        .unwrap();
+    let completions = [
+        Completion::published(ids[0]),
+        Completion::retry(ids[1], Duration::from_secs(60), "503"),
+        Completion::dead(ids[2], "400"),
+    ];
+    let report = h
+        .outbox
+        .complete(claim.lease.token, &completions)
+        .await
+        .unwrap();
+    assert_eq!((report.applied, report.stale.len()), (3, 0));
+    assert_eq!(h.rows().await, 2, "the published row was deleted");
+    let again = h
+        .outbox
+        .complete(claim.lease.token, &completions)
+        .await
+        .unwrap();
+    assert_eq!(again.applied, 0);
+    assert_eq!(
+        again.stale.iter().copied().collect::<HashSet<_>>(),
+        ids.iter().copied().collect::<HashSet<_>>(),
+        "a deleted row and finished rows are all reported stale"
+    );
+    let stats = h.outbox.stats().await.unwrap();
+    let orders = stats.destination("orders").unwrap();
+    assert_eq!(
+        (orders.pending, orders.leased, orders.published, orders.dead),
+        (1, 0, 0, 1)
+    );
+
+    // A relay whose lease was reclaimed deletes nothing.
+    let fresh: Vec<_> = (0..2).map(|n| common::message("fenced", n)).collect();
+    let fresh_ids: Vec<_> = fresh.iter().map(NewMessage::id).collect();
+    h.enqueue(fresh).await.unwrap();
+    let request =
+        ClaimRequest::new("t", 10, Duration::from_secs(30)).destinations(vec!["fenced".into()]);
+    let old = h.outbox.claim(&request).await.unwrap();
+    h.advance(Duration::from_secs(31)).await;
+    let new = h.outbox.claim(&request).await.unwrap();
+    assert_eq!(new.messages.len(), 2, "lapsed lease reclaimed");
+    let publish: Vec<_> = fresh_ids
+        .iter()
+        .map(|id| Completion::published(*id))
+        .collect();
+    let stale = h.outbox.complete(old.lease.token, &publish).await.unwrap();
+    assert_eq!((stale.applied, stale.stale.len()), (0, 2));
+    assert_eq!(h.rows().await, 4, "the fenced delete removed nothing");
+    let done = h.outbox.complete(new.lease.token, &publish).await.unwrap();
+    assert_eq!((done.applied, done.stale.len()), (2, 0));
+    assert_eq!(h.rows().await, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enqueue_stays_in_the_callers_transaction() {
+    let db = TestDb::new().await;
+    let h = SqliteHarness::new(db.pool.clone()).await;
+
+    // Not visible to other connections before commit; gone after rollback.
+    let mut tx = db.pool.begin().await.unwrap();
+    h.outbox
+        .enqueue_all(
+            &mut tx,
+            &(0..3).map(|n| common::message("a", n)).collect::<Vec<_>>(),
+        )
+        .await
+        .unwrap();
+    let inside: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {}", h.table()))
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+    assert_eq!(inside, 3, "the transaction sees its own rows");
+    assert_eq!(h.rows().await, 0, "other connections do not, before commit");
+    tx.rollback().await.unwrap();
+    assert_eq!(h.rows().await, 0, "rolled back with the transaction");
+
+    // A batch with a duplicate id inserts nothing, and the transaction stays usable.
+    let first = common::message("a", 1);
+    let mut tx = db.pool.begin().await.unwrap();
+    h.outbox.enqueue(&mut tx, &first).await.unwrap();
+    let batch = vec![
+        common::message("a", 2),
+        common::message("a", 3),
+        first.clone(),
+    ];
+    let error = h.outbox.enqueue_all(&mut tx, &batch).await.unwrap_err();
+    assert_eq!(error.kind(), StoreErrorKind::Constraint, "{error}");
+    let single = h.outbox.enqueue(&mut tx, &first).await.unwrap_err();
+    assert_eq!(single.kind(), StoreErrorKind::Constraint, "{single}");
+    tx.commit().await.unwrap();
+    let ids: Vec<String> = sqlx::query_scalar(&format!("SELECT id FROM {}", h.table()))
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        ids,
+        vec![first.id().to_string()],
+        "only the message enqueued before the failed batch was committed"
+    );
+
+    // Without a transaction, a batch is still all-or-nothing.
+    let mut conn = db.pool.acquire().await.unwrap();
+    let batch = vec![common::message("b", 1), first.clone()];
+    assert!(h.outbox.enqueue_all(&mut conn, &batch).await.is_err());
+    let ok = vec![common::message("b", 2), common::message("b", 3)];
+    assert_eq!(h.outbox.enqueue_all(&mut conn, &ok).await.unwrap(), 2);
+    drop(conn);
+    assert_eq!(h.rows().await, 3);
+    assert_eq!(
+        h.outbox
+            .enqueue_all(&mut db.pool.acquire().await.unwrap(), &[])
+            .await
+            .unwrap(),
+        0
+    );
+}
+
+/// 1,000 business transactions, 30% rolled back: outbox rows = committed business rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn producer_atomicity_with_rollbacks() {
+    let db = TestDb::new().await;
+    let h = SqliteHarness::new(db.pool.clone()).await;
+    let business = common::fresh_table("orders");
+    let pool = &db.pool;
+    sqlx::query(&format!("CREATE TABLE {business} (id INTEGER PRIMARY KEY)"))
+        .execute(pool)
+        .await
+        .unwrap();
+    let mut committed = 0;
+    let mut expected = HashSet::new();
+    for n in 0..1000_i64 {
+        let mut tx = pool.begin().await.unwrap();
+        sqlx::query(&format!("INSERT INTO {business} (id) VALUES (?1)"))
+            .bind(n)
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        let message = common::message("orders", n as u64);
+        h.outbox.enqueue(&mut tx, &message).await.unwrap();
+        if fastrand::f64() < 0.3 {
+            tx.rollback().await.unwrap();
+        } else {
+            tx.commit().await.unwrap();
+            committed += 1;
+            expected.insert(message.id());
+        }
+    }
+    let business_rows: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {business}"))
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert_eq!(business_rows, committed);
+    assert_eq!(
+        h.rows().await,
+        committed,
+        "outbox rows = committed business rows, exactly"
+    );
+    assert!(
+        (600..=800).contains(&committed),
+        "about 30% rolled back: {committed}"
+    );
+    // And the relay delivers exactly those messages.
+    let sink = RecordingSink::new();
+    let relay = Relay::builder(h.outbox.clone())
+        .route("orders", sink.clone())
+        .batch_size(100)
+        .build()
+        .unwrap();
+    assert_eq!(relay.drain().await.unwrap().published as i64, committed);
+    let delivered: HashSet<_> = sink.messages().iter().map(|m| m.id).collect();
+    assert_eq!(delivered, expected);
+}
+
+/// 10,000 ids, each delivered 3 times concurrently by 4 consumers → 10,000 side effects.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inbox_dedupes_concurrent_duplicate_deliveries() {
+    let db = TestDb::new().await;
+    let pool = db.pool.clone();
+    let names = TableNames::default()
+        .inbox(&common::fresh_table("inbox"))
+        .unwrap();
+    let inbox = SqliteInbox::with_names(names.clone());
+    inbox.migrate(&pool).await.unwrap();
+    inbox
+        .migrate(&pool)
+        .await
+        .expect("migrating twice is a no-op");
+    let effects = common::fresh_table("effects");
+    sqlx::query(&format!(
+        "CREATE TABLE {effects} (message_id TEXT NOT NULL)"
+    ))
+    .execute(&pool)
+    .await
+    .unwrap();
+
+    const IDS: usize = 10_000;
+    let mut deliveries: Vec<String> = (0..3)
+        .flat_map(|_| (0..IDS).map(|i| format!("msg-{i}")))
+        .collect();
+    // Interleave so the copies of one id are usually in flight at the same time.
+    deliveries.sort_unstable_by_key(|id| id[4..].parse::<usize>().unwrap());
+    let queue = Arc::new(std::sync::Mutex::new(deliveries));
+    let mut consumers = tokio::task::JoinSet::new();
+    for _ in 0..4 {
+        let (pool, inbox, queue, effects) =
+            (pool.clone(), inbox.clone(), queue.clone(), effects.clone());
+        consumers.spawn(async move {
+            let mut duplicates = 0;
+            loop {
+                let Some(id) = queue.lock().unwrap().pop() else {
+                    return duplicates;
+                };
+                // IMMEDIATE: the transaction holds the write lock from the start, so the
+                // inbox check can never act on a stale snapshot.
+                let mut tx = pool.begin_with("BEGIN IMMEDIATE").await.unwrap();
+                if inbox
+                    .record(&mut tx, "billing", &id)
+                    .await
+                    .unwrap()
+                    .is_new()
+                {
+                    sqlx::query(&format!("INSERT INTO {effects} (message_id) VALUES (?1)"))
+                        .bind(&id)
+                        .execute(&mut *tx)
+                        .await
+                        .unwrap();
+                } else {
+                    duplicates += 1;
+                }
+                tx.commit().await.unwrap();
+            }
+        });
+    }
+    let mut duplicates = 0;
+    while let Some(d) = consumers.join_next().await {
+        duplicates += d.unwrap();
+    }
+    let (total, distinct): (i64, i64) = sqlx::query_as(&format!(
+        "SELECT count(*), count(DISTINCT message_id) FROM {effects}"
+    ))
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        (total, distinct),
+        (IDS as i64, IDS as i64),
+        "exactly one side effect per message"
+    );
+    assert_eq!(duplicates, 2 * IDS);
+
+    // A rolled-back first delivery does not count: the next one is new.
+    let mut tx = pool.begin().await.unwrap();
+    assert!(
+        inbox
+            .record(&mut tx, "billing", "late")
+            .await
+            .unwrap()
+            .is_new()
+    );
+    tx.rollback().await.unwrap();
+    let mut tx = pool.begin().await.unwrap();
+    assert!(
+        inbox
+            .record(&mut tx, "billing", "late")
+            .await
+            .unwrap()
+            .is_new()
+    );
+    assert!(
+        !inbox
+            .record(&mut tx, "billing", "late")
+            .await
+            .unwrap()
+            .is_new()
+    );
+    assert!(
+        inbox
+            .record(&mut tx, "shipping", "late")
+            .await
+            .unwrap()
+            .is_new(),
+        "another consumer has its own record"
+    );
+    for (consumer, id) in [("", "x"), ("c", ""), ("c", "a\0b")] {
+        let error = inbox.record(&mut tx, consumer, id).await.unwrap_err();
+        assert_eq!(error.kind(), StoreErrorKind::InvalidInput, "{error}");
+    }
+    let long = "x".repeat(192);
+    assert!(inbox.record(&mut tx, "c", &long).await.is_err());
+    tx.commit().await.unwrap();
+
+    assert_eq!(
+        inbox
+            .purge(&pool, Duration::from_secs(3600), 100_000)
+            .await
+            .unwrap(),
+        0,
+        "nothing is an hour old"
+    );
+    assert_eq!(
+        inbox.purge(&pool, Duration::ZERO, 5000).await.unwrap(),
+        5000
+    );
+    assert_eq!(
+        inbox.purge(&pool, Duration::ZERO, 100_000).await.unwrap(),
+        IDS as u64 + 2 - 5000
+    );
+}
+
+/// Writer and relay share the process: an in-process wakeup after commit replaces
+/// LISTEN/NOTIFY, and several relay workers deliver every message exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_process_wakeup_drives_a_relay_with_several_workers() {
+    let db = TestDb::new().await;
+    let h = SqliteHarness::new(db.pool.clone()).await;
+    let wakeup = Wakeup::new();
+    let sink = RecordingSink::new();
+    let relay = Relay::builder(h.outbox.clone())
+        .route("orders", sink.clone())
+        .concurrency(4)
+        .batch_size(20)
+        .poll_interval(Duration::from_secs(3600))
+        .wakeup(wakeup.clone())
+        .build()
+        .unwrap();
+    let running = tokio::spawn(relay.run(std::future::pending()));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let mut expected = Vec::new();
+    for round in 0..10_u64 {
+        let mut tx = db.pool.begin_with("BEGIN IMMEDIATE").await.unwrap();
+        let batch: Vec<_> = (0..50)
+            .map(|n| common::message("orders", round * 100 + n))
+            .collect();
+        expected.extend(batch.iter().map(NewMessage::id));
+        h.outbox.enqueue_all(&mut tx, &batch).await.unwrap();
+        tx.commit().await.unwrap();
+        wakeup.notify();
+    }
+    assert!(
+        sink.wait_for(500, Duration::from_secs(20)).await,
+        "woken without polling; got {}",
+        sink.messages().len()
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    running.abort();
+    let got: Vec<_> = sink.messages().iter().map(|m| m.id).collect();
+    assert_eq!(got.len(), 500, "no duplicates");
+    assert_eq!(
+        got.iter().copied().collect::<HashSet<_>>(),
+        expected.into_iter().collect::<HashSet<_>>()
+    );
+    let stats = h.outbox.stats().await.unwrap();
+    assert_eq!(stats.destination("orders").unwrap().published, 500);
+}
+
+/// Hostile names are either rejected or used exactly as quoted; a canary table survives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_identifiers_are_rejected_or_quoted_exactly() {
+    let db = TestDb::new().await;
+    let pool = db.pool.clone();
+    let canary = common::fresh_table("canary");
+    sqlx::query(&format!("CREATE TABLE {canary} (x INTEGER)"))
+        .execute(&pool)
+        .await
+        .unwrap();
+    sqlx::query(&format!("INSERT INTO {canary} VALUES (1)"))
+        .execute(&pool)
+        .await
+        .unwrap();
+    let mut rng = fastrand::Rng::with_seed(11);
+    let fragments = [
+        "\"",
+        "\"\"",
+        "'",
+        ";",
+        "--",
+        "/*",
+        "*/",
+        " ",
+        "DROP TABLE ",
+        &canary,
+        "\0",
+        "\\",
+        "`",
+        "?1",
+        "$1",
+        "[",
+        "]",
+        "\n",
+        "é",
+        "😀",
+        "outbox",
+        "\"; DROP TABLE ",
+        ")",
+        "(",
+        "{outbox}",
+        "%s",
+        "x",
+    ];
+    let (mut rejected, mut used, mut canary_hits) = (0, 0, 0);
+    let lease = Duration::from_secs(30);
+    for i in 0..1000 {
+        let mut name = String::new();
+        for _ in 0..rng.usize(1..6) {
+            name.push_str(fragments[rng.usize(..fragments.len())]);
+        }
+        if i % 2 == 0 {
+            name = format!("\"{name}\"");
+        }
+        let names = match TableNames::default().outbox(&name) {
+            Ok(names) => names,
+            Err(_) => {
+                rejected += 1;
+                continue;
+            }
+        };
+        let outbox = SqliteOutbox::with_names(pool.clone(), names.clone());
+        if names.outbox_name().name() == canary {
+            // Migrating onto an unrelated existing table fails cleanly and changes nothing.
+            let error = outbox.migrate().await.unwrap_err();
+            assert_eq!(error.kind(), StoreErrorKind::Schema, "{error}");
+            canary_hits += 1;
+            continue;
+        }
+        outbox
+            .migrate()
+            .await
+            .unwrap_or_else(|e| panic!("valid name {name:?} failed to migrate: {e}"));
+        let exact = names.outbox_name().name().to_owned();
+        let exists: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?1)",
+        )
+        .bind(&exact)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        assert!(exists, "table created under exactly the name {exact:?}");
+        // Every statement works on that name: enqueue, claim, complete.
+        let message = common::message("orders", i);
+        let mut conn = pool.acquire().await.unwrap();
+        outbox.enqueue(&mut conn, &message).await.unwrap();
+        drop(conn);
+        let claim = outbox
+            .claim(&ClaimRequest::new("t", 10, lease))
+            .await
+            .unwrap();
+        assert!(
+            claim.messages.iter().any(|m| m.id == message.id()),
+            "claimed from {exact:?}"
+        );
+        let done: Vec<_> = claim
+            .messages
+            .iter()
+            .map(|m| Completion::published(m.id))
+            .collect();
+        let report = outbox.complete(claim.lease.token, &done).await.unwrap();
+        assert_eq!(report.applied, done.len());
+        used += 1;
+    }
+    assert!(
+        rejected > 100 && used > 100,
+        "both paths exercised: rejected={rejected} used={used}"
+    );
+    assert!(canary_hits > 0, "the canary's own name was tried");
+
+    // Names SQLite reserves fail cleanly.
+    for reserved in ["sqlite_master", "sqlite_schema", "\"sqlite_x\""] {
+        let names = TableNames::default().outbox(reserved).unwrap();
+        let outbox = SqliteOutbox::with_names(pool.clone(), names);
+        assert!(outbox.migrate().await.is_err(), "{reserved} is refused");
+    }
+
+    let canary_rows: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {canary}"))
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(canary_rows, 1, "the canary table survived");
+    let canary_columns: i64 = sqlx::query_scalar(&format!(
+        "SELECT count(*) FROM pragma_table_info('{canary}')"
+    ))
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(canary_columns, 1, "and was not altered");
+    let canary_indexes: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM sqlite_master WHERE type = 'index' AND tbl_name = ?1",
+    )
+    .bind(&canary)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(canary_indexes, 0, "no index was left on the canary");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schema_qualified_names_work() {
+    let db = TestDb::new().await;
+    let names = TableNames::default()
+        .schema("main")
+        .unwrap()
+        .outbox("\"Billing Events\"")
+        .unwrap();
+    let outbox = SqliteOutbox::with_names(db.pool.clone(), names);
+    outbox.migrate().await.unwrap();
+    outbox.migrate().await.unwrap();
+    let applied: Vec<String> =
+        sqlx::query_scalar("SELECT id FROM main.outbox_migrations ORDER BY id")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(applied, vec!["Billing Events/001_outbox".to_owned()]);
+    let indexes: Vec<String> = sqlx::query_scalar(
+        "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'Billing Events' AND sql IS NOT NULL ORDER BY name",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        indexes,
+        vec![
+            "Billing Events_dead_idx",
+            "Billing Events_due_idx",
+            "Billing Events_published_idx"
+        ]
+    );
+    let mut conn = db.pool.acquire().await.unwrap();
+    outbox
+        .enqueue(&mut conn, &common::message("a", 1))
+        .await
+        .unwrap();
+    drop(conn);
+    assert_eq!(outbox.stats().await.unwrap().total().pending, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claim_uses_the_due_index() {
+    let db = TestDb::new().await;
+    let h = SqliteHarness::new(db.pool.clone()).await;
+    let sql = outbox_sql::sqlite::Statements::new(h.outbox.names());
+    for claim in [&sql.claim, &sql.claim_filtered] {
+        let plan: Vec<String> = sqlx::query(&format!("EXPLAIN QUERY PLAN {claim}"))
+            .bind(10_i64)
+            .bind("o")
+            .bind("t")
+            .bind(1000_i64)
+            .bind("[\"a\"]")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap()
+            .iter()
+            .map(|row| sqlx::Row::get::<String, _>(row, "detail"))
+            .collect();
+        assert!(
+            plan.iter().any(|step| step.contains("_due_idx")),
+            "claim searches the partial due index: {plan:?}"
+        );
+        assert!(
+            !plan
+                .iter()
+                .any(|step| step.starts_with("SCAN") && !step.contains("json_each")),
+            "no full scan of the outbox: {plan:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stats_match_the_table() {
+    let db = TestDb::new().await;
+    let h = SqliteHarness::new(db.pool.clone()).await;
+    h.enqueue((0..7).map(|n| common::message("a", n)).collect())
+        .await
+        .unwrap();
+    h.enqueue((0..2).map(|n| common::message("b", n)).collect())
+        .await
+        .unwrap();
+    let stats = h.outbox.stats().await.unwrap();
+    let a = stats.destination("a").unwrap();
+    assert_eq!((a.pending, a.leased, a.published, a.dead), (7, 0, 0, 0));
+    assert_eq!(stats.destinations.len(), 2);
+    assert_eq!(
+        stats.destinations[0].destination, "a",
+        "sorted by destination"
+    );
+
+    let claim = h
+        .outbox
+        .claim(&ClaimRequest::new("t", 4, Duration::from_secs(30)).destinations(vec!["a".into()]))
+        .await
+        .unwrap();
+    let ids: Vec<_> = claim.messages.iter().map(|m| m.id).collect();
+    h.outbox
+        .complete(
+            claim.lease.token,
+            &[
+                Completion::published(ids[0]),
+                Completion::dead(ids[1], "bad"),
+            ],
+        )
+        .await
+        .unwrap();
+    let stats = h.outbox.stats().await.unwrap();
+    let a = stats.destination("a").unwrap();
+    assert_eq!((a.pending, a.leased, a.published, a.dead), (3, 2, 1, 1));
+    let rows: Vec<(String, String, i64)> = sqlx::query_as(&format!(
+        "SELECT destination, status, count(*) FROM {} GROUP BY destination, status",
+        h.table()
+    ))
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    for (destination, status, n) in rows {
+        let d = stats.destination(&destination).unwrap();
+        let counted = match status.as_str() {
+            "pending" => d.pending,
+            "leased" => d.leased,
+            "published" => d.published,
+            "dead" => d.dead,
+            other => panic!("unknown status {other}"),
+        };
+        assert_eq!(counted as i64, n, "{destination}/{status}");
+    }
+    let oldest: i64 = sqlx::query_scalar(&format!(
+        "SELECT min(created_at) FROM {} WHERE destination = 'a' AND status IN ('pending', 'leased')",
+        h.table()
+    ))
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        a.oldest_pending_created_at.unwrap().timestamp_millis(),
+        oldest
+    );
+    assert_eq!(stats.total().backlog(), 7);
+}
+
+/// Dead-letter time filters agree with `DeadLetterFilter::matches` to the nanosecond.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letter_time_filter_matches_exact_boundaries() {
+    let db = TestDb::new().await;
+    let h = SqliteHarness::new(db.pool.clone()).await;
+    let message = common::message("a", 1);
+    h.enqueue(vec![message.clone()]).await.unwrap();
+    let claim = h
+        .outbox
+        .claim(&ClaimRequest::new("t", 1, Duration::from_secs(30)))
+        .await
+        .unwrap();
+    h.outbox
+        .complete(claim.lease.token, &[Completion::dead(message.id(), "x")])
+        .await
+        .unwrap();
+    let dead = h
+        .outbox
+        .list_dead(&DeadLetterFilter::all(), 10)
+        .await
+        .unwrap();
+    assert_eq!(dead.len(), 1);
+    let created = dead[0].message.created_at;
+    assert!(dead[0].dead_at >= created);
+    let ns = chrono::Duration::nanoseconds(1);
+    for (after, before) in [
+        (Some(created), None),
+        (Some(created - ns), None),
+        (Some(created + ns), None),
+        (None, Some(created)),
+        (None, Some(created + ns)),
+        (None, Some(created - ns)),
+    ] {
+        let filter = DeadLetterFilter::all().created_between(after, before);
+        let found = h.outbox.list_dead(&filter, 10).await.unwrap();
+        assert_eq!(
+            found.len() == 1,
+            filter.matches(&dead[0].message, &dead[0].reason),
+            "after {after:?} before {before:?}"
+        );
+    }
+}
+
+/// `NOW_MS` is SQLite's own millisecond clock, exactly (no off-by-one from the float).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn now_ms_is_sqlites_clock_to_the_millisecond() {
+    let db = TestDb::new().await;
+    let sql = format!(
+        "SELECT {}, CAST(strftime('%s', 'now') AS INTEGER) * 1000 + CAST(substr(strftime('%f', 'now'), 4) AS INTEGER)",
+        outbox_sql::sqlite::NOW_MS
+    );
+    for _ in 0..300 {
+        let (now_ms, reference): (i64, i64) =
+            sqlx::query_as(&sql).fetch_one(&db.pool).await.unwrap();
+        assert_eq!(now_ms, reference);
+        tokio::time::sleep(Duration::from_micros(300)).await;
+    }
+}
+
+/// Concurrent migrations take turns on the write lock; the migration is recorded once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_migrations_are_safe() {
+    let db = TestDb::new().await;
+    let names = TableNames::default()
+        .outbox(&common::fresh_table("outbox"))
+        .unwrap()
+        .inbox(&common::fresh_table("inbox"))
+        .unwrap();
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..8 {
+        let (pool, names) = (db.pool.clone(), names.clone());
+        tasks.spawn(async move {
+            SqliteOutbox::with_names(pool.clone(), names.clone())
+                .migrate()
+                .await?;
+            SqliteInbox::with_names(names).migrate(&pool).await
+        });
+    }
+    while let Some(result) = tasks.join_next().await {
+        result.unwrap().expect("every concurrent migrate succeeds");
+    }
+    let applied: Vec<String> = sqlx::query_scalar("SELECT id FROM outbox_migrations ORDER BY id")
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        applied,
+        vec![
+            format!("{}/001_inbox", names.inbox_name().name()),
+            format!("{}/001_outbox", names.outbox_name().name()),
+        ]
+    );
+}
+
+/// An absolute availability is stored rounded up to the millisecond and waits until then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn available_at_is_never_early() {
+    let db = TestDb::new().await;
+    let h = SqliteHarness::new(db.pool.clone()).await;
+    let at =
+        chrono::DateTime::from_timestamp_millis(chrono::Utc::now().timestamp_millis() + 3_600_000)
+            .unwrap()
+            + chrono::Duration::microseconds(500);
+    let message = NewMessage::builder("a", "later")
+        .json(&1)
+        .available_at(at)
+        .build()
+        .unwrap();
+    h.enqueue(vec![message]).await.unwrap();
+    let stored: i64 = sqlx::query_scalar(&format!("SELECT available_at FROM {}", h.table()))
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(stored, at.timestamp_millis() + 1, "rounded up, not down");
+    let request = ClaimRequest::new("t", 10, Duration::from_secs(30));
+    assert!(h.outbox.claim(&request).await.unwrap().messages.is_empty());
+    h.advance(Duration::from_secs(3601)).await;
+    assert_eq!(h.outbox.claim(&request).await.unwrap().messages.len(), 1);
+}
