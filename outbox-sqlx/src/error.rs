@@ -54,7 +54,7 @@ fn database_kind(db: &dyn sqlx::error::DatabaseError) -> StoreErrorKind {
         // MySQL / MariaDB: lock wait timeout has the generic SQLSTATE HY000.
         "HY000" if message.contains("Lock wait timeout") => StoreErrorKind::Conflict,
         // SQLite: busy, locked (primary codes and extended ones).
-        "5" | "6" | "261" | "517" | "262" => StoreErrorKind::Conflict,
+        "5" | "6" | "261" | "262" | "517" | "518" | "773" => StoreErrorKind::Conflict,
         _ if message.contains("no such table") || message.contains("no such column") => {
             StoreErrorKind::Schema
         }
