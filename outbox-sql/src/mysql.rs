@@ -1,26 +1,45 @@
 //! MySQL 8 / MariaDB ≥ 10.6 statements.
 //!
 //! Times are UTC `DATETIME(6)` computed by the server (`UTC_TIMESTAMP(6)`); ids and tokens
-//! are UUID text. MySQL has no `UPDATE … RETURNING` and no array parameters, so the claim
-//! and completions run as short transactions of a few statements, and statements that
-//! take a list of ids are built for the list's length (`?` placeholders only; no value is
-//! ever written into SQL).
+//! are UUID text (lowercase, hyphenated, so text order is id order). MySQL has no
+//! `UPDATE … RETURNING` and no array parameters, so the claim and completions run as
+//! short transactions of a few statements, and statements that take a list of ids are
+//! built for the list's length (`?` placeholders only; no value is ever written into
+//! SQL). A list statement may be given the same id more than once, so callers can pad a
+//! list to a few fixed lengths and keep the prepared statements cached.
+//!
+//! Relay transactions (claim, complete, release, purge, dead-letter changes) should run
+//! at [`RELAY_ISOLATION`]: under `REPEATABLE READ` InnoDB takes gap locks on the ranges a
+//! claim scans, which block concurrent enqueues until the claim commits.
+//!
+//! The claim is `claim_select` then `claim_lease` for the selected ids, in one
+//! transaction; the selected rows are returned with `attempts + 1`. A completion is
+//! `lock_leased` (the rows it returns are the ones still held, the others are stale),
+//! then `publish` / `delete_published` / `release` for the held ids and one `retry` or
+//! `dead` per held row, in one transaction.
 //!
 //! | statement | parameters (`?`, in order) |
 //! |---|---|
-//! | `insert` | id, destination, event_type, aggregate_type?, aggregate_id?, partition_key?, tenant_id?, idempotency_key, payload, content_type, headers JSON, available_at?, delay ms |
+//! | `insert` | id, destination, event_type, aggregate_type?, aggregate_id?, partition_key?, tenant_id?, idempotency_key, payload, content_type, headers JSON, available_at? (UTC), delay ms (used when available_at is NULL) |
 //! | [`Statements::insert_batch`] | the thirteen above, per row |
-//! | [`Statements::claim_select`] | destinations… (when filtered), limit |
+//! | [`Statements::claim_select`] | destinations… (when filtered), limit → [`MESSAGE_COLUMNS`] |
 //! | [`Statements::claim_lease`] | owner, token, lease ms, lease ms, ids… |
 //! | [`Statements::lock_leased`] | ids…, token → the ids still held |
 //! | [`Statements::publish`], [`Statements::delete_published`], [`Statements::release`] | ids…, token |
 //! | `retry` | delay ms, error, id, token |
 //! | `dead` | reason, id, token |
-//! | `stats` | none |
-//! | [`Statements::dead_filter`] users | ids…, destinations…, event types…, after?, before?, error? (each only when set); `list_dead` adds limit |
-//! | `purge` | published age ms, dead age ms?, dead age ms?, limit |
-//! | `inbox_record` | consumer, message id |
+//! | `stats` | none → destination, pending, leased, dead, published, oldest |
+//! | [`Statements::dead_filter`] users | ids…, destinations…, event types…, after?, before?, error? (each only when set in the [`DeadFilterShape`]); `list_dead` adds limit and yields [`MESSAGE_COLUMNS`], `last_error`, `dead_at` |
+//! | `purge_published` | age ms, limit |
+//! | `purge_dead` | age ms, limit |
+//! | `check_outbox`, `check_inbox` | none (fail if a column is missing) |
+//! | `migration_lock` | name, timeout s → 1 when held |
+//! | `migration_unlock`, `migration_applied`, `record_migration` | name / migration id |
+//! | `inbox_record` | consumer, message id → 1 row affected if new, 0 if a duplicate |
 //! | `inbox_purge` | age ms, limit |
+//!
+//! Millisecond parameters are multiplied by 1,000 in SQL, so they must stay below about
+//! 9.2 × 10¹⁵; callers clamp durations to a sane maximum (far beyond any retry delay).
 
 use crate::{Dialect, TableNames};
 
@@ -33,6 +52,15 @@ pub const INBOX_MIGRATIONS: &[(&str, &str)] =
 
 /// The columns every message-returning statement yields, in order.
 pub const MESSAGE_COLUMNS: &str = "id, destination, event_type, aggregate_type, aggregate_id, partition_key, tenant_id, idempotency_key, payload, content_type, headers, attempts, created_at";
+
+/// Run before starting a relay transaction (it applies to the next transaction only).
+pub const RELAY_ISOLATION: &str = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED";
+
+/// Longest `last_error` the table keeps, in bytes (`TEXT`); callers cut longer reasons.
+pub const MAX_ERROR_BYTES: usize = 65_535;
+
+/// Longest `lease_owner` the table keeps, in characters; callers cut longer names.
+pub const MAX_OWNER_CHARS: usize = 255;
 
 /// Which parts of a dead-letter filter are set, and how many values each list has.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -55,8 +83,9 @@ pub struct DeadFilterShape {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Statements {
-    names: TableNames,
     outbox: String,
+    due_index: String,
+    insert_head: String,
     /// Creates the migrations table.
     pub create_migrations: String,
     /// `(id)` → a row if that migration was applied.
@@ -67,6 +96,10 @@ pub struct Statements {
     pub migration_lock: String,
     /// Releases the migration lock: `(name)`.
     pub migration_unlock: String,
+    /// Reads no row but names every outbox column: fails if the table is not an outbox.
+    pub check_outbox: String,
+    /// Reads no row but names every inbox column: fails if the table is not an inbox.
+    pub check_inbox: String,
     /// Inserts one message.
     pub insert: String,
     /// Schedules one leased row again.
@@ -75,8 +108,10 @@ pub struct Statements {
     pub dead: String,
     /// Counts per destination and state.
     pub stats: String,
-    /// Deletes one bounded batch of old finished rows.
-    pub purge: String,
+    /// Deletes one bounded batch of old published rows.
+    pub purge_published: String,
+    /// Deletes one bounded batch of old dead letters.
+    pub purge_dead: String,
     /// Records a delivery in the inbox: one row affected if new, zero if a duplicate.
     pub inbox_record: String,
     /// Deletes one bounded batch of old inbox rows.
@@ -97,6 +132,8 @@ fn list(n: usize) -> String {
 impl Statements {
     /// Renders the fixed statements for `names`.
     pub fn new(names: &TableNames) -> Self {
+        // Only the templates are expanded; the quoted names are substituted last, in
+        // one pass, so a name can never be rewritten into SQL.
         let r = |t: &str| {
             names.render(
                 Dialect::MySql,
@@ -104,10 +141,11 @@ impl Statements {
             )
         };
         Self {
-            names: names.clone(),
             outbox: r("{outbox}"),
+            due_index: r("{outbox_due_idx}"),
+            insert_head: r(INSERT_HEAD),
             create_migrations: r(
-                "CREATE TABLE IF NOT EXISTS {migrations} (id VARCHAR(255) NOT NULL PRIMARY KEY, applied_at DATETIME(6) NOT NULL) ENGINE = InnoDB",
+                "CREATE TABLE IF NOT EXISTS {migrations} (id VARCHAR(255) NOT NULL PRIMARY KEY, applied_at DATETIME(6) NOT NULL) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin",
             ),
             migration_applied: r("SELECT 1 FROM {migrations} WHERE id = ?"),
             record_migration: r(
@@ -115,6 +153,10 @@ impl Statements {
             ),
             migration_lock: "SELECT GET_LOCK(?, ?)".to_owned(),
             migration_unlock: "SELECT RELEASE_LOCK(?)".to_owned(),
+            check_outbox: r(&format!(
+                "SELECT {MESSAGE_COLUMNS}, status, available_at, lease_owner, lease_token, lease_until, last_error, published_at, dead_at FROM {{outbox}} WHERE 1 = 0"
+            )),
+            check_inbox: r("SELECT consumer, message_id, received_at FROM {inbox} WHERE 1 = 0"),
             insert: r(&format!("{INSERT_HEAD} {INSERT_ROW}")),
             retry: r(
                 "UPDATE {outbox} SET status = 'pending', available_at = {now} + INTERVAL (? * 1000) MICROSECOND, last_error = ?, {cleared} WHERE id = ? AND status = 'leased' AND lease_token = ?",
@@ -123,28 +165,36 @@ impl Statements {
                 "UPDATE {outbox} SET status = 'dead', available_at = NULL, dead_at = {now}, last_error = ?, {cleared} WHERE id = ? AND status = 'leased' AND lease_token = ?",
             ),
             stats: r(STATS),
-            purge: r(PURGE),
+            purge_published: r(
+                "DELETE FROM {outbox} WHERE status = 'published' AND published_at <= {now} - INTERVAL (? * 1000) MICROSECOND ORDER BY published_at, id LIMIT ?",
+            ),
+            purge_dead: r(
+                "DELETE FROM {outbox} WHERE status = 'dead' AND dead_at <= {now} - INTERVAL (? * 1000) MICROSECOND ORDER BY dead_at, id LIMIT ?",
+            ),
             inbox_record: r(
                 "INSERT IGNORE INTO {inbox} (consumer, message_id, received_at) VALUES (?, ?, {now})",
             ),
             inbox_purge: r(
-                "DELETE FROM {inbox} WHERE received_at <= {now} - INTERVAL (? * 1000) MICROSECOND ORDER BY received_at LIMIT ?",
+                "DELETE FROM {inbox} WHERE received_at <= {now} - INTERVAL (? * 1000) MICROSECOND ORDER BY received_at, consumer, message_id LIMIT ?",
             ),
         }
     }
 
     /// Inserts `rows` messages in one statement.
     pub fn insert_batch(&self, rows: usize) -> String {
-        let mut sql = self.names.render(Dialect::MySql, INSERT_HEAD);
         let row = INSERT_ROW.replace("{now}", NOW);
+        let mut sql = String::with_capacity(self.insert_head.len() + rows * (row.len() + 2));
+        sql.push_str(&self.insert_head);
         for i in 0..rows {
             sql.push_str(if i == 0 { " " } else { ", " });
             sql.push_str(&row);
         }
-        sql.replace("VALUES ,", "VALUES")
+        sql
     }
 
-    /// Selects and locks up to `limit` due rows, skipping rows other relays hold.
+    /// Selects and locks up to `limit` due rows (pending and due, or leased with a lapsed
+    /// lease), oldest first, skipping rows other transactions hold. The due index is
+    /// forced so the scan stops after `limit` rows and locks nothing else.
     pub fn claim_select(&self, destinations: usize) -> String {
         let filter = if destinations == 0 {
             String::new()
@@ -152,12 +202,13 @@ impl Statements {
             format!("AND destination IN ({}) ", list(destinations))
         };
         format!(
-            "SELECT {MESSAGE_COLUMNS} FROM {} WHERE status IN ('pending', 'leased') AND available_at <= {NOW} {filter}ORDER BY available_at, id LIMIT ? FOR UPDATE SKIP LOCKED",
-            self.outbox
+            "SELECT {MESSAGE_COLUMNS} FROM {} FORCE INDEX ({}) WHERE status IN ('pending', 'leased') AND available_at <= {NOW} {filter}ORDER BY available_at, id LIMIT ? FOR UPDATE SKIP LOCKED",
+            self.outbox, self.due_index
         )
     }
 
-    /// Leases the selected rows.
+    /// Leases the selected rows: the lease deadline goes to `lease_until` and to
+    /// `available_at`, so a lapsed lease is due again.
     pub fn claim_lease(&self, ids: usize) -> String {
         format!(
             "UPDATE {} SET status = 'leased', lease_owner = ?, lease_token = ?, lease_until = {NOW} + INTERVAL (? * 1000) MICROSECOND, available_at = {NOW} + INTERVAL (? * 1000) MICROSECOND, attempts = attempts + 1 WHERE id IN ({})",
@@ -238,7 +289,7 @@ impl Statements {
         )
     }
 
-    /// Replays matching dead letters.
+    /// Replays matching dead letters: pending, due now, zero attempts, reason kept.
     pub fn replay_dead(&self, shape: DeadFilterShape) -> String {
         format!(
             "UPDATE {} SET status = 'pending', available_at = {NOW}, attempts = 0, dead_at = NULL WHERE {}",
@@ -269,7 +320,57 @@ const STATS: &str = "SELECT destination,
     MIN(CASE WHEN status IN ('pending', 'leased') THEN created_at END) AS oldest
 FROM {outbox} GROUP BY destination ORDER BY destination";
 
-const PURGE: &str = "DELETE FROM {outbox}
-WHERE (status = 'published' AND published_at <= {now} - INTERVAL (? * 1000) MICROSECOND)
-   OR (? IS NOT NULL AND status = 'dead' AND dead_at <= {now} - INTERVAL (? * 1000) MICROSECOND)
-LIMIT ?";
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(table: &str) -> TableNames {
+        TableNames::default().outbox(table).unwrap()
+    }
+
+    #[test]
+    fn placeholders_match_the_parameter_table() {
+        let sql = Statements::new(&TableNames::default());
+        let count = |s: &str| s.matches('?').count();
+        assert_eq!(count(&sql.insert), 13);
+        assert_eq!(count(&sql.insert_batch(3)), 39);
+        assert_eq!(count(&sql.claim_select(0)), 1);
+        assert_eq!(count(&sql.claim_select(2)), 3);
+        assert_eq!(count(&sql.claim_lease(3)), 7);
+        assert_eq!(count(&sql.lock_leased(3)), 4);
+        assert_eq!(count(&sql.publish(2)), 3);
+        assert_eq!(count(&sql.release(2)), 3);
+        assert_eq!(count(&sql.delete_published(2)), 3);
+        assert_eq!(count(&sql.retry), 4);
+        assert_eq!(count(&sql.dead), 3);
+        assert_eq!(count(&sql.purge_published), 2);
+        assert_eq!(count(&sql.purge_dead), 2);
+        assert_eq!(count(&sql.inbox_record), 2);
+        assert_eq!(count(&sql.inbox_purge), 2);
+        let shape = DeadFilterShape {
+            ids: 2,
+            destinations: 1,
+            event_types: 3,
+            after: true,
+            before: false,
+            error: true,
+        };
+        assert_eq!(count(&sql.dead_filter(shape)), 8);
+        assert_eq!(count(&sql.list_dead(shape)), 9);
+    }
+
+    #[test]
+    fn hostile_names_stay_one_identifier() {
+        // A name that looks like SQL fragments the builders used to search for.
+        let sql = Statements::new(&names(r#""VALUES , {outbox} ? `x""#));
+        let batch = sql.insert_batch(2);
+        assert!(
+            batch.starts_with("INSERT INTO `VALUES , {outbox} ? ``x` ("),
+            "{batch}"
+        );
+        assert!(
+            sql.claim_select(0)
+                .contains("FORCE INDEX (`VALUES , {outbox} ? ``x_due_idx`)")
+        );
+    }
+}

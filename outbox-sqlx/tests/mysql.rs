@@ -1,0 +1,961 @@
+//! The MySQL / MariaDB store against a real server.
+#![cfg(feature = "mysql")]
+
+mod common;
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use outbox_core::testkit::{RecordingSink, StoreHarness, store_suite};
+use outbox_core::{
+    ClaimRequest, Completion, DeadLetterFilter, DeadLetters, NewMessage, Relay, Store, StoreError,
+    StoreErrorKind, StoreStats,
+};
+use outbox_sql::Dialect;
+use outbox_sqlx::mysql::{MySqlInbox, MySqlOutbox};
+use outbox_sqlx::{PublishedRows, TableNames};
+use sqlx::MySqlPool;
+use sqlx::mysql::MySqlPoolOptions;
+
+const URL_VAR: &str = "OUTBOX_TEST_MYSQL_URL";
+const DEFAULT_URL: &str = "mysql://root@127.0.0.1:3306/test";
+
+async fn pool() -> MySqlPool {
+    let url = common::url(URL_VAR, DEFAULT_URL);
+    match MySqlPoolOptions::new()
+        .max_connections(16)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect(&url)
+        .await
+    {
+        Ok(pool) => pool,
+        Err(e) => common::no_server("MySQL/MariaDB", URL_VAR, &url, e),
+    }
+}
+
+/// Drops `tables` (rendered, quoted names) and forgets their migration records.
+async fn drop_tables(pool: &MySqlPool, tables: &[(String, String)]) {
+    for (quoted, name) in tables {
+        sqlx::query(&format!("DROP TABLE IF EXISTS {quoted}"))
+            .execute(pool)
+            .await
+            .unwrap_or_else(|e| panic!("drop {quoted}: {e}"));
+        sqlx::query(
+            "DELETE FROM outbox_migrations WHERE id IN (CONCAT(?, '/001_outbox'), CONCAT(?, '/001_inbox'))",
+        )
+        .bind(name)
+        .bind(name)
+            .execute(pool)
+            .await
+            .unwrap();
+    }
+}
+
+fn outbox_table(names: &TableNames) -> (String, String) {
+    (
+        names.render(Dialect::MySql, "{outbox}"),
+        names.outbox_name().name().to_owned(),
+    )
+}
+
+fn inbox_table(names: &TableNames) -> (String, String) {
+    (
+        names.render(Dialect::MySql, "{inbox}"),
+        names.inbox_name().name().to_owned(),
+    )
+}
+
+fn is_deadlock(e: &sqlx::Error) -> bool {
+    e.as_database_error()
+        .and_then(|db| db.code())
+        .is_some_and(|code| code == "40001")
+}
+
+/// Tables a test created, dropped when the guard goes (also when the test fails).
+struct Cleanup {
+    pool: MySqlPool,
+    tables: Vec<(String, String)>,
+}
+
+impl Cleanup {
+    fn new(pool: &MySqlPool) -> Self {
+        Self {
+            pool: pool.clone(),
+            tables: Vec::new(),
+        }
+    }
+
+    /// Adds a plain table name created by the test itself.
+    fn table(&mut self, name: &str) {
+        self.tables.push((format!("`{name}`"), name.to_owned()));
+    }
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let (pool, tables) = (self.pool.clone(), std::mem::take(&mut self.tables));
+        // Runs on the multi-threaded test runtime, also while a failed test unwinds.
+        tokio::task::block_in_place(|| {
+            tokio::runtime::Handle::current().block_on(drop_tables(&pool, &tables));
+        });
+    }
+}
+
+/// A fresh outbox table on the test server, dropped with the harness.
+struct MySqlHarness {
+    outbox: MySqlOutbox,
+    _cleanup: Cleanup,
+}
+
+impl MySqlHarness {
+    async fn new() -> Self {
+        Self::with_mode(PublishedRows::Keep).await
+    }
+
+    async fn with_mode(mode: PublishedRows) -> Self {
+        let names = TableNames::default()
+            .outbox(&common::fresh_table("outbox"))
+            .unwrap();
+        let pool = pool().await;
+        let mut cleanup = Cleanup::new(&pool);
+        cleanup.tables.push(outbox_table(&names));
+        let outbox = MySqlOutbox::with_names(pool, names).published_rows(mode);
+        outbox.migrate().await.expect("migrate");
+        Self {
+            outbox,
+            _cleanup: cleanup,
+        }
+    }
+
+    fn table(&self) -> String {
+        outbox_table(self.outbox.names()).0
+    }
+
+    async fn rows(&self) -> i64 {
+        sqlx::query_scalar(&format!("SELECT COUNT(*) FROM {}", self.table()))
+            .fetch_one(self.outbox.pool())
+            .await
+            .unwrap()
+    }
+}
+
+impl StoreHarness for MySqlHarness {
+    type Store = MySqlOutbox;
+
+    fn store(&self) -> &MySqlOutbox {
+        &self.outbox
+    }
+
+    async fn enqueue(&self, messages: Vec<NewMessage>) -> Result<(), StoreError> {
+        let mut tx = self.outbox.pool().begin().await.unwrap();
+        self.outbox.enqueue_all(&mut tx, &messages).await?;
+        tx.commit().await.unwrap();
+        Ok(())
+    }
+
+    async fn advance(&self, by: Duration) {
+        let us = i64::try_from(by.as_micros()).unwrap();
+        let sql = format!(
+            "UPDATE {} SET created_at = created_at - INTERVAL ? MICROSECOND, \
+             available_at = available_at - INTERVAL ? MICROSECOND, \
+             lease_until = lease_until - INTERVAL ? MICROSECOND, \
+             published_at = published_at - INTERVAL ? MICROSECOND, \
+             dead_at = dead_at - INTERVAL ? MICROSECOND",
+            self.table()
+        );
+        sqlx::query(&sql)
+            .bind(us)
+            .bind(us)
+            .bind(us)
+            .bind(us)
+            .bind(us)
+            .execute(self.outbox.pool())
+            .await
+            .unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_passes_the_store_suite() {
+    store_suite::run_all(MySqlHarness::new).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_passes_the_store_suite_in_delete_mode() {
+    // Delete-on-publish changes what stats and purge see, so only the checks that do
+    // not count published rows apply; run the claim and fencing ones.
+    let h = MySqlHarness::with_mode(PublishedRows::Delete).await;
+    store_suite::claims_due_rows_oldest_first(&h).await;
+    let h = MySqlHarness::with_mode(PublishedRows::Delete).await;
+    store_suite::claim_is_exclusive_under_concurrency(&h).await;
+    let h = MySqlHarness::with_mode(PublishedRows::Delete).await;
+    store_suite::lapsed_lease_is_reclaimed(&h).await;
+    let h = MySqlHarness::with_mode(PublishedRows::Delete).await;
+    store_suite::release_does_not_count_an_attempt(&h).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn single_enqueue_and_relay_deliver_with_all_fields() {
+    let h = MySqlHarness::new().await;
+    let ns = uuid::Uuid::NAMESPACE_OID;
+    let payload = vec![0, 255, 10, 13, b'\'', b'\\', 0x80, 0xfe];
+    let message = NewMessage::builder("orders", "order.paid")
+        .bytes(payload.clone(), "application/octet-stream")
+        .aggregate("order", "o-1 ü")
+        .partition_key("o-1")
+        .tenant_id("tenant-😀")
+        .header("x-a", "1")
+        .header(
+            "traceparent",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        )
+        .deterministic_key(ns, &["o-1", "paid"])
+        .build()
+        .unwrap();
+    let mut tx = h.outbox.pool().begin().await.unwrap();
+    h.outbox.enqueue(&mut tx, &message).await.unwrap();
+    tx.commit().await.unwrap();
+    let sink = RecordingSink::new();
+    let relay = Relay::builder(h.outbox.clone())
+        .route("orders", sink.clone())
+        .build()
+        .unwrap();
+    assert_eq!(relay.drain().await.unwrap().published, 1);
+    let got = sink.messages();
+    assert_eq!(got.len(), 1);
+    let got = &got[0];
+    assert_eq!(got.id, message.id());
+    assert_eq!(got.destination, "orders");
+    assert_eq!(got.event_type, "order.paid");
+    assert_eq!(got.payload, payload, "binary payload is exact");
+    assert_eq!(got.content_type, "application/octet-stream");
+    assert_eq!(got.aggregate_type.as_deref(), Some("order"));
+    assert_eq!(got.aggregate_id.as_deref(), Some("o-1 ü"));
+    assert_eq!(got.partition_key.as_deref(), Some("o-1"));
+    assert_eq!(got.tenant_id.as_deref(), Some("tenant-😀"));
+    assert_eq!(got.idempotency_key, message.idempotency_key());
+    assert_eq!(&got.headers, message.headers());
+    assert_eq!(got.attempts, 1);
+    let age = chrono::Utc::now() - got.created_at;
+    assert!(
+        age >= chrono::Duration::zero() - chrono::Duration::seconds(5)
+            && age < chrono::Duration::seconds(60),
+        "created_at is the server's UTC time, not a local time: {}",
+        got.created_at
+    );
+    let status: String = sqlx::query_scalar(&format!(
+        "SELECT CAST(status AS CHAR) FROM {} WHERE id = ?",
+        h.table()
+    ))
+    .bind(message.id().to_string())
+    .fetch_one(h.outbox.pool())
+    .await
+    .unwrap();
+    assert_eq!(status, "published");
+    let stats = h.outbox.stats().await.unwrap();
+    assert_eq!(stats.destination("orders").unwrap().published, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delete_on_publish_removes_rows() {
+    let h = MySqlHarness::with_mode(PublishedRows::Delete).await;
+    h.enqueue((0..5).map(|n| common::message("orders", n)).collect())
+        .await
+        .unwrap();
+    h.enqueue(vec![common::message("elsewhere", 9)])
+        .await
+        .unwrap();
+    let relay = Relay::builder(h.outbox.clone())
+        .route("orders", RecordingSink::new())
+        .claim_only_routed(true)
+        .build()
+        .unwrap();
+    let claim =
+        ClaimRequest::new("r", 10, Duration::from_secs(30)).destinations(vec!["orders".into()]);
+    // One row dead-lettered, the others published by the relay.
+    let first = h.outbox.claim(&claim).await.unwrap();
+    let doomed = first.messages[0].id;
+    h.outbox
+        .complete(first.lease.token, &[Completion::dead(doomed, "bad")])
+        .await
+        .unwrap();
+    let rest: Vec<_> = first.messages[1..].iter().map(|m| m.id).collect();
+    h.outbox.release(first.lease.token, &rest).await.unwrap();
+    assert_eq!(relay.drain().await.unwrap().published, 4);
+    assert_eq!(
+        h.rows().await,
+        2,
+        "only the dead letter and the other route remain"
+    );
+    let dead = h
+        .outbox
+        .list_dead(&DeadLetterFilter::all(), 10)
+        .await
+        .unwrap();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].message.id, doomed);
+
+    // A relay whose lease was taken over deletes nothing in delete mode either.
+    h.enqueue(vec![common::message("orders", 7)]).await.unwrap();
+    let old = h.outbox.claim(&claim).await.unwrap();
+    h.advance(Duration::from_secs(31)).await;
+    let new = h.outbox.claim(&claim).await.unwrap();
+    let id = new.messages[0].id;
+    assert_eq!(old.messages[0].id, id);
+    let stale = h
+        .outbox
+        .complete(old.lease.token, &[Completion::published(id)])
+        .await
+        .unwrap();
+    assert_eq!((stale.applied, stale.stale.clone()), (0, vec![id]));
+    assert_eq!(h.rows().await, 3, "the stale publish deleted nothing");
+    let current = h
+        .outbox
+        .complete(new.lease.token, &[Completion::published(id)])
+        .await
+        .unwrap();
+    assert_eq!(current.applied, 1);
+    assert_eq!(h.rows().await, 2);
+}
+
+/// 1,000 business transactions, 30% rolled back: outbox rows = committed business rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn producer_atomicity_with_rollbacks() {
+    let h = MySqlHarness::new().await;
+    let business = common::fresh_table("orders");
+    let pool = h.outbox.pool();
+    let mut cleanup = Cleanup::new(pool);
+    cleanup.table(&business);
+    sqlx::query(&format!(
+        "CREATE TABLE {business} (id BIGINT PRIMARY KEY) ENGINE = InnoDB"
+    ))
+    .execute(pool)
+    .await
+    .unwrap();
+    let mut committed = 0_i64;
+    let mut committed_ids = HashSet::new();
+    for n in 0..1000_i64 {
+        let mut tx = pool.begin().await.unwrap();
+        sqlx::query(&format!("INSERT INTO {business} (id) VALUES (?)"))
+            .bind(n)
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        let message = common::message("orders", n as u64);
+        if n % 10 == 0 {
+            h.outbox
+                .enqueue_all(
+                    &mut tx,
+                    &[message.clone(), common::message("audit", n as u64)],
+                )
+                .await
+                .unwrap();
+        } else {
+            h.outbox.enqueue(&mut tx, &message).await.unwrap();
+        }
+        if fastrand::f64() < 0.3 {
+            tx.rollback().await.unwrap();
+        } else {
+            tx.commit().await.unwrap();
+            committed += 1;
+            committed_ids.insert(message.id().to_string());
+        }
+    }
+    let business_rows: i64 = sqlx::query_scalar(&format!("SELECT COUNT(*) FROM {business}"))
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    let outbox_ids: Vec<String> = sqlx::query_scalar(&format!(
+        "SELECT CAST(id AS CHAR) FROM {} WHERE destination = 'orders'",
+        h.table()
+    ))
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    assert_eq!(business_rows, committed);
+    assert_eq!(
+        outbox_ids.len() as i64,
+        committed,
+        "outbox rows = committed business rows, exactly"
+    );
+    assert_eq!(
+        outbox_ids.into_iter().collect::<HashSet<_>>(),
+        committed_ids,
+        "exactly the committed transactions' messages"
+    );
+    assert!(
+        (600..=800).contains(&committed),
+        "about 30% rolled back: {committed}"
+    );
+}
+
+/// 10,000 ids, each delivered 3 times concurrently by 4 consumers → 10,000 side effects.
+///
+/// The three deliveries of an id sit next to each other in the queue, so different
+/// consumers record the same id at the same time. InnoDB may answer concurrent inserts of
+/// one key with a deadlock; the consumer then retries the whole delivery transaction, as
+/// `MySqlInbox::record` documents.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inbox_dedupes_concurrent_duplicate_deliveries() {
+    let pool = pool().await;
+    let names = TableNames::default()
+        .inbox(&common::fresh_table("inbox"))
+        .unwrap();
+    let mut cleanup = Cleanup::new(&pool);
+    cleanup.tables.push(inbox_table(&names));
+    let inbox = MySqlInbox::with_names(names.clone());
+    inbox.migrate(&pool).await.unwrap();
+    inbox.migrate(&pool).await.expect("migrating twice is fine");
+    let effects = common::fresh_table("effects");
+    cleanup.table(&effects);
+    sqlx::query(&format!(
+        "CREATE TABLE {effects} (message_id VARCHAR(64) NOT NULL) ENGINE = InnoDB"
+    ))
+    .execute(&pool)
+    .await
+    .unwrap();
+
+    const IDS: usize = 10_000;
+    let deliveries: Vec<String> = (0..IDS)
+        .flat_map(|i| std::iter::repeat_n(format!("msg-{i}"), 3))
+        .collect();
+    let queue = Arc::new(std::sync::Mutex::new(deliveries));
+    let retries = Arc::new(AtomicUsize::new(0));
+    // The first new delivery of every 50th id fails its side effect and rolls back: a
+    // later delivery of that id must then see it as new.
+    let failed_once = Arc::new(std::sync::Mutex::new(HashSet::new()));
+    let mut consumers = tokio::task::JoinSet::new();
+    for _ in 0..4 {
+        let (pool, inbox, queue, effects, retries, failed_once) = (
+            pool.clone(),
+            inbox.clone(),
+            queue.clone(),
+            effects.clone(),
+            retries.clone(),
+            failed_once.clone(),
+        );
+        consumers.spawn(async move {
+            let (mut duplicates, mut rollbacks) = (0, 0);
+            loop {
+                let Some(id) = queue.lock().unwrap().pop() else {
+                    return (duplicates, rollbacks);
+                };
+                let fails_once = id.trim_start_matches("msg-").parse::<usize>().unwrap() % 50 == 0;
+                loop {
+                    let mut tx = pool.begin().await.unwrap();
+                    let delivery = match inbox.record(&mut tx, "billing", &id).await {
+                        Ok(delivery) => delivery,
+                        Err(e) if e.kind() == StoreErrorKind::Conflict => {
+                            retries.fetch_add(1, Ordering::Relaxed);
+                            tx.rollback().await.unwrap();
+                            continue;
+                        }
+                        Err(e) => panic!("record {id}: {e}"),
+                    };
+                    if !delivery.is_new() {
+                        duplicates += 1;
+                        tx.commit().await.unwrap();
+                        break;
+                    }
+                    let effect =
+                        sqlx::query(&format!("INSERT INTO {effects} (message_id) VALUES (?)"))
+                            .bind(&id)
+                            .execute(&mut *tx)
+                            .await;
+                    match effect {
+                        Ok(_) => {}
+                        Err(e) if is_deadlock(&e) => {
+                            retries.fetch_add(1, Ordering::Relaxed);
+                            tx.rollback().await.unwrap();
+                            continue;
+                        }
+                        Err(e) => panic!("side effect {id}: {e}"),
+                    }
+                    if fails_once && failed_once.lock().unwrap().insert(id.clone()) {
+                        tx.rollback().await.unwrap();
+                        rollbacks += 1;
+                    } else {
+                        tx.commit().await.unwrap();
+                    }
+                    break;
+                }
+            }
+        });
+    }
+    let (mut duplicates, mut rollbacks) = (0, 0);
+    while let Some(counts) = consumers.join_next().await {
+        let (d, r) = counts.unwrap();
+        duplicates += d;
+        rollbacks += r;
+    }
+    eprintln!(
+        "inbox: {} deadlock retries, {rollbacks} rolled-back first deliveries",
+        retries.load(Ordering::Relaxed)
+    );
+    assert_eq!(rollbacks, IDS / 50, "every 50th id failed once");
+    let (total, distinct): (i64, i64) = sqlx::query_as(&format!(
+        "SELECT COUNT(*), COUNT(DISTINCT message_id) FROM {effects}"
+    ))
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        (total, distinct),
+        (IDS as i64, IDS as i64),
+        "exactly one side effect per message"
+    );
+    assert_eq!(
+        duplicates,
+        2 * IDS - rollbacks,
+        "every delivery was new, rolled back, or a duplicate"
+    );
+
+    // Keys compare byte for byte: case and trailing spaces make different ids.
+    let mut tx = pool.begin().await.unwrap();
+    for (id, expect_new) in [
+        ("msg-1", false),
+        ("MSG-1", true),
+        ("msg-1 ", true),
+        ("msg-1", false),
+    ] {
+        assert_eq!(
+            inbox.record(&mut tx, "billing", id).await.unwrap().is_new(),
+            expect_new,
+            "{id:?}"
+        );
+    }
+    assert!(
+        inbox
+            .record(&mut tx, "other-consumer", "msg-1")
+            .await
+            .unwrap()
+            .is_new(),
+        "consumers dedupe separately"
+    );
+    tx.commit().await.unwrap();
+    let too_long = "x".repeat(192);
+    let mut conn = pool.acquire().await.unwrap();
+    for (consumer, id) in [("billing", ""), ("", "m"), ("billing", too_long.as_str())] {
+        let e = inbox.record(&mut conn, consumer, id).await.unwrap_err();
+        assert_eq!(e.kind(), StoreErrorKind::InvalidInput);
+    }
+    drop(conn);
+
+    assert_eq!(
+        inbox
+            .purge(&pool, Duration::from_secs(3600), 100_000)
+            .await
+            .unwrap(),
+        0,
+        "nothing is an hour old"
+    );
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    assert_eq!(
+        inbox.purge(&pool, Duration::ZERO, 5_000).await.unwrap(),
+        5_000,
+        "bounded"
+    );
+    assert_eq!(
+        inbox.purge(&pool, Duration::ZERO, 100_000).await.unwrap(),
+        IDS as u64 + 3 - 5_000
+    );
+}
+
+/// Hostile names are either rejected or used exactly as quoted; a canary table survives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_identifiers_are_rejected_or_quoted_exactly() {
+    let pool = pool().await;
+    let canary = common::fresh_table("canary");
+    let mut cleanup = Cleanup::new(&pool);
+    cleanup.table(&canary);
+    sqlx::query(&format!("CREATE TABLE {canary} (x INT) ENGINE = InnoDB"))
+        .execute(&pool)
+        .await
+        .unwrap();
+    sqlx::query(&format!("INSERT INTO {canary} VALUES (1)"))
+        .execute(&pool)
+        .await
+        .unwrap();
+    let mut rng = fastrand::Rng::with_seed(11);
+    let drop_canary = format!("`; DROP TABLE {canary}; -- ");
+    let fragments = [
+        "\"",
+        "\"\"",
+        "'",
+        ";",
+        "--",
+        "#",
+        "/*",
+        "*/",
+        " ",
+        "DROP TABLE ",
+        &canary,
+        &drop_canary,
+        "\0",
+        "\\",
+        "`",
+        "``",
+        "?",
+        "$1",
+        "\n",
+        "é",
+        "ß",
+        "😀",
+        "outbox",
+        "\"; DROP TABLE ",
+        ")",
+        "(",
+        "{outbox}",
+        "VALUES ,",
+        "@0022",
+        "%s",
+        "/",
+        ".",
+        "x",
+        "X",
+    ];
+    let (mut rejected, mut used, mut canary_tries) = (0, 0, 0);
+    let mut seen = HashSet::new();
+    for i in 0..1200 {
+        let mut name = String::new();
+        for _ in 0..rng.usize(1..6) {
+            name.push_str(fragments[rng.usize(..fragments.len())]);
+        }
+        if i % 2 == 0 {
+            name = format!("\"{name}\"");
+        }
+        if i == 0 {
+            name = canary.clone();
+        }
+        let names = match TableNames::default().outbox(&name) {
+            Ok(names) => names,
+            Err(_) => {
+                rejected += 1;
+                continue;
+            }
+        };
+        let exact = names.outbox_name().name().to_owned();
+        let outbox = MySqlOutbox::with_names(pool.clone(), names.clone());
+        if exact == canary {
+            // Migrating onto an unrelated existing table fails cleanly and changes nothing.
+            let error = outbox.migrate().await.unwrap_err();
+            assert_eq!(error.kind(), StoreErrorKind::Schema, "{error}");
+            canary_tries += 1;
+            continue;
+        }
+        if !seen.insert(exact.clone()) {
+            continue;
+        }
+        outbox
+            .migrate()
+            .await
+            .unwrap_or_else(|e| panic!("valid name {name:?} failed to migrate: {e}"));
+        cleanup.tables.push(outbox_table(&names));
+        let found: Vec<String> = sqlx::query_scalar(
+            "SELECT CAST(table_name AS CHAR) FROM information_schema.tables \
+             WHERE table_schema = DATABASE() AND table_name = ?",
+        )
+        .bind(&exact)
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+        assert!(
+            found.contains(&exact),
+            "table created under exactly the name {exact:?}; found {found:?}"
+        );
+        // Every statement works under that name: enqueue, claim, complete, stats.
+        if used % 4 == 0 {
+            let (one, two) = (
+                common::message("orders", i),
+                common::message("orders", i + 1),
+            );
+            let mut tx = pool.begin().await.unwrap();
+            outbox.enqueue(&mut tx, &one).await.unwrap();
+            tx.commit().await.unwrap();
+            let mut tx = pool.begin().await.unwrap();
+            outbox
+                .enqueue_all(&mut tx, std::slice::from_ref(&two))
+                .await
+                .unwrap();
+            outbox.enqueue_all(&mut tx, &[]).await.unwrap();
+            tx.commit().await.unwrap();
+            let claim = outbox
+                .claim(&ClaimRequest::new("r", 5, Duration::from_secs(30)))
+                .await
+                .unwrap();
+            assert_eq!(claim.messages.len(), 2, "{exact:?}");
+            let report = outbox
+                .complete(
+                    claim.lease.token,
+                    &[
+                        Completion::published(one.id()),
+                        Completion::dead(two.id(), "x"),
+                    ],
+                )
+                .await
+                .unwrap();
+            assert_eq!(report.applied, 2);
+            let stats = outbox.stats().await.unwrap();
+            assert_eq!(
+                stats.destination("orders").unwrap().published,
+                1,
+                "{exact:?} is its own table; earlier names: {:?}",
+                cleanup.tables.iter().map(|c| &c.1).collect::<Vec<_>>()
+            );
+        }
+        used += 1;
+    }
+    eprintln!("hostile names: rejected={rejected} used={used}");
+    assert!(canary_tries >= 1, "the canary's own name was tried");
+    assert!(
+        rejected > 100 && used > 100,
+        "both paths exercised: rejected={rejected} used={used}"
+    );
+    let canary_rows: i64 = sqlx::query_scalar(&format!("SELECT COUNT(*) FROM {canary}"))
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(canary_rows, 1, "the canary table survived");
+    let applied: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM outbox_migrations WHERE id = CONCAT(?, '/001_outbox')",
+    )
+    .bind(&canary)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(applied, 0, "the failed migration was not recorded");
+    let created: Vec<_> = cleanup.tables.drain(1..).collect();
+    drop_tables(&pool, &created).await;
+    for (_, name) in &created {
+        let left: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM information_schema.tables \
+             WHERE table_schema = DATABASE() AND CAST(table_name AS BINARY) = CAST(? AS BINARY)",
+        )
+        .bind(name)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        assert_eq!(left, 0, "{name:?} dropped");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stats_match_the_table() {
+    let h = MySqlHarness::new().await;
+    h.enqueue((0..7).map(|n| common::message("a", n)).collect())
+        .await
+        .unwrap();
+    h.enqueue((0..3).map(|n| common::message("b", n)).collect())
+        .await
+        .unwrap();
+    let claim = h
+        .outbox
+        .claim(&ClaimRequest::new("r", 3, Duration::from_secs(30)).destinations(vec!["a".into()]))
+        .await
+        .unwrap();
+    let ids: Vec<_> = claim.messages.iter().map(|m| m.id).collect();
+    h.outbox
+        .complete(
+            claim.lease.token,
+            &[Completion::published(ids[0]), Completion::dead(ids[1], "x")],
+        )
+        .await
+        .unwrap();
+    let stats = h.outbox.stats().await.unwrap();
+    let a = stats.destination("a").unwrap();
+    assert_eq!((a.pending, a.leased, a.published, a.dead), (4, 1, 1, 1));
+    let b = stats.destination("b").unwrap();
+    assert_eq!((b.pending, b.leased, b.published, b.dead), (3, 0, 0, 0));
+    let by_sql: Vec<(String, String, i64)> = sqlx::query_as(&format!(
+        "SELECT CAST(destination AS CHAR), CAST(status AS CHAR), COUNT(*) FROM {} \
+         GROUP BY destination, status",
+        h.table()
+    ))
+    .fetch_all(h.outbox.pool())
+    .await
+    .unwrap();
+    assert_eq!(by_sql.iter().map(|r| r.2).sum::<i64>(), 10);
+    for (destination, status, n) in &by_sql {
+        let d = stats.destination(destination).unwrap();
+        let counted = match status.as_str() {
+            "pending" => d.pending,
+            "leased" => d.leased,
+            "published" => d.published,
+            "dead" => d.dead,
+            other => panic!("unknown status {other}"),
+        };
+        assert_eq!(counted as i64, *n, "{destination} {status}");
+    }
+    assert_eq!(stats.total().backlog(), 8);
+    let oldest = stats.total().oldest_pending_created_at.unwrap();
+    let age = chrono::Utc::now() - oldest;
+    assert!(
+        age >= chrono::Duration::seconds(-5) && age < chrono::Duration::seconds(60),
+        "oldest pending is in UTC: {oldest}"
+    );
+}
+
+/// Values at the edges of what the columns hold are clamped or cut, never an error that
+/// would wedge a relay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extreme_values_are_clamped_not_fatal() {
+    let h = MySqlHarness::new().await;
+    let far = NewMessage::builder("orders", "far")
+        .json(&1)
+        .available_at(chrono::DateTime::<chrono::Utc>::MAX_UTC)
+        .build()
+        .unwrap();
+    let forever = NewMessage::builder("orders", "forever")
+        .json(&1)
+        .delay(Duration::MAX)
+        .build()
+        .unwrap();
+    let past = NewMessage::builder("orders", "past")
+        .json(&1)
+        .available_at(chrono::DateTime::<chrono::Utc>::MIN_UTC)
+        .build()
+        .unwrap();
+    let now: Vec<NewMessage> = (0..3).map(|n| common::message("orders", n)).collect();
+    let mut batch = vec![far, forever, past.clone()];
+    batch.extend(now.clone());
+    h.enqueue(batch).await.unwrap();
+    let owner = "relay-".repeat(100);
+    let claim = h
+        .outbox
+        .claim(&ClaimRequest::new(owner, 10, Duration::MAX))
+        .await
+        .unwrap();
+    let mut expected: Vec<_> = now.iter().map(NewMessage::id).collect();
+    expected.push(past.id());
+    expected.sort();
+    assert_eq!(
+        claim.messages.iter().map(|m| m.id).collect::<Vec<_>>(),
+        expected,
+        "due rows only; the far future waits"
+    );
+    let long_reason = "é".repeat(40_000); // 80,000 bytes
+    let report = h
+        .outbox
+        .complete(
+            claim.lease.token,
+            &[
+                Completion::retry(expected[0], Duration::MAX, "later"),
+                Completion::dead(expected[1], long_reason.clone()),
+                Completion::published(expected[2]),
+                Completion::published(expected[2]),
+            ],
+        )
+        .await
+        .unwrap();
+    assert_eq!(report.applied, 3);
+    assert_eq!(report.stale, vec![expected[2]], "a repeated id counts once");
+    let dead = h
+        .outbox
+        .list_dead(&DeadLetterFilter::all(), 10)
+        .await
+        .unwrap();
+    assert_eq!(dead.len(), 1);
+    assert!(dead[0].reason.len() <= 65_535 && long_reason.starts_with(&dead[0].reason));
+    assert!(dead[0].reason.len() > 65_000);
+    let nothing = h
+        .outbox
+        .claim(&ClaimRequest::new("r", 10, Duration::from_secs(1)))
+        .await
+        .unwrap();
+    assert!(
+        nothing.messages.is_empty(),
+        "the retried row is far in the future"
+    );
+    let none = h
+        .outbox
+        .claim(&ClaimRequest::new("r", 10, Duration::from_secs(1)).destinations(vec![]))
+        .await
+        .unwrap();
+    assert!(none.messages.is_empty());
+    let release = h
+        .outbox
+        .release(claim.lease.token, &[expected[3]])
+        .await
+        .unwrap();
+    assert_eq!(release.applied, 1);
+}
+
+/// Many relays migrate at once: one creates, the others wait on the lock and see it done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_migrations_agree() {
+    let pool = pool().await;
+    let names = TableNames::default()
+        .outbox(&common::fresh_table("outbox"))
+        .unwrap();
+    let mut cleanup = Cleanup::new(&pool);
+    cleanup.tables.push(outbox_table(&names));
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..6 {
+        let outbox = MySqlOutbox::with_names(pool.clone(), names.clone());
+        tasks.spawn(async move { outbox.migrate().await });
+    }
+    while let Some(result) = tasks.join_next().await {
+        result.unwrap().expect("migrate");
+    }
+    let recorded: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM outbox_migrations WHERE id = CONCAT(?, '/001_outbox')",
+    )
+    .bind(names.outbox_name().name())
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(recorded, 1);
+}
+
+/// `enqueue_all` cuts huge batches into several statements on the caller's connection:
+/// they still commit or roll back together with the caller's transaction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enqueue_all_chunks_large_batches_in_the_callers_transaction() {
+    let h = MySqlHarness::new().await;
+    let mut rng = fastrand::Rng::with_seed(7);
+    let big: Vec<NewMessage> = (0..20)
+        .map(|_| {
+            let payload: Vec<u8> = std::iter::repeat_with(|| rng.u8(..))
+                .take(1024 * 1024)
+                .collect();
+            NewMessage::builder("blobs", "blob")
+                .bytes(payload, "application/octet-stream")
+                .build()
+                .unwrap()
+        })
+        .collect();
+    let many: Vec<NewMessage> = (0..1203).map(|n| common::message("many", n)).collect();
+
+    let mut tx = h.outbox.pool().begin().await.unwrap();
+    assert_eq!(h.outbox.enqueue_all(&mut tx, &many).await.unwrap(), 1203);
+    assert_eq!(h.outbox.enqueue_all(&mut tx, &big).await.unwrap(), 20);
+    tx.rollback().await.unwrap();
+    assert_eq!(
+        h.rows().await,
+        0,
+        "a rolled-back transaction leaves nothing"
+    );
+
+    let mut tx = h.outbox.pool().begin().await.unwrap();
+    h.outbox.enqueue_all(&mut tx, &many).await.unwrap();
+    h.outbox.enqueue_all(&mut tx, &big).await.unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(h.rows().await, 1223);
+
+    let sink = RecordingSink::new();
+    let relay = Relay::builder(h.outbox.clone())
+        .route("blobs", sink.clone())
+        .route("many", RecordingSink::new())
+        .batch_size(500)
+        .build()
+        .unwrap();
+    assert_eq!(relay.drain().await.unwrap().published, 1223);
+    let got = sink.messages();
+    assert_eq!(got.len(), 20);
+    for (sent, received) in big.iter().zip(&got) {
+        assert_eq!(received.id, sent.id(), "claimed in enqueue order");
+        assert!(received.payload == sent.payload(), "1 MiB payload intact");
+    }
+}
