@@ -33,6 +33,13 @@ fn database_kind(db: &dyn sqlx::error::DatabaseError) -> StoreErrorKind {
         }
         _ => {}
     }
+    #[cfg(feature = "mysql")]
+    if let Some(kind) = db
+        .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+        .and_then(|mysql| mysql_kind(mysql.number()))
+    {
+        return kind;
+    }
     let code = db.code();
     let code = code.as_deref().unwrap_or("");
     let message = db.message();
@@ -60,4 +67,22 @@ fn database_kind(db: &dyn sqlx::error::DatabaseError) -> StoreErrorKind {
         }
         _ => StoreErrorKind::Other,
     }
+}
+
+/// MySQL / MariaDB server error numbers.
+#[cfg(feature = "mysql")]
+fn mysql_kind(number: u16) -> Option<StoreErrorKind> {
+    Some(match number {
+        // Lock wait timeout, deadlock, NOWAIT lock not granted.
+        1205 | 1213 | 3572 => StoreErrorKind::Conflict,
+        // No such table, column, database; unknown table on drop.
+        1146 | 1054 | 1049 | 1051 => StoreErrorKind::Schema,
+        // Too many connections, server shutting down, read-only (failover), killed.
+        1040 | 1053 | 1290 | 1792 | 1836 | 1927 => StoreErrorKind::Unavailable,
+        // Statement time limit (MySQL max_execution_time, MariaDB max_statement_time).
+        3024 | 1969 => StoreErrorKind::Timeout,
+        // Packet too large, data too long, incorrect value: the input cannot be stored.
+        1153 | 1406 | 1366 => StoreErrorKind::InvalidInput,
+        _ => return None,
+    })
 }
