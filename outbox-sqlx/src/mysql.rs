@@ -42,8 +42,8 @@
 //!   reschedules them and commits. A relay that lost its lease changes nothing.
 //! - Id lists are sent as `?` placeholders, padded to a power of two by repeating an id,
 //!   so the server keeps a handful of prepared statements per table.
-//! - A `last_error` is cut to [`MAX_ERROR_BYTES`](outbox_sql::mysql::MAX_ERROR_BYTES) and
-//!   a lease owner to [`MAX_OWNER_CHARS`](outbox_sql::mysql::MAX_OWNER_CHARS) (at a
+//! - A `last_error` is cut to [`MAX_ERROR_BYTES`] and
+//!   a lease owner to [`MAX_OWNER_CHARS`] (at a
 //!   character boundary), which is what the columns hold.
 //!
 //! [`Wakeup`]: outbox_core::Wakeup
