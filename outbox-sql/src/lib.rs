@@ -190,8 +190,11 @@ impl TableNames {
     }
 }
 
-/// One migration: an id recorded in the migrations table once applied, and its
-/// statements, each idempotent (`IF NOT EXISTS`).
+/// One migration: an id recorded in the migrations table, and its statements.
+///
+/// Every statement must be idempotent (`IF NOT EXISTS`, `ADD COLUMN IF NOT EXISTS`, …):
+/// backends run all of them on every `migrate`, so a table dropped by hand is recreated
+/// even though its migration is recorded. The record is history, not a skip list.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Migration {
     /// `<table name>/<file>`, e.g. `outbox/001_outbox`.

@@ -528,14 +528,8 @@ async fn apply(
         .await
         .map_err(classify)?;
     for (i, migration) in migrations.iter().enumerate() {
-        let applied = sqlx::query(&sql.migration_applied)
-            .bind(&migration.id)
-            .fetch_optional(&mut *conn)
-            .await
-            .map_err(classify)?;
-        if applied.is_some() {
-            continue;
-        }
+        // Every statement is idempotent and runs on every call, so a table dropped by
+        // hand is recreated even though its migration is recorded.
         for statement in &migration.statements {
             sqlx::query(statement)
                 .persistent(false)

@@ -359,14 +359,8 @@ async fn run_migrations(
         .await
         .map_err(classify)?;
     for migration in migrations {
-        let applied = sqlx::query(&sql.migration_applied)
-            .bind(&migration.id)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(classify)?;
-        if applied.is_some() {
-            continue;
-        }
+        // Every statement is idempotent and runs on every call, so a table dropped by
+        // hand is recreated even though its migration is recorded.
         for statement in &migration.statements {
             sqlx::query(statement)
                 .execute(&mut *tx)

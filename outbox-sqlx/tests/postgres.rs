@@ -514,3 +514,17 @@ async fn a_relay_that_lost_its_lease_changes_nothing() {
             .all(|(_, status, attempts)| status == "published" && *attempts == 2)
     );
 }
+
+/// Migrations are idempotent and re-run: a table dropped by hand comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_is_idempotent_and_recreates_a_dropped_table() {
+    let h = PgHarness::new().await;
+    h.outbox.migrate().await.unwrap();
+    sqlx::query(&format!("DROP TABLE {}", h.table()))
+        .execute(h.outbox.pool())
+        .await
+        .unwrap();
+    h.outbox.migrate().await.unwrap();
+    h.enqueue(vec![common::message("orders", 1)]).await.unwrap();
+    assert_eq!(h.outbox.stats().await.unwrap().total().pending, 1);
+}
