@@ -1,0 +1,1 @@
+//! http sink (being built).

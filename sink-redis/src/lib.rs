@@ -1,0 +1,1 @@
+//! redis sink (being built).
