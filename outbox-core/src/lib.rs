@@ -54,13 +54,13 @@ pub use message::{
     Availability, Headers, Limits, Message, MessageId, NewMessage, NewMessageBuilder,
     deterministic_key,
 };
-pub use relay::{BatchReport, Ordering, Relay, RelayBuilder};
+pub use relay::{BatchReport, Relay, RelayBuilder};
 pub use retry::{Decision, RetryPolicy};
 pub use sink::{BoxFuture, DynSink, Failure, FailureClass, Outcome, Sink};
 pub use state::{Lease, LeaseToken, Status};
 pub use store::{
-    Claim, ClaimRequest, CompleteAction, CompleteReport, Completion, DeadLetter, DeadLetterFilter,
-    DeadLetters, DestinationStats, Purge, PurgeRequest, Stats, Store, StoreStats, Wakeups,
-    purge_all,
+    Claim, ClaimRequest, CompleteAction, CompleteReport, Completion, DeadHead, DeadLetter,
+    DeadLetterFilter, DeadLetters, DestinationStats, Ordering, Purge, PurgeRequest, Stats, Store,
+    StoreStats, Wakeups, purge_all,
 };
 pub use wakeup::{Wakeup, WakeupListener};

@@ -1,6 +1,6 @@
 //! A complete in-memory [`Store`], for tests and examples.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use chrono::{DateTime, Utc};
@@ -10,8 +10,9 @@ use crate::error::{StoreError, StoreErrorKind};
 use crate::message::{Message, MessageId, NewMessage, chrono_duration};
 use crate::state::{Lease, LeaseToken, Row, RowState, Status};
 use crate::store::{
-    Claim, ClaimRequest, CompleteReport, Completion, DeadLetter, DeadLetterFilter, DeadLetters,
-    DestinationStats, Purge, PurgeRequest, Stats, Store, StoreStats, Wakeups,
+    Claim, ClaimRequest, CompleteReport, Completion, DeadHead, DeadLetter, DeadLetterFilter,
+    DeadLetters, DestinationStats, Ordering, Purge, PurgeRequest, Stats, Store, StoreStats,
+    Wakeups,
 };
 use crate::wakeup::Wakeup;
 
@@ -49,12 +50,16 @@ struct Inner {
     rows: BTreeMap<MessageId, Entry>,
     /// Ids of pending and leased rows, oldest first: what a claim scans.
     active: BTreeSet<MessageId>,
+    /// The last sequence number handed out per partition key.
+    key_seq: HashMap<String, u64>,
 }
 
 #[derive(Debug, Clone)]
 struct Entry {
     message: Message,
     row: Row,
+    /// Position within the partition key, in commit (here: enqueue) order.
+    seq: Option<u64>,
 }
 
 /// One row as the in-memory store holds it, for assertions in tests.
@@ -135,8 +140,14 @@ impl MemoryStore {
         let n = messages.len();
         for (message, due) in messages {
             inner.active.insert(message.id);
+            // Enqueue is the commit here, so numbering at enqueue is commit order.
+            let seq = message.partition_key.clone().map(|key| {
+                let n = inner.key_seq.entry(key).or_default();
+                *n += 1;
+                *n
+            });
             let row = Row::new(due);
-            inner.rows.insert(message.id, Entry { message, row });
+            inner.rows.insert(message.id, Entry { message, row, seq });
         }
         drop(inner);
         if n > 0 {
@@ -184,14 +195,23 @@ impl MemoryStore {
             until: now + chrono_duration(request.lease),
         };
         let mut inner = self.lock();
-        let Inner { rows, active } = &mut *inner;
+        let heads = match request.ordering {
+            Ordering::Unordered => None,
+            Ordering::PerKey(policy) => Some(inner.key_heads(policy)),
+        };
+        let Inner { rows, active, .. } = &mut *inner;
         let mut messages = Vec::new();
         for id in active.iter() {
             if messages.len() >= request.batch_size {
                 break;
             }
             let entry = rows.get_mut(id).expect("active ids have rows");
-            if request.wants(&entry.message.destination)
+            let is_head = match (&heads, &entry.message.partition_key, entry.seq) {
+                (Some(heads), Some(key), Some(seq)) => heads.get(key) == Some(&seq),
+                _ => true,
+            };
+            if is_head
+                && request.wants(&entry.message.destination)
                 && entry.row.claim(now, lease.clone()).is_ok()
             {
                 entry.message.attempts = entry.row.attempts;
@@ -230,6 +250,53 @@ impl MemoryStore {
             }
         }
         report
+    }
+}
+
+impl Inner {
+    /// The lowest sequence number per key among rows that hold the key back: pending and
+    /// leased rows, and dead ones under [`DeadHead::Halt`].
+    fn key_heads(&self, policy: DeadHead) -> HashMap<String, u64> {
+        let mut heads: HashMap<String, u64> = HashMap::new();
+        let blocking = self.rows.values().filter(|e| match e.row.status() {
+            Status::Pending | Status::Leased => true,
+            Status::Dead => policy == DeadHead::Halt,
+            Status::Published => false,
+        });
+        for entry in blocking {
+            if let (Some(key), Some(seq)) = (&entry.message.partition_key, entry.seq) {
+                let head = heads.entry(key.clone()).or_insert(seq);
+                *head = (*head).min(seq);
+            }
+        }
+        heads
+    }
+
+    /// Keys with a dead row followed by an unfinished one, per destination.
+    fn halted_keys(&self) -> HashMap<String, u64> {
+        let mut dead: HashMap<&str, u64> = HashMap::new();
+        for e in self.rows.values() {
+            if let (Status::Dead, Some(key), Some(seq)) =
+                (e.row.status(), &e.message.partition_key, e.seq)
+            {
+                let first = dead.entry(key).or_insert(seq);
+                *first = (*first).min(seq);
+            }
+        }
+        let mut halted: HashMap<&str, &str> = HashMap::new();
+        for e in self.rows.values() {
+            if let (Status::Pending | Status::Leased, Some(key), Some(seq)) =
+                (e.row.status(), &e.message.partition_key, e.seq)
+                && dead.get(key.as_str()).is_some_and(|d| *d < seq)
+            {
+                halted.insert(key, &e.message.destination);
+            }
+        }
+        let mut per_destination = HashMap::new();
+        for destination in halted.into_values() {
+            *per_destination.entry(destination.to_owned()).or_default() += 1;
+        }
+        per_destination
     }
 }
 
@@ -299,6 +366,11 @@ impl StoreStats for MemoryStore {
                 );
             }
         }
+        for (destination, n) in inner.halted_keys() {
+            if let Some(d) = by_destination.get_mut(destination.as_str()) {
+                d.halted_keys = n;
+            }
+        }
         Ok(Stats {
             destinations: by_destination.into_values().collect(),
         })
@@ -332,7 +404,7 @@ impl DeadLetters for MemoryStore {
     async fn replay_dead(&self, filter: &DeadLetterFilter) -> Result<u64, StoreError> {
         let now = self.clock.now();
         let mut inner = self.lock();
-        let Inner { rows, active } = &mut *inner;
+        let Inner { rows, active, .. } = &mut *inner;
         let mut n = 0;
         for entry in rows.values_mut() {
             let matches = matches!(&entry.row.state, RowState::Dead { reason, .. } if filter.matches(&entry.message, reason));

@@ -16,17 +16,8 @@ use crate::message::{Message, MessageId};
 use crate::retry::{Decision, RetryPolicy};
 use crate::sink::{DynSink, Failure, FailureClass, Outcome, Sink};
 use crate::state::LeaseToken;
-use crate::store::{ClaimRequest, CompleteAction, Completion, Store};
+use crate::store::{ClaimRequest, CompleteAction, Completion, Ordering, Store};
 use crate::wakeup::Wakeup;
-
-/// How messages that share a partition key are ordered.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Ordering {
-    /// No ordering: any message may be published as soon as it is due. Highest throughput.
-    #[default]
-    Unordered,
-}
 
 /// Builds a [`Relay`].
 ///
@@ -161,7 +152,11 @@ impl<S: Store> RelayBuilder<S> {
         self
     }
 
-    /// The ordering mode (default [`Ordering::Unordered`]).
+    /// The ordering mode (default [`Ordering::Unordered`]). With
+    /// [`Ordering::PerKey`] the store hands out only the oldest unfinished message of
+    /// each key, so a key never has two messages in flight and a failing message holds
+    /// back only its own key. Per route: run one relay per ordering mode, each with
+    /// [`claim_only_routed`](Self::claim_only_routed).
     pub fn ordering(mut self, ordering: Ordering) -> Self {
         self.ordering = ordering;
         self
@@ -210,7 +205,8 @@ impl<S: Store> RelayBuilder<S> {
         }
         let mut destinations: Vec<String> = self.routes.keys().cloned().collect();
         destinations.sort();
-        let mut claim = ClaimRequest::new(self.owner, self.batch_size, self.lease);
+        let mut claim =
+            ClaimRequest::new(self.owner, self.batch_size, self.lease).ordering(self.ordering);
         if self.claim_only_routed {
             claim = claim.destinations(destinations);
         }

@@ -9,6 +9,11 @@ async fn memory_store_passes_the_store_suite() {
     store_suite::run_all(|| async { MemoryHarness::new() }).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_store_passes_the_ordering_suite() {
+    store_suite::run_ordering(|| async { MemoryHarness::new() }).await;
+}
+
 #[tokio::test]
 async fn recording_sink_passes_the_sink_suite() {
     sink_suite::run_all(|| async { RecordingSink::new() }).await;

@@ -2,13 +2,15 @@
 //!
 //! Each check is a plain async function taking a fresh [`StoreHarness`]; it panics with a
 //! message saying which part of the contract broke. [`run_all`] runs them all with a
-//! harness factory:
+//! harness factory, and [`run_ordering`] runs the per-key ordering checks for stores that
+//! support [`Ordering::PerKey`]:
 //!
 //! ```
 //! # tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap().block_on(async {
 //! use outbox_core::testkit::{MemoryHarness, store_suite};
 //!
 //! store_suite::run_all(|| async { MemoryHarness::new() }).await;
+//! store_suite::run_ordering(|| async { MemoryHarness::new() }).await;
 //! # });
 //! ```
 
@@ -23,8 +25,8 @@ use crate::message::{MessageId, NewMessage};
 use crate::relay::Relay;
 use crate::retry::RetryPolicy;
 use crate::store::{
-    ClaimRequest, Completion, DeadLetterFilter, DeadLetters, Purge, PurgeRequest, Store,
-    StoreStats, purge_all,
+    ClaimRequest, Completion, DeadHead, DeadLetterFilter, DeadLetters, Ordering, Purge,
+    PurgeRequest, Store, StoreStats, purge_all,
 };
 use crate::testkit::{FlakySink, RecordingSink};
 
@@ -660,4 +662,224 @@ pub async fn purge_is_bounded_and_keeps_unfinished<H: StoreHarness>(h: &H) {
     let with_dead = request.dead_older_than(hour);
     assert_eq!(purge_all(store, &with_dead).await.expect("purge"), 1);
     assert_eq!(counts(h, "orders").await, (1, 1, 0, 0));
+}
+
+/// Runs every per-key ordering check, each on a fresh harness, for stores that support
+/// [`Ordering::PerKey`].
+pub async fn run_ordering<H, F, Fut>(factory: F)
+where
+    H: StoreHarness,
+    F: Fn() -> Fut,
+    Fut: Future<Output = H>,
+{
+    macro_rules! checks {
+        ($($check:ident),* $(,)?) => {$(
+            eprintln!("store conformance (ordering): {}", stringify!($check));
+            $check(&factory().await).await;
+        )*};
+    }
+    checks!(
+        per_key_claims_only_heads,
+        a_failing_head_holds_back_only_its_key,
+        dead_heads_skip_or_halt,
+        order_is_commit_order_not_id_order,
+        unordered_claims_ignore_keys,
+    );
+}
+
+fn keyed(key: &str, n: usize) -> NewMessage {
+    NewMessage::builder("ordered", "suite.keyed")
+        .json(&serde_json::json!({ "key": key, "n": n }))
+        .partition_key(key)
+        .build()
+        .expect("valid message")
+}
+
+fn per_key(batch: usize, policy: DeadHead) -> ClaimRequest {
+    request(batch).ordering(Ordering::PerKey(policy))
+}
+
+async fn claim_ids<H: StoreHarness>(
+    h: &H,
+    request: &ClaimRequest,
+) -> (crate::LeaseToken, Vec<MessageId>) {
+    let claim = h.store().claim(request).await.expect("claim");
+    (
+        claim.lease.token,
+        claim.messages.iter().map(|m| m.id).collect(),
+    )
+}
+
+fn sorted(mut ids: Vec<MessageId>) -> Vec<MessageId> {
+    ids.sort();
+    ids
+}
+
+/// Per key, only the oldest unfinished message is claimable; keys and unkeyed messages
+/// proceed in parallel.
+pub async fn per_key_claims_only_heads<H: StoreHarness>(h: &H) {
+    let a: Vec<_> = (0..3).map(|n| keyed("a", n)).collect();
+    let b: Vec<_> = (0..2).map(|n| keyed("b", n)).collect();
+    let free = message("ordered", 9);
+    let ids = |v: &[NewMessage]| v.iter().map(NewMessage::id).collect::<Vec<_>>();
+    let (a_ids, b_ids) = (ids(&a), ids(&b));
+    h.enqueue(a.into_iter().chain(b).chain([free.clone()]).collect())
+        .await
+        .expect("enqueue");
+    let policy = per_key(100, DeadHead::Skip);
+    let (token, got) = claim_ids(h, &policy).await;
+    assert_eq!(
+        sorted(got),
+        sorted(vec![a_ids[0], b_ids[0], free.id()]),
+        "heads and unkeyed only"
+    );
+    assert!(
+        claim_ids(h, &policy).await.1.is_empty(),
+        "later messages wait for their head"
+    );
+    let done = [Completion::published(a_ids[0])];
+    assert_eq!(
+        h.store()
+            .complete(token, &done)
+            .await
+            .expect("complete")
+            .applied,
+        1
+    );
+    assert_eq!(
+        claim_ids(h, &policy).await.1,
+        vec![a_ids[1]],
+        "the next of key a, nothing else"
+    );
+}
+
+/// A head that failed and waits for its backoff holds back its own key only.
+pub async fn a_failing_head_holds_back_only_its_key<H: StoreHarness>(h: &H) {
+    let a: Vec<_> = (0..2).map(|n| keyed("a", n)).collect();
+    let b: Vec<_> = (0..2).map(|n| keyed("b", n)).collect();
+    let (a_ids, b_ids): (Vec<_>, Vec<_>) = (
+        a.iter().map(NewMessage::id).collect(),
+        b.iter().map(NewMessage::id).collect(),
+    );
+    h.enqueue(a.into_iter().chain(b).collect())
+        .await
+        .expect("enqueue");
+    let policy = per_key(100, DeadHead::Skip);
+    let (token, got) = claim_ids(h, &policy).await;
+    assert_eq!(sorted(got), sorted(vec![a_ids[0], b_ids[0]]));
+    let outcome = [
+        Completion::retry(a_ids[0], Duration::from_secs(60), "503"),
+        Completion::published(b_ids[0]),
+    ];
+    h.store().complete(token, &outcome).await.expect("complete");
+    let (token, got) = claim_ids(h, &policy).await;
+    assert_eq!(got, vec![b_ids[1]], "key b flows while a's head backs off");
+    h.store()
+        .complete(token, &[Completion::published(b_ids[1])])
+        .await
+        .expect("complete");
+    h.advance(Duration::from_secs(61)).await;
+    assert_eq!(
+        claim_ids(h, &policy).await.1,
+        vec![a_ids[0]],
+        "a's head again, never a's second"
+    );
+}
+
+/// Under [`DeadHead::Skip`] a dead head lets its key go on; under [`DeadHead::Halt`] the key
+/// waits until the dead letter is replayed or discarded, and stats show it halted.
+pub async fn dead_heads_skip_or_halt<H: StoreHarness>(h: &H) {
+    let s: Vec<_> = (0..2).map(|n| keyed("s", n)).collect();
+    let k: Vec<_> = (0..2).map(|n| keyed("k", n)).collect();
+    let (s_ids, k_ids): (Vec<_>, Vec<_>) = (
+        s.iter().map(NewMessage::id).collect(),
+        k.iter().map(NewMessage::id).collect(),
+    );
+    h.enqueue(s.into_iter().chain(k).collect())
+        .await
+        .expect("enqueue");
+    let (token, got) = claim_ids(h, &per_key(100, DeadHead::Skip)).await;
+    assert_eq!(sorted(got), sorted(vec![s_ids[0], k_ids[0]]));
+    let deaths = [
+        Completion::dead(s_ids[0], "400"),
+        Completion::dead(k_ids[0], "400"),
+    ];
+    h.store().complete(token, &deaths).await.expect("complete");
+
+    let halt = per_key(100, DeadHead::Halt);
+    assert!(
+        claim_ids(h, &halt).await.1.is_empty(),
+        "halt: dead heads hold their keys"
+    );
+    let stats = h.store().stats().await.expect("stats");
+    assert_eq!(
+        stats.destination("ordered").expect("stats").halted_keys,
+        2,
+        "halted keys are visible"
+    );
+
+    assert_eq!(
+        h.store()
+            .replay_dead(&DeadLetterFilter::all().ids([k_ids[0]]))
+            .await
+            .expect("replay"),
+        1
+    );
+    let (token, got) = claim_ids(h, &halt).await;
+    assert_eq!(got, vec![k_ids[0]], "a replayed head is the head again");
+    h.store()
+        .complete(token, &[Completion::published(k_ids[0])])
+        .await
+        .expect("complete");
+    assert_eq!(
+        h.store()
+            .discard_dead(&DeadLetterFilter::all().ids([s_ids[0]]))
+            .await
+            .expect("discard"),
+        1
+    );
+    let (_, got) = claim_ids(h, &halt).await;
+    assert_eq!(
+        sorted(got),
+        sorted(vec![s_ids[1], k_ids[1]]),
+        "both keys go on once resolved"
+    );
+    assert_eq!(
+        h.store()
+            .stats()
+            .await
+            .expect("stats")
+            .destination("ordered")
+            .expect("stats")
+            .halted_keys,
+        0
+    );
+}
+
+/// Order follows commit order even when ids were assigned in the other order.
+pub async fn order_is_commit_order_not_id_order<H: StoreHarness>(h: &H) {
+    let first_built = keyed("k", 1);
+    let second_built = keyed("k", 2);
+    assert!(first_built.id() < second_built.id());
+    // The message built (and id'd) later commits first.
+    h.enqueue(vec![second_built.clone()])
+        .await
+        .expect("enqueue");
+    h.enqueue(vec![first_built.clone()]).await.expect("enqueue");
+    let policy = per_key(100, DeadHead::Skip);
+    let (token, got) = claim_ids(h, &policy).await;
+    assert_eq!(got, vec![second_built.id()], "the first commit is the head");
+    h.store()
+        .complete(token, &[Completion::published(second_built.id())])
+        .await
+        .expect("complete");
+    assert_eq!(claim_ids(h, &policy).await.1, vec![first_built.id()]);
+}
+
+/// Without ordering, keyed messages are claimed together.
+pub async fn unordered_claims_ignore_keys<H: StoreHarness>(h: &H) {
+    let a: Vec<_> = (0..3).map(|n| keyed("a", n)).collect();
+    let ids: Vec<_> = a.iter().map(NewMessage::id).collect();
+    h.enqueue(a).await.expect("enqueue");
+    assert_eq!(sorted(claim_ids(h, &request(100)).await.1), sorted(ids));
 }
