@@ -134,6 +134,27 @@ impl TableNames {
         }
     }
 
+    /// A PostgreSQL dollar-quote tag that no configured name contains, so a function body
+    /// can never be ended early by a table name.
+    fn body_tag(&self) -> String {
+        let names = [self.schema.as_ref(), Some(&self.outbox), Some(&self.inbox)];
+        (0..)
+            .map(|n| {
+                if n == 0 {
+                    "$outbox$".to_owned()
+                } else {
+                    format!("$outbox{n}$")
+                }
+            })
+            .find(|tag| {
+                names
+                    .iter()
+                    .flatten()
+                    .all(|name| !name.name().contains(tag.as_str()))
+            })
+            .expect("some tag is free")
+    }
+
     /// Replaces the `{placeholders}` of a SQL template with quoted names.
     pub fn render(&self, dialect: Dialect, template: &str) -> String {
         let migrations = Ident::parse("outbox_migrations").expect("valid");
@@ -167,6 +188,23 @@ impl TableNames {
                 self.index(dialect, &self.inbox, "_received_idx"),
             ),
             ("{migrations}", self.qualified(dialect, &migrations)),
+            (
+                "{outbox_keys}",
+                self.qualified(dialect, &self.outbox.derived("_keys")),
+            ),
+            (
+                "{outbox_key_idx}",
+                self.index(dialect, &self.outbox, "_key_idx"),
+            ),
+            (
+                "{outbox_seq_fn}",
+                self.qualified(dialect, &self.outbox.derived("_assign_seq")),
+            ),
+            (
+                "{outbox_seq_trg}",
+                self.outbox.derived("_seq_trg").quoted(dialect),
+            ),
+            ("{body_tag}", self.body_tag()),
         ];
         // One left-to-right pass, so a quoted name that happens to contain `{outbox}`
         // is never substituted again.
@@ -233,23 +271,31 @@ fn migrations(
         .iter()
         .map(|(file, sql)| Migration {
             id: format!("{}/{}", table.name(), file),
-            statements: split_statements(&names.render(dialect, sql)),
+            statements: split_statements(sql)
+                .iter()
+                .map(|statement| names.render(dialect, statement))
+                .collect(),
         })
         .collect()
 }
 
-/// Splits a migration file into statements: each ends with `;` at the end of a line.
-/// Comment lines are dropped.
+/// Splits a migration template into statements: each ends with `;` at the end of a line,
+/// except inside a function body between two `{body_tag}` markers. Comment lines are
+/// dropped.
 fn split_statements(sql: &str) -> Vec<String> {
     let mut statements = Vec::new();
     let mut current = String::new();
+    let mut in_body = false;
     for line in sql.lines() {
-        if line.trim_start().starts_with("--") || line.trim().is_empty() {
+        if !in_body && (line.trim_start().starts_with("--") || line.trim().is_empty()) {
             continue;
+        }
+        if line.matches("{body_tag}").count() % 2 == 1 {
+            in_body = !in_body;
         }
         current.push_str(line);
         current.push('\n');
-        if line.trim_end().ends_with(';') {
+        if !in_body && line.trim_end().ends_with(';') {
             let statement = current.trim().trim_end_matches(';').trim().to_owned();
             statements.push(statement);
             current.clear();

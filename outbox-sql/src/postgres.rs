@@ -8,6 +8,8 @@
 //! | `insert_batch` | the same thirteen, each as an array |
 //! | `claim` | 1 limit, 2 owner, 3 token uuid, 4 lease ms |
 //! | `claim_filtered` | as `claim`, 5 destinations text[] |
+//! | [`Statements::claim_ordered`] | as `claim` / `claim_filtered` |
+//! | `halted_keys` | none → destination, halted |
 //! | `complete` | 1 token, 2 ids uuid[], 3 statuses text[], 4 delays ms bigint[], 5 errors text[] → returns applied ids |
 //! | `delete_published` | 1 token, 2 ids uuid[] → returns deleted ids |
 //! | `release` | 1 token, 2 ids uuid[] → returns released ids |
@@ -25,8 +27,13 @@
 use crate::{Dialect, TableNames};
 
 /// Migration files of the outbox table.
-pub const OUTBOX_MIGRATIONS: &[(&str, &str)] =
-    &[("001_outbox", include_str!("../sql/postgres/001_outbox.sql"))];
+pub const OUTBOX_MIGRATIONS: &[(&str, &str)] = &[
+    ("001_outbox", include_str!("../sql/postgres/001_outbox.sql")),
+    (
+        "002_ordering",
+        include_str!("../sql/postgres/002_ordering.sql"),
+    ),
+];
 /// Migration files of the inbox table.
 pub const INBOX_MIGRATIONS: &[(&str, &str)] =
     &[("001_inbox", include_str!("../sql/postgres/001_inbox.sql"))];
@@ -62,6 +69,10 @@ pub struct Statements {
     pub claim: String,
     /// Leases due rows of some destinations.
     pub claim_filtered: String,
+    /// Per-key ordered claims: `[skip, skip filtered, halt, halt filtered]`.
+    claim_ordered: [String; 4],
+    /// Counts halted keys per destination: keys with a dead row followed by unfinished ones.
+    pub halted_keys: String,
     /// Completes leased rows.
     pub complete: String,
     /// Deletes leased rows on publish (delete-on-publish mode).
@@ -105,8 +116,15 @@ impl Statements {
             migration_lock: "SELECT pg_advisory_xact_lock($1)".to_owned(),
             insert: r(INSERT),
             insert_batch: r(INSERT_BATCH),
-            claim: r(&CLAIM.replace("{filter}", "")),
-            claim_filtered: r(&CLAIM.replace("{filter}", "AND destination = ANY($5)")),
+            claim: r(&claim("", "")),
+            claim_filtered: r(&claim(FILTER, "")),
+            claim_ordered: [
+                r(&claim("", &ordered(""))),
+                r(&claim(FILTER, &ordered(""))),
+                r(&claim("", &ordered(", 'dead'"))),
+                r(&claim(FILTER, &ordered(", 'dead'"))),
+            ],
+            halted_keys: r(HALTED_KEYS),
             complete: r(COMPLETE),
             delete_published: r(
                 "DELETE FROM {outbox} WHERE id = ANY($2) AND status = 'leased' AND lease_token = $1 RETURNING id",
@@ -130,6 +148,35 @@ impl Statements {
     }
 }
 
+impl Statements {
+    /// The claim for per-key ordering; `halt` keeps keys behind a dead head.
+    pub fn claim_ordered(&self, filtered: bool, halt: bool) -> &str {
+        &self.claim_ordered[usize::from(halt) * 2 + usize::from(filtered)]
+    }
+}
+
+const FILTER: &str = "AND d.destination = ANY($5)";
+
+fn claim(filter: &str, ordering: &str) -> String {
+    CLAIM
+        .replace("{filter}", filter)
+        .replace("{ordering}", ordering)
+}
+
+/// A row is claimable only when no row of its key with a lower `seq` still holds the key:
+/// pending or leased, and dead too when `dead` is `, 'dead'`.
+fn ordered(dead: &str) -> String {
+    format!(
+        "AND (d.seq IS NULL OR NOT EXISTS (SELECT 1 FROM {{outbox}} p WHERE p.partition_key = d.partition_key AND p.seq < d.seq AND p.status IN ('pending', 'leased'{dead})))"
+    )
+}
+
+const HALTED_KEYS: &str = "SELECT d.destination, count(DISTINCT d.partition_key) AS halted
+FROM {outbox} d
+WHERE d.status = 'dead' AND d.seq IS NOT NULL
+  AND EXISTS (SELECT 1 FROM {outbox} p WHERE p.partition_key = d.partition_key AND p.seq > d.seq AND p.status IN ('pending', 'leased'))
+GROUP BY d.destination";
+
 const RELEASE: &str = "UPDATE {outbox}
 SET status = 'pending', available_at = now(), attempts = GREATEST(attempts - 1, 0),
     lease_owner = NULL, lease_token = NULL, lease_until = NULL
@@ -146,9 +193,9 @@ FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text
   AS m(id, destination, event_type, aggregate_type, aggregate_id, partition_key, tenant_id, idempotency_key, payload, content_type, headers, at, delay_ms)";
 
 const CLAIM: &str = "WITH due AS (
-    SELECT id FROM {outbox}
-    WHERE status IN ('pending', 'leased') AND available_at <= now() {filter}
-    ORDER BY available_at, id
+    SELECT d.id FROM {outbox} AS d
+    WHERE d.status IN ('pending', 'leased') AND d.available_at <= now() {filter} {ordering}
+    ORDER BY d.available_at, d.id
     LIMIT $1
     FOR UPDATE SKIP LOCKED
 )

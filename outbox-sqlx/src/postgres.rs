@@ -24,9 +24,9 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use outbox_core::{
-    Claim, ClaimRequest, CompleteAction, CompleteReport, Completion, DeadLetter, DeadLetterFilter,
-    DeadLetters, DestinationStats, Lease, LeaseToken, Message, MessageId, NewMessage, Purge,
-    PurgeRequest, Stats, Store, StoreError, StoreStats, Wakeup,
+    Claim, ClaimRequest, CompleteAction, CompleteReport, Completion, DeadHead, DeadLetter,
+    DeadLetterFilter, DeadLetters, DestinationStats, Lease, LeaseToken, Message, MessageId,
+    NewMessage, Ordering, Purge, PurgeRequest, Stats, Store, StoreError, StoreStats, Wakeup,
 };
 use outbox_sql::postgres::{NOTIFY_CHANNEL, Statements};
 use outbox_sql::{Dialect, TableNames};
@@ -403,14 +403,17 @@ impl Store for PgOutbox {
             until: Utc::now() + chrono::Duration::milliseconds(millis(request.lease)),
         };
         let sql = &self.inner.sql;
-        let query = match &request.destinations {
-            None => sqlx::query(&sql.claim),
-            Some(_) => sqlx::query(&sql.claim_filtered),
-        }
-        .bind(limit(request.batch_size))
-        .bind(&request.owner)
-        .bind(token.as_uuid())
-        .bind(millis(request.lease));
+        let filtered = request.destinations.is_some();
+        let statement = match request.ordering {
+            Ordering::PerKey(policy) => sql.claim_ordered(filtered, policy == DeadHead::Halt),
+            _ if filtered => &sql.claim_filtered,
+            _ => &sql.claim,
+        };
+        let query = sqlx::query(statement)
+            .bind(limit(request.batch_size))
+            .bind(&request.owner)
+            .bind(token.as_uuid())
+            .bind(millis(request.lease));
         let query = match &request.destinations {
             None => query,
             Some(destinations) => query.bind(destinations),
@@ -498,7 +501,7 @@ impl StoreStats for PgOutbox {
             .fetch_all(&self.pool)
             .await
             .map_err(classify)?;
-        let destinations = rows
+        let mut destinations = rows
             .iter()
             .map(|row| {
                 let mut d = DestinationStats::new(
@@ -511,7 +514,20 @@ impl StoreStats for PgOutbox {
                 d.oldest_pending_created_at = row.try_get("oldest").map_err(classify)?;
                 Ok(d)
             })
-            .collect::<Result<_, StoreError>>()?;
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        let halted = sqlx::query(&self.inner.sql.halted_keys)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(classify)?;
+        for row in halted {
+            let destination: String = row.try_get("destination").map_err(classify)?;
+            if let Some(d) = destinations
+                .iter_mut()
+                .find(|d| d.destination == destination)
+            {
+                d.halted_keys = count(row.try_get("halted").map_err(classify)?);
+            }
+        }
         Ok(Stats { destinations })
     }
 }

@@ -528,3 +528,51 @@ async fn migrate_is_idempotent_and_recreates_a_dropped_table() {
     h.enqueue(vec![common::message("orders", 1)]).await.unwrap();
     assert_eq!(h.outbox.stats().await.unwrap().total().pending, 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_passes_the_ordering_suite() {
+    store_suite::run_ordering(PgHarness::new).await;
+}
+
+/// Transaction A enqueues for key K first and commits last; B enqueues for K after A and
+/// commits first. The relay publishes B's message, then A's: commit order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_order_commits_publish_in_commit_order() {
+    use outbox_core::{DeadHead, Ordering};
+
+    let h = PgHarness::new().await;
+    let pool = h.outbox.pool();
+    let keyed = |n: u64| {
+        NewMessage::builder("orders", "order.changed")
+            .json(&n)
+            .partition_key("order-7")
+            .build()
+            .unwrap()
+    };
+    let (a, b) = (keyed(1), keyed(2));
+    let mut tx_a = pool.begin().await.unwrap();
+    h.outbox.enqueue(&mut tx_a, &a).await.unwrap();
+    let mut tx_b = pool.begin().await.unwrap();
+    // B's enqueue does not wait for A: the key is numbered at commit.
+    tokio::time::timeout(Duration::from_secs(5), h.outbox.enqueue(&mut tx_b, &b))
+        .await
+        .expect("B not blocked")
+        .unwrap();
+    tx_b.commit().await.unwrap();
+    tx_a.commit().await.unwrap();
+    assert!(a.id() < b.id(), "A's id was assigned first");
+
+    let sink = RecordingSink::new();
+    let relay = Relay::builder(h.outbox.clone())
+        .route("orders", sink.clone())
+        .ordering(Ordering::PerKey(DeadHead::Skip))
+        .build()
+        .unwrap();
+    relay.drain().await.unwrap();
+    let order: Vec<_> = sink.messages().iter().map(|m| m.id).collect();
+    assert_eq!(
+        order,
+        vec![b.id(), a.id()],
+        "published in commit order, not id order"
+    );
+}
