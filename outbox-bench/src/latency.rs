@@ -1,0 +1,187 @@
+//! `latency`: commit→publish time at a fixed offered rate.
+//!
+//! Producers commit one message per transaction at a fixed total rate; each records the
+//! instant its commit returned. The sink records the instant each message arrived. The
+//! latency of a message is arrival − commit. Measured with wakeups (a coalescing NOTIFY
+//! after commit, a LISTEN connection feeding the relay) and with polling only, at the
+//! same poll interval.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use outbox_core::{Failure, Message, MessageId, NewMessage, Outcome, Relay, Sink};
+use outbox_sqlx::PublishedRows;
+
+use crate::Scale;
+use crate::report::{Report, percentile};
+use crate::setup::{Bench, BoxError, memory_mib};
+
+const RATES: [u64; 3] = [200, 1_000, 5_000];
+const PRODUCERS: u64 = 4;
+const POLL: Duration = Duration::from_millis(250);
+
+#[derive(Clone, Default)]
+struct TimingSink {
+    arrivals: Arc<Mutex<Vec<(MessageId, Instant)>>>,
+}
+
+impl Sink for TimingSink {
+    async fn publish(&self, batch: &[Message]) -> Result<Vec<Outcome>, Failure> {
+        let now = Instant::now();
+        self.arrivals
+            .lock()
+            .expect("lock")
+            .extend(batch.iter().map(|m| (m.id, now)));
+        Ok(vec![Outcome::published(); batch.len()])
+    }
+}
+
+/// One measured run: latencies in milliseconds, sorted, and the achieved rate.
+pub(crate) struct Run {
+    pub(crate) rate: u64,
+    pub(crate) wakeups: bool,
+    pub(crate) latencies_ms: Vec<f64>,
+    pub(crate) achieved: f64,
+}
+
+pub(crate) async fn run(bench: &Bench, scale: Scale, report: &mut Report) -> Result<(), BoxError> {
+    let mut rows = Vec::new();
+    let mut json = serde_json::Map::new();
+    for rate in RATES {
+        for wakeups in [true, false] {
+            let run = measure(bench, scale, rate, wakeups).await?;
+            let l = &run.latencies_ms;
+            let (peak, _) = memory_mib();
+            let mode = if wakeups { "wakeups" } else { "polling only" };
+            rows.push(vec![
+                rate.to_string(),
+                mode.to_owned(),
+                format!("{:.0}", run.achieved),
+                format!("{:.1}", percentile(l, 0.50)),
+                format!("{:.1}", percentile(l, 0.95)),
+                format!("{:.1}", percentile(l, 0.99)),
+                format!("{:.1}", l.last().copied().unwrap_or(0.0)),
+                format!("{peak:.0}"),
+            ]);
+            json.insert(
+                format!("rate_{rate}_{}", if wakeups { "wakeups" } else { "polling" }),
+                serde_json::json!({
+                    "achieved_per_s": run.achieved, "p50_ms": percentile(l, 0.5), "p95_ms": percentile(l, 0.95),
+                    "p99_ms": percentile(l, 0.99), "max_ms": l.last(), "messages": l.len(), "peak_rss_mib": peak,
+                }),
+            );
+            report.latency_runs.push(run);
+        }
+    }
+    report.section(
+        "latency",
+        &format!(
+            "Commit→publish latency, ms, at a fixed offered rate ({PRODUCERS} producer connections, one message per transaction), relay batch 100 × 2 workers, poll interval {} ms in both modes. Peak RSS is the whole benchmark process.",
+            POLL.as_millis()
+        ),
+        &["offered/s", "mode", "achieved/s", "p50", "p95", "p99", "max", "peak RSS MiB"],
+        rows,
+        serde_json::Value::Object(json),
+    );
+    Ok(())
+}
+
+async fn measure(bench: &Bench, scale: Scale, rate: u64, wakeups: bool) -> Result<Run, BoxError> {
+    let outbox = bench
+        .fresh_outbox("bench_latency_outbox", PublishedRows::Delete)
+        .await?;
+    let sink = TimingSink::default();
+    let listener = if wakeups {
+        Some(outbox.listen().await?)
+    } else {
+        None
+    };
+    let mut builder = Relay::builder(outbox.clone())
+        .route("bench", sink.clone())
+        .batch_size(100)
+        .concurrency(2)
+        .poll_interval(POLL);
+    if let Some(listener) = &listener {
+        builder = builder.wakeup(listener.wakeup());
+    }
+    let relay = builder.build()?;
+    let running = tokio::spawn(relay.run(std::future::pending()));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let commits: Arc<Mutex<HashMap<MessageId, Instant>>> = Arc::default();
+    let notifier = wakeups.then(|| outbox.notifier());
+    let started = Instant::now();
+    let mut producers = tokio::task::JoinSet::new();
+    for _ in 0..PRODUCERS {
+        let (pool, outbox, commits, notifier) = (
+            bench.pool.clone(),
+            outbox.clone(),
+            commits.clone(),
+            notifier.clone(),
+        );
+        let period = Duration::from_secs_f64(PRODUCERS as f64 / rate as f64);
+        let until = scale.latency_time;
+        producers.spawn(async move {
+            let mut ticks = tokio::time::interval(period);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+            while started.elapsed() < until {
+                ticks.tick().await;
+                let message = NewMessage::builder("bench", "bench.event")
+                    .json(&serde_json::json!({ "at": started.elapsed().as_micros() as u64 }))
+                    .build()
+                    .expect("valid");
+                let mut tx = pool.begin().await?;
+                outbox
+                    .enqueue(&mut tx, &message)
+                    .await
+                    .map_err(|e| sqlx::Error::Protocol(e.to_string()))?;
+                tx.commit().await?;
+                commits
+                    .lock()
+                    .expect("lock")
+                    .insert(message.id(), Instant::now());
+                if let Some(notifier) = &notifier {
+                    notifier.notify();
+                }
+            }
+            Ok::<(), sqlx::Error>(())
+        });
+    }
+    while let Some(done) = producers.join_next().await {
+        done??;
+    }
+    let produced = commits.lock().expect("lock").len();
+    let achieved = produced as f64 / started.elapsed().as_secs_f64();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while sink.arrivals.lock().expect("lock").len() < produced && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    running.abort();
+    let commits = commits.lock().expect("lock");
+    let mut latencies_ms: Vec<f64> = sink
+        .arrivals
+        .lock()
+        .expect("lock")
+        .iter()
+        .filter_map(|(id, arrived)| {
+            commits
+                .get(id)
+                .map(|c| arrived.saturating_duration_since(*c).as_secs_f64() * 1000.0)
+        })
+        .collect();
+    if latencies_ms.len() < produced {
+        return Err(format!(
+            "only {} of {produced} messages arrived within 30 s",
+            latencies_ms.len()
+        )
+        .into());
+    }
+    latencies_ms.sort_by(f64::total_cmp);
+    Ok(Run {
+        rate,
+        wakeups,
+        latencies_ms,
+        achieved,
+    })
+}

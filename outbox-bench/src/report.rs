@@ -1,0 +1,205 @@
+//! Tables on stdout, one JSON line per scenario, BENCHMARKS.md and the latency plot.
+
+use std::fmt::Write as _;
+
+use crate::latency::Run;
+use crate::setup::{Bench, BoxError};
+
+pub(crate) struct Report {
+    header: String,
+    sections: Vec<String>,
+    figures: serde_json::Map<String, serde_json::Value>,
+    pub(crate) latency_runs: Vec<Run>,
+}
+
+pub(crate) fn median(samples: &[f64]) -> f64 {
+    let mut s = samples.to_vec();
+    s.sort_by(f64::total_cmp);
+    s[s.len() / 2]
+}
+
+/// The `q` quantile of sorted values (nearest rank).
+pub(crate) fn percentile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1]
+}
+
+impl Report {
+    pub(crate) async fn new(bench: &Bench, args: &[String]) -> Result<Self, BoxError> {
+        let pg: String = sqlx::query_scalar("SELECT version()")
+            .fetch_one(&bench.pool)
+            .await?;
+        let cpu = std::fs::read_to_string("/proc/cpuinfo")
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find(|l| l.starts_with("model name"))
+                    .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_owned())
+            })
+            .unwrap_or_else(|| "unknown".to_owned());
+        let cores = std::thread::available_parallelism().map_or(0, usize::from);
+        let memory = std::fs::read_to_string("/proc/meminfo")
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .next()
+                    .and_then(|l| l.split_whitespace().nth(1))
+                    .and_then(|kb| kb.parse::<f64>().ok())
+            })
+            .map_or(0.0, |kb| kb / 1024.0 / 1024.0);
+        let mut header = String::new();
+        writeln!(header, "- machine: {cores} cores ({cpu}), {memory:.0} GiB")?;
+        writeln!(
+            header,
+            "- database: {pg}, on the same machine, over loopback TCP ({})",
+            bench.url.split('@').next_back().unwrap_or("")
+        )?;
+        writeln!(
+            header,
+            "- outbox: sqlx 0.8.6; peer: pgmq SQL API (embedded install of the `pgmq` crate 0.33)"
+        )?;
+        writeln!(
+            header,
+            "- command: `cargo run --release -p outbox-bench -- {}`",
+            args.join(" ")
+        )?;
+        println!("{header}");
+        Ok(Self {
+            header,
+            sections: Vec::new(),
+            figures: serde_json::Map::new(),
+            latency_runs: Vec::new(),
+        })
+    }
+
+    pub(crate) fn section(
+        &mut self,
+        name: &str,
+        about: &str,
+        columns: &[&str],
+        rows: Vec<Vec<String>>,
+        json: serde_json::Value,
+    ) {
+        let mut md = format!(
+            "### {name}\n\n{about}\n\n| {} |\n|{}|\n",
+            columns.join(" | "),
+            "---|".repeat(columns.len())
+        );
+        for row in &rows {
+            md.push_str(&format!("| {} |\n", row.join(" | ")));
+        }
+        println!("{md}");
+        let line = serde_json::json!({ "scenario": name, "figures": json });
+        println!("{line}");
+        self.figures.insert(name.to_owned(), json);
+        self.sections.push(md);
+    }
+
+    /// Rewrites the generated part of `path` (between the markers) and the plot beside it.
+    pub(crate) fn write(&self, path: &str) -> Result<(), BoxError> {
+        let begin = "<!-- bench:begin -->";
+        let end = "<!-- bench:end -->";
+        let existing = std::fs::read_to_string(path)
+            .unwrap_or_else(|_| format!("# Benchmarks\n\n{begin}\n{end}\n"));
+        let (Some(a), Some(b)) = (existing.find(begin), existing.find(end)) else {
+            return Err(format!("{path} has no {begin} … {end} markers").into());
+        };
+        let mut generated = format!("{begin}\n\n## Latest run\n\n{}\n", self.header);
+        for s in &self.sections {
+            generated.push_str(s);
+            generated.push('\n');
+        }
+        if !self.latency_runs.is_empty() {
+            let plot = std::path::Path::new(path).with_file_name("docs/bench-latency.svg");
+            std::fs::create_dir_all(plot.parent().expect("parent"))?;
+            std::fs::write(&plot, self.latency_svg())?;
+            generated
+                .push_str("![commit→publish latency distribution](docs/bench-latency.svg)\n\n");
+        }
+        generated.push_str(&format!(
+            "<details><summary>figures as JSON</summary>\n\n```json\n{}\n```\n\n</details>\n\n",
+            serde_json::to_string_pretty(&self.figures)?
+        ));
+        let out = format!("{}{generated}{}", &existing[..a], &existing[b..]);
+        std::fs::write(path, out)?;
+        Ok(())
+    }
+
+    /// A cumulative distribution of latency per run, as a small hand-written SVG.
+    fn latency_svg(&self) -> String {
+        let (w, h, left, bottom) = (720.0, 420.0, 60.0, 40.0);
+        let max_ms = self
+            .latency_runs
+            .iter()
+            .filter_map(|r| r.latencies_ms.last().copied())
+            .fold(1.0_f64, f64::max);
+        let x = |ms: f64| {
+            left + (ms.max(0.1).log10() + 1.0) / (max_ms.log10() + 1.0) * (w - left - 20.0)
+        };
+        let y = |q: f64| (h - bottom) - q * (h - bottom - 20.0);
+        let colors = [
+            "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
+        ];
+        let mut svg = format!(
+            r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12"><rect width="100%" height="100%" fill="white"/>"#
+        );
+        svg.push_str(&format!(r#"<line x1="{left}" y1="{}" x2="{}" y2="{}" stroke="black"/><line x1="{left}" y1="20" x2="{left}" y2="{}" stroke="black"/>"#, h - bottom, w - 20.0, h - bottom, h - bottom));
+        let mut tick = 0.1;
+        while tick <= max_ms * 1.01 {
+            svg.push_str(&format!(
+                r#"<text x="{:.1}" y="{}" text-anchor="middle">{tick}</text>"#,
+                x(tick),
+                h - bottom + 16.0
+            ));
+            tick *= 10.0;
+        }
+        svg.push_str(&format!(
+            r#"<text x="{:.1}" y="{}" text-anchor="middle">latency, ms (log scale)</text>"#,
+            (w + left) / 2.0,
+            h - 6.0
+        ));
+        for q in [0.0, 0.5, 0.9, 0.99, 1.0] {
+            svg.push_str(&format!(
+                r#"<text x="{}" y="{:.1}" text-anchor="end">{q}</text>"#,
+                left - 6.0,
+                y(q) + 4.0
+            ));
+        }
+        for (i, run) in self.latency_runs.iter().enumerate() {
+            let n = run.latencies_ms.len().max(1) as f64;
+            let step = (run.latencies_ms.len() / 400).max(1);
+            let points: Vec<String> = run
+                .latencies_ms
+                .iter()
+                .enumerate()
+                .step_by(step)
+                .map(|(k, ms)| format!("{:.1},{:.1}", x(*ms), y((k + 1) as f64 / n)))
+                .collect();
+            let color = colors[i % colors.len()];
+            let dash = if run.wakeups {
+                ""
+            } else {
+                r#" stroke-dasharray="5,3""#
+            };
+            svg.push_str(&format!(
+                r#"<polyline fill="none" stroke="{color}" stroke-width="1.5"{dash} points="{}"/>"#,
+                points.join(" ")
+            ));
+            let label = format!(
+                "{}/s {}",
+                run.rate,
+                if run.wakeups { "wakeups" } else { "polling" }
+            );
+            svg.push_str(&format!(
+                r#"<text x="{}" y="{}" fill="{color}">{label}</text>"#,
+                left + 10.0,
+                36.0 + 15.0 * i as f64
+            ));
+        }
+        svg.push_str("</svg>\n");
+        svg
+    }
+}

@@ -1,0 +1,79 @@
+//! The database under test and helpers shared by the scenarios.
+
+use std::time::Duration;
+
+use outbox_core::{Failure, Message, Outcome, Sink};
+use outbox_sqlx::postgres::PgOutbox;
+use outbox_sqlx::{PublishedRows, TableNames};
+use sqlx::PgPool;
+use sqlx::postgres::PgPoolOptions;
+
+/// Connection to the benchmark database.
+pub(crate) struct Bench {
+    pub(crate) pool: PgPool,
+    pub(crate) url: String,
+}
+
+pub(crate) type BoxError = Box<dyn std::error::Error>;
+
+impl Bench {
+    pub(crate) async fn connect() -> Result<Self, BoxError> {
+        let url = std::env::var("OUTBOX_BENCH_POSTGRES_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+        let pool = PgPoolOptions::new()
+            .max_connections(24)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect(&url)
+            .await
+            .map_err(|e| format!("cannot reach PostgreSQL at {url} ({e}); run scripts/services.sh or set OUTBOX_BENCH_POSTGRES_URL"))?;
+        Ok(Self { pool, url })
+    }
+
+    /// A fresh, migrated outbox table named `name`.
+    pub(crate) async fn fresh_outbox(
+        &self,
+        name: &str,
+        rows: PublishedRows,
+    ) -> Result<PgOutbox, BoxError> {
+        sqlx::query(&format!("DROP TABLE IF EXISTS {name}, {name}_keys CASCADE"))
+            .execute(&self.pool)
+            .await?;
+        sqlx::query("DELETE FROM outbox_migrations WHERE id LIKE $1")
+            .bind(format!("{name}/%"))
+            .execute(&self.pool)
+            .await
+            .ok();
+        let outbox = PgOutbox::with_names(self.pool.clone(), TableNames::default().outbox(name)?)
+            .published_rows(rows);
+        outbox.migrate().await?;
+        Ok(outbox)
+    }
+}
+
+/// Acknowledges everything at once and counts; the relay's own cost is what is measured.
+#[derive(Clone, Default)]
+pub(crate) struct NoopSink {
+    pub(crate) count: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Sink for NoopSink {
+    async fn publish(&self, batch: &[Message]) -> Result<Vec<Outcome>, Failure> {
+        self.count
+            .fetch_add(batch.len(), std::sync::atomic::Ordering::Relaxed);
+        Ok(vec![Outcome::published(); batch.len()])
+    }
+}
+
+/// Peak and current resident memory of this process, in MiB (from /proc).
+pub(crate) fn memory_mib() -> (f64, f64) {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|kb| kb.parse::<f64>().ok())
+            .map_or(0.0, |kb| kb / 1024.0)
+    };
+    (field("VmHWM:"), field("VmRSS:"))
+}
