@@ -84,7 +84,7 @@ impl Report {
         json: serde_json::Value,
     ) {
         let mut md = format!(
-            "### {name}\n\n{about}\n\n| {} |\n|{}|\n",
+            "### {name}\n\n{about}\n\n| {} |\n|{}\n",
             columns.join(" | "),
             "---|".repeat(columns.len())
         );
