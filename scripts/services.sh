@@ -7,6 +7,8 @@
 #
 #   PostgreSQL  postgres://postgres@127.0.0.1:5432/test   (trust auth on loopback)
 #   MariaDB     mysql://root@127.0.0.1:3306/test          (root, empty password)
+#   Redis       redis://127.0.0.1:6379/                   (no persistence; redis-server is
+#               also needed as a binary: some tests start private servers on other ports)
 set -euo pipefail
 
 log() { printf '[services] %s\n' "$*" >&2; }
@@ -85,5 +87,22 @@ ensure_mariadb() {
     echo "OUTBOX_TEST_MYSQL_URL=mysql://root@127.0.0.1:3306/test"
 }
 
+redis_up() { [[ $(redis-cli -h 127.0.0.1 -p 6379 ping 2>/dev/null) == PONG ]]; }
+
+ensure_redis() {
+    # The sink tests also run /usr/bin/redis-server themselves (restarts, replicas).
+    if [[ ! -x /usr/bin/redis-server ]] || ! command -v redis-cli >/dev/null; then
+        apt_install redis-server
+    fi
+    if ! redis_up; then
+        log "starting Redis"
+        redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no \
+            --dir /tmp --logfile /tmp/outbox-redis-6379.log >/dev/null
+        wait_for Redis 30 redis_up
+    fi
+    echo "OUTBOX_TEST_REDIS_URL=redis://127.0.0.1:6379/"
+}
+
 ensure_postgres
 ensure_mariadb
+ensure_redis

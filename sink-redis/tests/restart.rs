@@ -1,0 +1,326 @@
+//! The Redis sink against a `redis-server` process of the test's own (never the shared
+//! one): killed with SIGKILL in the middle of a relay run and started again on the same
+//! port, and filled to `maxmemory` under `noeviction`.
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use outbox_core::{
+    FailureClass, MemoryStore, MessageId, NewMessage, Outcome, Relay, RetryPolicy, Sink, Status,
+    StoreStats, Wakeups,
+};
+use outbox_sink_redis::redis;
+use outbox_sink_redis::{RedisSink, RedisSinkConfig};
+
+mod common;
+use common::{OwnRedis, eventually, reader, xrange};
+
+const MESSAGES: usize = 1_500;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_killed_mid_run_and_restarted_loses_nothing() {
+    let mut server = OwnRedis::start(&[]).await;
+    let stream = "events";
+    let sink = RedisSink::connect(
+        RedisSinkConfig::new(server.url())
+            .stream(stream)
+            .connect_timeout(Duration::from_millis(300))
+            .response_timeout(Duration::from_millis(800)),
+    )
+    .await
+    .expect("sink on the private server");
+
+    let store = MemoryStore::new();
+    let relay = Relay::builder(store.clone())
+        .route("events", sink)
+        .batch_size(25)
+        .concurrency(2)
+        .lease(Duration::from_secs(5))
+        .publish_timeout(Duration::from_secs(2))
+        .poll_interval(Duration::from_millis(20))
+        .wakeup(store.wakeup())
+        .retry(
+            RetryPolicy::default()
+                .initial_delay(Duration::from_millis(20))
+                .max_delay(Duration::from_millis(300))
+                .max_attempts(10_000),
+        )
+        .build()
+        .unwrap();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(relay.run(async {
+        let _ = stop_rx.await;
+    }));
+
+    // A producer enqueues steadily for about three seconds.
+    let producer_store = store.clone();
+    let producer = tokio::spawn(async move {
+        let mut ids = Vec::with_capacity(MESSAGES);
+        for n in 0..MESSAGES {
+            let message = NewMessage::builder("events", "tick")
+                .json(&serde_json::json!({ "n": n }))
+                .build()
+                .unwrap();
+            ids.push(producer_store.enqueue(message).unwrap());
+            if n % 5 == 0 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+        ids
+    });
+
+    // Kill Redis once the relay is demonstrably publishing, keep it down, start it again.
+    let published = |store: &MemoryStore| store.ids_with_status(Status::Published).len();
+    eventually(
+        Duration::from_secs(20),
+        "the relay publishes before the kill",
+        || async { published(&store) >= 100 },
+    )
+    .await;
+    server.kill();
+    let at_kill = published(&store);
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let while_down = published(&store);
+    assert_eq!(
+        while_down, at_kill,
+        "nothing can be acknowledged while Redis is down"
+    );
+    server.restart().await;
+
+    let enqueued: Vec<MessageId> = producer.await.unwrap();
+    eventually(
+        Duration::from_secs(60),
+        "every message published",
+        || async {
+            let total = store.stats().await.unwrap().total();
+            total.published == MESSAGES as u64
+        },
+    )
+    .await;
+    let _ = stop_tx.send(());
+    running.await.unwrap();
+
+    let total = store.stats().await.unwrap().total();
+    assert_eq!(total.dead, 0, "{total:?}");
+    let retried = store.rows().iter().filter(|r| r.row.attempts > 1).count();
+    assert!(
+        retried > 0,
+        "the outage must have failed and retried some publishes"
+    );
+
+    // Count Jepsen-style against what Redis holds after the restart.
+    let mut conn = reader(&server.url()).await;
+    let entries = xrange(&mut conn, stream).await;
+    let mut counts: HashMap<String, usize> = HashMap::new();
+    for entry in &entries {
+        *counts.entry(entry.text("id").unwrap()).or_default() += 1;
+    }
+    let expected: HashSet<String> = enqueued.iter().map(ToString::to_string).collect();
+    let lost = expected
+        .iter()
+        .filter(|id| !counts.contains_key(*id))
+        .count();
+    let unexpected = counts.keys().filter(|id| !expected.contains(*id)).count();
+    let duplicated = counts.values().filter(|n| **n > 1).count();
+    eprintln!(
+        "restart: enqueued {} received {} lost {lost} unexpected {unexpected} duplicated {duplicated} retried {retried} published at kill {at_kill}",
+        expected.len(),
+        entries.len()
+    );
+    assert_eq!(lost, 0, "lost messages");
+    assert_eq!(unexpected, 0, "unexpected messages");
+    assert_eq!(
+        duplicated, 0,
+        "the dedupe window (kept in the AOF) suppresses re-sends"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_redis_fails_retryably_and_recovers_when_memory_frees() {
+    let server = OwnRedis::start(&["--maxmemory-policy", "noeviction"]).await;
+    let mut conn = reader(&server.url()).await;
+    let info: String = redis::cmd("INFO")
+        .arg("memory")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let used: u64 = info
+        .lines()
+        .find_map(|l| l.strip_prefix("used_memory:"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg(used + 512 * 1024)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+
+    let sink = RedisSink::connect(RedisSinkConfig::new(server.url()).stream("full"))
+        .await
+        .unwrap();
+    let mut published = Vec::new();
+    let mut refused = Vec::new();
+    let started = Instant::now();
+    while refused.is_empty() {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "Redis never ran out of memory"
+        );
+        let batch: Vec<_> = (0..10)
+            .map(|_| {
+                NewMessage::builder("events", "big")
+                    .bytes(vec![0xab; 16 * 1024], "application/octet-stream")
+                    .build()
+                    .unwrap()
+                    .into_message(Utc::now())
+            })
+            .collect();
+        let outcomes = sink.publish(&batch).await.unwrap();
+        for (message, outcome) in batch.into_iter().zip(outcomes) {
+            match outcome {
+                Outcome::Published { .. } => published.push(message),
+                Outcome::Failed(failure) => {
+                    assert!(failure.retryable, "OOM is retryable: {failure}");
+                    assert_eq!(failure.class, FailureClass::Unavailable, "{failure}");
+                    assert!(failure.message.starts_with("OOM"), "{failure}");
+                    assert_eq!(failure.retry_after, Some(Duration::from_secs(1)));
+                    refused.push(message);
+                }
+            }
+        }
+    }
+
+    // Memory frees up (a consumer trimmed, an operator raised the limit): the retry goes
+    // through, and nothing refused was half-written.
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg(0)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let outcomes = sink.publish(&refused).await.unwrap();
+    assert!(outcomes.iter().all(Outcome::is_published), "{outcomes:?}");
+    let entries = xrange(&mut conn, "full").await;
+    assert_eq!(entries.len(), published.len() + refused.len());
+    let ids: HashSet<String> = entries.iter().map(|e| e.text("id").unwrap()).collect();
+    assert_eq!(ids.len(), entries.len(), "no message appended twice");
+    for m in published.iter().chain(&refused) {
+        assert!(ids.contains(&m.id.to_string()));
+    }
+}
+
+async fn info_field(
+    conn: &mut redis::aio::MultiplexedConnection,
+    section: &str,
+    field: &str,
+) -> String {
+    let info: String = redis::cmd("INFO")
+        .arg(section)
+        .query_async(conn)
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|l| {
+            l.strip_prefix(&format!("{field}:"))
+                .map(|v| v.trim().to_owned())
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_that_is_not_met_fails_retryably_and_the_resend_is_not_duplicated() {
+    let primary = OwnRedis::start(&["--repl-diskless-sync-delay", "0"]).await;
+    let replica_of = ["--replicaof", "127.0.0.1", &primary.port.to_string()].map(str::to_owned);
+    let mut replica =
+        OwnRedis::start(&replica_of.iter().map(String::as_str).collect::<Vec<_>>()).await;
+    let mut conn = reader(&primary.url()).await;
+    let synced = |url: String| async move {
+        eventually(Duration::from_secs(20), "the replica is in sync", || {
+            let url = url.clone();
+            async move {
+                let mut c = reader(&url).await;
+                info_field(&mut c, "replication", "master_link_status").await == "up"
+            }
+        })
+        .await;
+    };
+    synced(replica.url()).await;
+
+    // A sink pointed at the replica refuses to start.
+    let err = RedisSink::connect(RedisSinkConfig::new(replica.url()).stream("events"))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("replica"), "{err}");
+
+    let sink = RedisSink::connect(
+        RedisSinkConfig::new(primary.url())
+            .stream("events")
+            .durability(outbox_sink_redis::Durability::wait(
+                1,
+                Duration::from_millis(300),
+            )),
+    )
+    .await
+    .expect("one replica is connected");
+    let batch: Vec<_> = (0..5)
+        .map(|n| {
+            NewMessage::builder("events", "e")
+                .json(&n)
+                .build()
+                .unwrap()
+                .into_message(Utc::now())
+        })
+        .collect();
+    let outcomes = sink.publish(&batch[..2]).await.unwrap();
+    assert!(outcomes.iter().all(Outcome::is_published), "{outcomes:?}");
+
+    // The replica goes away: the appends happen, the acknowledgement does not.
+    replica.kill();
+    eventually(Duration::from_secs(20), "the primary notices", || {
+        let mut conn = conn.clone();
+        async move { info_field(&mut conn, "replication", "connected_slaves").await == "0" }
+    })
+    .await;
+    let outcomes = sink.publish(&batch[2..]).await.unwrap();
+    for outcome in &outcomes {
+        match outcome {
+            Outcome::Failed(f) => {
+                assert!(f.retryable, "{f}");
+                assert_eq!(f.class, FailureClass::Unavailable);
+                assert!(f.message.contains("WAIT 1 300"), "{f}");
+                assert!(f.message.contains("0 of 1"), "{f}");
+            }
+            other => panic!("published without the replica's acknowledgement: {other:?}"),
+        }
+    }
+    assert_eq!(
+        xrange(&mut conn, "events").await.len(),
+        5,
+        "appended, unacknowledged"
+    );
+
+    // The replica returns; the relay's re-send is acknowledged and appends nothing new.
+    replica.restart().await;
+    synced(replica.url()).await;
+    let outcomes = sink.publish(&batch[2..]).await.unwrap();
+    assert!(outcomes.iter().all(Outcome::is_published), "{outcomes:?}");
+    let entries = xrange(&mut conn, "events").await;
+    assert_eq!(entries.len(), 5, "no duplicates after the re-send");
+    let mut replica_conn = reader(&replica.url()).await;
+    eventually(
+        Duration::from_secs(20),
+        "the replica has every entry",
+        || {
+            let mut c = replica_conn.clone();
+            async move { xrange(&mut c, "events").await.len() == 5 }
+        },
+    )
+    .await;
+    let _ = &mut replica_conn;
+}
