@@ -188,10 +188,9 @@ async fn raw_drain(bench: &Bench, n: usize, batch: usize, workers: usize) -> Res
         tasks.spawn(async move {
             loop {
                 let claimed = sqlx::query(
-                    "WITH c AS (SELECT id FROM bench_drain_outbox WHERE status IN ('pending', 'leased') AND available_at <= now() \
-                     ORDER BY available_at, id LIMIT $1 FOR UPDATE SKIP LOCKED) \
-                     UPDATE bench_drain_outbox t SET status = 'leased', lease_token = $2, available_at = now() + interval '30 seconds' \
-                     FROM c WHERE t.id = c.id RETURNING t.id, t.payload",
+                    "UPDATE bench_drain_outbox t SET status = 'leased', lease_token = $2, available_at = now() + interval '30 seconds' \
+                     WHERE t.id = ANY(ARRAY(SELECT id FROM bench_drain_outbox WHERE status IN ('pending', 'leased') AND available_at <= now() \
+                     ORDER BY available_at, id LIMIT $1 FOR UPDATE SKIP LOCKED)) RETURNING t.id, t.payload",
                 )
                 .bind(batch as i64)
                 .bind(uuid::Uuid::new_v4())

@@ -1,13 +1,14 @@
 //! `outbox-bench`: every figure is a ratio against a baseline measured in the same run.
 //!
 //! ```text
-//! cargo run --release -p outbox-bench -- [all|enqueue|drain|latency|ordered] [--quick] [--write BENCHMARKS.md]
+//! cargo run --release -p outbox-bench -- [all|enqueue|drain|ordered|latency|backlog] [--quick] [--write BENCHMARKS.md]
 //! ```
 //!
 //! Each scenario prints a table and, as its last line, one JSON object with its figures.
 //! `--write` rewrites the generated part of BENCHMARKS.md (between the `bench:begin` and
 //! `bench:end` markers) and the latency plot next to it.
 
+mod backlog;
 mod drain;
 mod enqueue;
 mod latency;
@@ -29,6 +30,8 @@ pub(crate) struct Scale {
     pub(crate) latency_time: Duration,
     /// Rounds of each enqueue mode (interleaved; the median is reported).
     pub(crate) rounds: usize,
+    /// Finished rows present in the table for the backlog scenario.
+    pub(crate) finished_rows: usize,
 }
 
 const FULL: Scale = Scale {
@@ -36,6 +39,7 @@ const FULL: Scale = Scale {
     enqueue_time: Duration::from_secs(4),
     latency_time: Duration::from_secs(6),
     rounds: 3,
+    finished_rows: 10_000_000,
 };
 
 const QUICK: Scale = Scale {
@@ -43,6 +47,7 @@ const QUICK: Scale = Scale {
     enqueue_time: Duration::from_secs(1),
     latency_time: Duration::from_secs(2),
     rounds: 1,
+    finished_rows: 1_000_000,
 };
 
 fn main() {
@@ -64,13 +69,15 @@ fn main() {
         .map(String::as_str)
         .collect();
     let scenarios = if scenarios.is_empty() || scenarios == ["all"] {
-        vec!["enqueue", "drain", "ordered", "latency"]
+        vec!["enqueue", "drain", "ordered", "latency", "backlog"]
     } else {
         scenarios
     };
     for s in &scenarios {
-        if !["enqueue", "drain", "ordered", "latency"].contains(s) {
-            eprintln!("error: unknown scenario {s:?} (enqueue, drain, ordered, latency, all)");
+        if !["enqueue", "drain", "ordered", "latency", "backlog"].contains(s) {
+            eprintln!(
+                "error: unknown scenario {s:?} (enqueue, drain, ordered, latency, backlog, all)"
+            );
             std::process::exit(2);
         }
     }
@@ -88,6 +95,7 @@ fn main() {
                 "drain" => drain::run(&bench, scale, &mut report, false).await?,
                 "ordered" => drain::run(&bench, scale, &mut report, true).await?,
                 "latency" => latency::run(&bench, scale, &mut report).await?,
+                "backlog" => backlog::run(&bench, scale, &mut report).await?,
                 _ => unreachable!("checked above"),
             }
         }

@@ -192,20 +192,20 @@ SELECT m.id, m.destination, m.event_type, m.aggregate_type, m.aggregate_id, m.pa
 FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[], $9::bytea[], $10::text[], $11::text[], $12::timestamptz[], $13::bigint[])
   AS m(id, destination, event_type, aggregate_type, aggregate_id, partition_key, tenant_id, idempotency_key, payload, content_type, headers, at, delay_ms)";
 
-const CLAIM: &str = "WITH due AS (
+/// The locked ids come back as an array (an InitPlan), so the UPDATE finds them through the
+/// primary key; a join with a CTE let the planner hash the whole table on every claim.
+const CLAIM: &str = "UPDATE {outbox} AS o
+SET status = 'leased', lease_owner = $2, lease_token = $3,
+    lease_until = now() + $4 * interval '1 millisecond',
+    available_at = now() + $4 * interval '1 millisecond',
+    attempts = o.attempts + 1
+WHERE o.id = ANY(ARRAY(
     SELECT d.id FROM {outbox} AS d
     WHERE d.status IN ('pending', 'leased') AND d.available_at <= now() {filter} {ordering}
     ORDER BY d.available_at, d.id
     LIMIT $1
     FOR UPDATE SKIP LOCKED
-)
-UPDATE {outbox} AS o
-SET status = 'leased', lease_owner = $2, lease_token = $3,
-    lease_until = now() + $4 * interval '1 millisecond',
-    available_at = now() + $4 * interval '1 millisecond',
-    attempts = o.attempts + 1
-FROM due
-WHERE o.id = due.id
+))
 RETURNING o.id, o.destination, o.event_type, o.aggregate_type, o.aggregate_id, o.partition_key, o.tenant_id, o.idempotency_key, o.payload, o.content_type, o.headers::text AS headers, o.attempts, o.created_at";
 
 const COMPLETE: &str = "UPDATE {outbox} AS o
