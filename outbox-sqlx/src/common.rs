@@ -11,6 +11,7 @@ pub(crate) fn millis(d: Duration) -> i64 {
 }
 
 /// When a new message is due: an absolute instant, or a delay from the database's now.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) fn availability(message: &NewMessage) -> (Option<DateTime<Utc>>, i64) {
     match message.availability() {
         Availability::Now => (None, 0),
