@@ -2,8 +2,11 @@
 
 use std::time::Duration;
 
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 use chrono::{DateTime, Utc};
-use outbox_core::{Availability, Headers, NewMessage, StoreError, StoreErrorKind};
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+use outbox_core::{Availability, NewMessage};
+use outbox_core::{Headers, StoreError, StoreErrorKind};
 
 /// A duration as whole milliseconds for binding, saturating.
 pub(crate) fn millis(d: Duration) -> i64 {
