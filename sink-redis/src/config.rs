@@ -2,6 +2,7 @@
 //! long duplicates are suppressed, and how durable an acknowledgement must be.
 
 use std::fmt;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use outbox_core::Message;
@@ -29,6 +30,9 @@ const SINK_OPTIONS: &[&str] = &[
     "max_payload_bytes",
     "connect_timeout",
     "response_timeout",
+    "tls_ca_file",
+    "tls_cert_file",
+    "tls_key_file",
 ];
 
 /// The configuration of one Redis Streams route.
@@ -50,6 +54,8 @@ const SINK_OPTIONS: &[&str] = &[
 /// | `max_payload_bytes` | 16 MiB | larger payloads fail permanently as too large |
 /// | `connect_timeout` | 5 s | one connection attempt |
 /// | `response_timeout` | 5 s | one batch round trip |
+/// | `tls_ca_file` | none (system roots) | PEM file of the CA that signed the server's certificate (`rediss://` only) |
+/// | `tls_cert_file`, `tls_key_file` | none | PEM client certificate and key, for servers that require them (`tls-auth-clients yes`) |
 ///
 /// Durations in a config file are milliseconds (`250`) or a string with a unit (`"250ms"`,
 /// `"5s"`, `"10m"`, `"1h"`).
@@ -98,6 +104,12 @@ pub struct RedisSinkConfig {
     /// How long one batch round trip may take before it fails retryably as a timeout.
     #[serde(deserialize_with = "serde_duration::required")]
     pub response_timeout: Duration,
+    /// The CA certificate (PEM) to verify the server with, instead of the system roots.
+    pub tls_ca_file: Option<PathBuf>,
+    /// A client certificate (PEM) for mutual TLS; needs `tls_key_file`.
+    pub tls_cert_file: Option<PathBuf>,
+    /// The client certificate's private key (PEM); needs `tls_cert_file`.
+    pub tls_key_file: Option<PathBuf>,
 }
 
 impl Default for RedisSinkConfig {
@@ -113,6 +125,9 @@ impl Default for RedisSinkConfig {
             max_payload_bytes: 16 * 1024 * 1024,
             connect_timeout: Duration::from_secs(5),
             response_timeout: Duration::from_secs(5),
+            tls_ca_file: None,
+            tls_cert_file: None,
+            tls_key_file: None,
         }
     }
 }
@@ -130,6 +145,9 @@ impl fmt::Debug for RedisSinkConfig {
             .field("max_payload_bytes", &self.max_payload_bytes)
             .field("connect_timeout", &self.connect_timeout)
             .field("response_timeout", &self.response_timeout)
+            .field("tls_ca_file", &self.tls_ca_file)
+            .field("tls_cert_file", &self.tls_cert_file)
+            .field("tls_key_file", &self.tls_key_file)
             .finish()
     }
 }
@@ -158,7 +176,8 @@ impl RedisSinkConfig {
     /// `off`), `dedupe_prefix`, `durability` (`none`, `wait:<replicas>` or
     /// `waitaof:<numlocal>:<numreplicas>`), `durability_timeout`, `headers` (`fields`,
     /// `fields:<prefix>`, `json` or `json:<field>`), `metadata` (`true`/`false`),
-    /// `max_payload_bytes`, `connect_timeout`, `response_timeout`. The Redis client's own
+    /// `max_payload_bytes`, `connect_timeout`, `response_timeout`, `tls_ca_file`,
+    /// `tls_cert_file`, `tls_key_file`. The Redis client's own
     /// `protocol` option is passed through. Any other option is an error.
     ///
     /// ```
@@ -220,6 +239,9 @@ impl RedisSinkConfig {
                 "response_timeout" => {
                     config.response_timeout = parse_setting_duration("response_timeout", &value)?
                 }
+                "tls_ca_file" => config.tls_ca_file = Some(value.into()),
+                "tls_cert_file" => config.tls_cert_file = Some(value.into()),
+                "tls_key_file" => config.tls_key_file = Some(value.into()),
                 _ if is_client_option(&parsed, &name) => kept.push((name, value)),
                 _ => {
                     return Err(RedisSinkError::InvalidUrl {
@@ -314,6 +336,19 @@ impl RedisSinkConfig {
         self
     }
 
+    /// Verifies the server with this CA certificate (PEM file) instead of the system roots.
+    pub fn tls_ca_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.tls_ca_file = Some(path.into());
+        self
+    }
+
+    /// Presents this client certificate and key (PEM files) for mutual TLS.
+    pub fn tls_client_cert(mut self, cert: impl Into<PathBuf>, key: impl Into<PathBuf>) -> Self {
+        self.tls_cert_file = Some(cert.into());
+        self.tls_key_file = Some(key.into());
+        self
+    }
+
     /// Checks every setting without touching the network, and returns the parsed stream
     /// template.
     ///
@@ -340,10 +375,24 @@ impl RedisSinkConfig {
                 ),
             });
         }
-        if matches!(url.scheme(), "rediss" | "valkeys")
-            && !cfg!(any(feature = "tls-rustls", feature = "tls-native-tls"))
-        {
+        let tls = matches!(url.scheme(), "rediss" | "valkeys");
+        if tls && !cfg!(any(feature = "tls-rustls", feature = "tls-native-tls")) {
             return Err(RedisSinkError::TlsNotEnabled);
+        }
+        for (setting, file) in [
+            ("tls_ca_file", &self.tls_ca_file),
+            ("tls_cert_file", &self.tls_cert_file),
+            ("tls_key_file", &self.tls_key_file),
+        ] {
+            if file.is_some() && !tls {
+                return Err(invalid(setting, "is only used with a rediss:// URL"));
+            }
+        }
+        if self.tls_cert_file.is_some() != self.tls_key_file.is_some() {
+            return Err(invalid(
+                "tls_cert_file",
+                "a client certificate needs its key (tls_key_file), and a key its certificate",
+            ));
         }
         let template = StreamTemplate::parse(&self.stream)?;
         if self.maxlen == Some(0) {
@@ -1261,6 +1310,24 @@ mod tests {
                 Err(RedisSinkError::InvalidSetting { setting: s, .. }) => assert_eq!(s, setting),
                 other => panic!("{setting}: {other:?}"),
             }
+        }
+        let tls_on_plain = ok.clone().tls_ca_file("/ca.pem");
+        assert!(matches!(
+            tls_on_plain.validate(),
+            Err(RedisSinkError::InvalidSetting {
+                setting: "tls_ca_file",
+                ..
+            })
+        ));
+        let mut half = RedisSinkConfig::new("rediss://h/");
+        half.tls_cert_file = Some("/client.pem".into());
+        match half.validate() {
+            Err(RedisSinkError::InvalidSetting { setting, .. }) => {
+                assert_eq!(setting, "tls_cert_file")
+            }
+            // Without a TLS feature the URL itself is refused first.
+            Err(RedisSinkError::TlsNotEnabled) => {}
+            other => panic!("{other:?}"),
         }
         // No deduplication: the prefix does not matter.
         ok.clone()

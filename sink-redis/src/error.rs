@@ -14,7 +14,7 @@
 //! | connection refused / reset / closed, other I/O, protocol desync | `Connection` | yes |
 //! | `LOADING`, `BUSY`, `TRYAGAIN`, `MASTERDOWN`, `CLUSTERDOWN`, `READONLY`, `MISCONF`, `ERR max number of clients` | `Unavailable` | yes |
 //! | `OOM` (maxmemory reached under `noeviction`; consumers trimming or acking frees it) | `Unavailable` | yes, after 1 s |
-//! | `NOAUTH`, `WRONGPASS`, `NOPERM`, `ERR unknown command` (renamed or disabled) | `Config` | yes |
+//! | `NOAUTH`, `WRONGPASS`, `NOPERM` (also the `ERR` form an ACL denial takes inside a script), `ERR unknown command` (renamed or disabled) | `Config` | yes |
 //! | `NOSCRIPT` (script cache flushed; the sink reloads it) | `Other` | yes |
 //! | `WRONGTYPE` (the stream or dedupe key holds another type) | `Config` | **no** |
 //! | any other `ERR` (the server refused this command's arguments) | `Rejected` | **no** |
@@ -171,7 +171,11 @@ pub fn classify_reply(code: &str, detail: &str) -> Failure {
         "ERR" if detail.starts_with("max number of clients") => {
             Failure::retryable(FailureClass::Unavailable, text)
         }
-        "ERR" if detail.starts_with("unknown command") => {
+        // An ACL denial inside a script (Redis 7 reports it as ERR, not NOPERM).
+        "ERR"
+            if detail.starts_with("unknown command")
+                || detail.starts_with("The user executing the script can't run") =>
+        {
             Failure::retryable(FailureClass::Config, text)
         }
         "ERR" => Failure::permanent(FailureClass::Rejected, text),
@@ -260,6 +264,12 @@ mod tests {
             true,
         );
         check("ERR", "unknown command 'XADD'", FailureClass::Config, true);
+        check(
+            "ERR",
+            "The user executing the script can't run this command or subcommand script: abc, on @user_script:35.",
+            FailureClass::Config,
+            true,
+        );
         check("NOSCRIPT", "No matching script.", FailureClass::Other, true);
         check("SOMETHINGNEW", "future error", FailureClass::Other, true);
     }

@@ -42,7 +42,7 @@
 //! | `WAIT` / `WAITAOF` durability; refuses to start when the server cannot honour it | ✅ (optional) |
 //! | reconnects after a server restart or a dropped connection | ✅ |
 //! | errors classified retryable / permanent ([`error`] has the table) | ✅ |
-//! | `rediss://` (TLS) and ACL users / passwords | ✅ (TLS behind a feature) |
+//! | `rediss://` (TLS, a private CA, client certificates) and ACL users / passwords | ✅ (TLS behind a feature) |
 //! | Redis Cluster | ❌ (one server or a primary behind a proxy) |
 //! | Sentinel discovery | ❌ |
 //! | per-key ordering across batches | relay's concern; one batch keeps its order in the stream |
@@ -88,7 +88,10 @@
 //!   application).
 //! - `tls-native-tls`: `rediss://` through the platform TLS library.
 //!
-//! Without either, a `rediss://` URL fails with [`RedisSinkError::TlsNotEnabled`].
+//! Without either, a `rediss://` URL fails with [`RedisSinkError::TlsNotEnabled`]. The
+//! server is verified against the system roots, or against
+//! [`tls_ca_file`](RedisSinkConfig::tls_ca_file); a client certificate for servers with
+//! `tls-auth-clients yes` is set with [`tls_client_cert`](RedisSinkConfig::tls_client_cert).
 
 mod config;
 pub mod error;

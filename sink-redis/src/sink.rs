@@ -100,11 +100,7 @@ impl RedisSink {
     pub async fn connect(config: RedisSinkConfig) -> Result<Self, RedisSinkError> {
         let template = config.validate()?;
         let url = redact_url(&config.url);
-        let client =
-            redis::Client::open(config.url.as_str()).map_err(|e| RedisSinkError::InvalidUrl {
-                url: url.clone(),
-                reason: e.to_string(),
-            })?;
+        let client = open_client(&config, &url)?;
         let connect_error = |source| RedisSinkError::Connect {
             url: url.clone(),
             source,
@@ -540,6 +536,40 @@ fn entry_reply(reply: Value) -> Result<(String, bool), Failure> {
             format!("unexpected XADD reply {other:?}"),
         )),
     }
+}
+
+fn open_client(config: &RedisSinkConfig, url: &str) -> Result<redis::Client, RedisSinkError> {
+    let invalid_url = |e: redis::RedisError| RedisSinkError::InvalidUrl {
+        url: url.to_owned(),
+        reason: e.to_string(),
+    };
+    #[cfg(any(feature = "tls-rustls", feature = "tls-native-tls"))]
+    if config.tls_ca_file.is_some() || config.tls_cert_file.is_some() {
+        let read = |setting: &'static str, path: &std::path::Path| {
+            std::fs::read(path).map_err(|e| RedisSinkError::InvalidSetting {
+                setting,
+                reason: format!("cannot read {}: {e}", path.display()),
+            })
+        };
+        let client_tls = match (&config.tls_cert_file, &config.tls_key_file) {
+            (Some(cert), Some(key)) => Some(redis::ClientTlsConfig {
+                client_cert: read("tls_cert_file", cert)?,
+                client_key: read("tls_key_file", key)?,
+            }),
+            _ => None,
+        };
+        let root_cert = match &config.tls_ca_file {
+            Some(ca) => Some(read("tls_ca_file", ca)?),
+            None => None,
+        };
+        let certificates = redis::TlsCertificates {
+            client_tls,
+            root_cert,
+        };
+        return redis::Client::build_with_tls(config.url.as_str(), certificates)
+            .map_err(invalid_url);
+    }
+    redis::Client::open(config.url.as_str()).map_err(invalid_url)
 }
 
 async fn load_script(conn: &mut ConnectionManager, script: &Script) -> redis::RedisResult<()> {

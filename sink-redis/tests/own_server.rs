@@ -1,6 +1,7 @@
-//! The Redis sink against a `redis-server` process of the test's own (never the shared
+//! The Redis sink against `redis-server` processes of the test's own (never the shared
 //! one): killed with SIGKILL in the middle of a relay run and started again on the same
-//! port, and filled to `maxmemory` under `noeviction`.
+//! port; filled to `maxmemory` under `noeviction`; a replica that goes away under `WAIT`;
+//! passwords and ACLs; TLS (with a `tls-*` feature).
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -323,4 +324,139 @@ async fn a_wait_that_is_not_met_fails_retryably_and_the_resend_is_not_duplicated
     )
     .await;
     let _ = &mut replica_conn;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passwords_and_acl_permissions() {
+    let server = OwnRedis::start(&["--requirepass", "s3cret-pw"]).await;
+    let url_with = |userinfo: &str| format!("redis://{userinfo}@127.0.0.1:{}/", server.port);
+
+    // A wrong password stops the route at start, without showing the password.
+    let err = RedisSink::connect(RedisSinkConfig::new(url_with(":wrong-pw")).stream("s"))
+        .await
+        .unwrap_err();
+    let text = err.to_string();
+    assert!(
+        matches!(err, outbox_sink_redis::RedisSinkError::Connect { .. }),
+        "{err:?}"
+    );
+    assert!(!text.contains("wrong-pw") && text.contains("***"), "{text}");
+
+    let admin = RedisSink::connect(RedisSinkConfig::new(url_with(":s3cret-pw")).stream("s"))
+        .await
+        .expect("the right password");
+    let message = || {
+        NewMessage::builder("events", "e")
+            .json(&1)
+            .build()
+            .unwrap()
+            .into_message(Utc::now())
+    };
+    assert!(admin.publish(&[message()]).await.unwrap()[0].is_published());
+
+    // An ACL user that may not append: every message fails retryably (route-wide, an
+    // operator's fix), never dead-lettered and never published.
+    let mut conn = reader(&url_with(":s3cret-pw")).await;
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("relay")
+        .arg("on")
+        .arg(">relay-pw")
+        .arg("~*")
+        .arg("+@all")
+        .arg("-xadd")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    for dedupe in [Some(Duration::from_secs(60)), None] {
+        let limited = RedisSink::connect(
+            RedisSinkConfig::new(url_with("relay:relay-pw"))
+                .stream("s")
+                .dedupe_window(dedupe),
+        )
+        .await
+        .expect("the user may connect");
+        let outcomes = limited.publish(&[message(), message()]).await.unwrap();
+        for outcome in outcomes {
+            match outcome {
+                Outcome::Failed(f) => {
+                    assert!(f.retryable, "{f}");
+                    assert_eq!(f.class, FailureClass::Config, "{f}");
+                    // NOPERM, or inside the dedupe script Redis 7's ERR form of it.
+                    assert!(
+                        f.message.starts_with("NOPERM") || f.message.contains("can't run"),
+                        "{f}"
+                    );
+                }
+                other => panic!("published without permission: {other:?}"),
+            }
+        }
+    }
+    assert_eq!(xrange(&mut conn, "s").await.len(), 1);
+}
+
+#[cfg(any(feature = "tls-rustls", feature = "tls-native-tls"))]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_with_a_private_ca_and_a_client_certificate() {
+    use outbox_sink_redis::RedisSinkError;
+    use redis::{ClientTlsConfig, TlsCertificates};
+
+    #[cfg(feature = "tls-rustls")]
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let server = OwnRedis::start_tls(&[]).await;
+    let file = |name: &str| server.dir.join(name);
+    let config = RedisSinkConfig::new(server.url())
+        .stream("tls")
+        .connect_timeout(Duration::from_secs(2))
+        .tls_ca_file(file("ca.pem"))
+        .tls_client_cert(file("client.pem"), file("client.key"));
+    let sink = RedisSink::connect(config.clone())
+        .await
+        .expect("a TLS route with the CA and a client certificate starts");
+    let message = NewMessage::builder("events", "e")
+        .bytes(vec![0, 1, 2, 0xff], "application/octet-stream")
+        .build()
+        .unwrap()
+        .into_message(Utc::now());
+    let outcomes = sink.publish(std::slice::from_ref(&message)).await.unwrap();
+    assert!(outcomes[0].is_published(), "{outcomes:?}");
+
+    let certificates = TlsCertificates {
+        client_tls: Some(ClientTlsConfig {
+            client_cert: std::fs::read(file("client.pem")).unwrap(),
+            client_key: std::fs::read(file("client.key")).unwrap(),
+        }),
+        root_cert: Some(std::fs::read(file("ca.pem")).unwrap()),
+    };
+    let client = redis::Client::build_with_tls(server.url(), certificates).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let entries = xrange(&mut conn, "tls").await;
+    assert_eq!(entries.len(), 1);
+    assert_eq!(entries[0].get("payload"), Some(&message.payload[..]));
+
+    // No client certificate: the server refuses the handshake.
+    let mut no_cert = config.clone();
+    no_cert.tls_cert_file = None;
+    no_cert.tls_key_file = None;
+    let err = RedisSink::connect(no_cert).await.unwrap_err();
+    assert!(matches!(err, RedisSinkError::Connect { .. }), "{err:?}");
+    // The system roots do not know the private CA.
+    let mut no_ca = config.clone();
+    no_ca.tls_ca_file = None;
+    let err = RedisSink::connect(no_ca).await.unwrap_err();
+    assert!(matches!(err, RedisSinkError::Connect { .. }), "{err:?}");
+    // A CA file that is not there.
+    let err = RedisSink::connect(config.tls_ca_file(file("missing.pem")))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            RedisSinkError::InvalidSetting {
+                setting: "tls_ca_file",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
 }

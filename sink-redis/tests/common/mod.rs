@@ -189,12 +189,24 @@ pub struct OwnRedis {
     pub port: u16,
     pub dir: PathBuf,
     extra: Vec<String>,
+    tls: bool,
     child: Option<Child>,
 }
 
 impl OwnRedis {
     /// Starts a server; `extra` are further `--name value` arguments.
     pub async fn start(extra: &[&str]) -> Self {
+        Self::start_with(extra, false).await
+    }
+
+    /// Starts a server that listens with TLS only and requires client certificates;
+    /// `ca.pem`, `client.pem` and `client.key` in [`dir`](Self::dir) are what a client
+    /// needs (made with the `openssl` command).
+    pub async fn start_tls(extra: &[&str]) -> Self {
+        Self::start_with(extra, true).await
+    }
+
+    async fn start_with(extra: &[&str], tls: bool) -> Self {
         if !std::path::Path::new(REDIS_SERVER).exists() {
             panic!(
                 "{REDIS_SERVER} is not installed; these tests start their own Redis.\n\
@@ -211,10 +223,14 @@ impl OwnRedis {
             fastrand::u32(..)
         ));
         std::fs::create_dir_all(&dir).expect("temp dir");
+        if tls {
+            make_certificates(&dir);
+        }
         let mut server = Self {
             port,
             dir,
             extra: extra.iter().map(|s| (*s).to_owned()).collect(),
+            tls,
             child: None,
         };
         server.spawn().await;
@@ -222,12 +238,27 @@ impl OwnRedis {
     }
 
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
+        if self.tls {
+            format!("rediss://127.0.0.1:{}/", self.port)
+        } else {
+            format!("redis://127.0.0.1:{}/", self.port)
+        }
     }
 
     async fn spawn(&mut self) {
-        let child = Command::new(REDIS_SERVER)
-            .args(["--port", &self.port.to_string()])
+        let mut command = Command::new(REDIS_SERVER);
+        if self.tls {
+            let file = |name: &str| self.dir.join(name).to_str().unwrap().to_owned();
+            command
+                .args(["--port", "0", "--tls-port", &self.port.to_string()])
+                .args(["--tls-cert-file", &file("server.pem")])
+                .args(["--tls-key-file", &file("server.key")])
+                .args(["--tls-ca-cert-file", &file("ca.pem")])
+                .args(["--tls-auth-clients", "yes"]);
+        } else {
+            command.args(["--port", &self.port.to_string()]);
+        }
+        let child = command
             .args(["--bind", "127.0.0.1"])
             .args(["--save", ""])
             .args(["--appendonly", "yes"])
@@ -239,21 +270,35 @@ impl OwnRedis {
             .spawn()
             .expect("start redis-server");
         self.child = Some(child);
+        if self.tls {
+            // Listening is enough: an empty server is ready as soon as it accepts.
+            let start = Instant::now();
+            while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+                assert!(
+                    start.elapsed() < Duration::from_secs(10),
+                    "own TLS redis-server on port {} did not come up",
+                    self.port
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            return;
+        }
         let url = self.url();
         let client = redis::Client::open(url.as_str()).unwrap();
         let start = Instant::now();
         loop {
-            if let Ok(Ok(mut conn)) = tokio::time::timeout(
+            let attempt = tokio::time::timeout(
                 Duration::from_millis(500),
                 client.get_multiplexed_async_connection(),
             )
-            .await
-                && redis::cmd("PING")
-                    .query_async::<String>(&mut conn)
-                    .await
-                    .is_ok()
-            {
-                return;
+            .await;
+            if let Ok(Ok(mut conn)) = attempt {
+                match redis::cmd("PING").query_async::<Value>(&mut conn).await {
+                    Ok(_) => return,
+                    // The server answered (NOAUTH on a server with a password).
+                    Err(e) if e.code().is_some() => return,
+                    Err(_) => {}
+                }
             }
             assert!(
                 start.elapsed() < Duration::from_secs(10),
@@ -283,5 +328,73 @@ impl Drop for OwnRedis {
     fn drop(&mut self) {
         self.kill();
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A CA, a server certificate for 127.0.0.1 and a client certificate, all signed by the
+/// CA, as PEM files in `dir`.
+fn make_certificates(dir: &std::path::Path) {
+    let openssl = |args: &[&str]| {
+        let status = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("run openssl (the openssl package) to make test certificates");
+        assert!(status.success(), "openssl {args:?} failed");
+    };
+    std::fs::write(
+        dir.join("server.ext"),
+        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("client.ext"),
+        "basicConstraints=CA:FALSE\nextendedKeyUsage=clientAuth\n",
+    )
+    .unwrap();
+    openssl(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "1",
+        "-subj",
+        "/CN=outbox test CA",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+    ]);
+    for name in ["server", "client"] {
+        let key = format!("{name}.key");
+        let csr = format!("{name}.csr");
+        let pem = format!("{name}.pem");
+        let ext = format!("{name}.ext");
+        let subject = format!("/CN={name}");
+        openssl(&[
+            "req", "-newkey", "rsa:2048", "-nodes", "-subj", &subject, "-keyout", &key, "-out",
+            &csr,
+        ]);
+        openssl(&[
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "1",
+            "-extfile",
+            &ext,
+            "-out",
+            &pem,
+        ]);
     }
 }
