@@ -253,6 +253,17 @@ impl HttpSink {
                 }
             }
         }
+        // The waits above can end exactly at the deadline (another message's cut-off
+        // frees a slot); never start a request then.
+        if Instant::now() >= deadline {
+            return Outcome::retryable(
+                FailureClass::Timeout,
+                format!(
+                    "not sent: the sink's publish deadline ({:?}) passed while waiting for a slot",
+                    self.inner.deadline
+                ),
+            );
+        }
         let admission = match endpoint.circuit.admit(Instant::now()) {
             Ok(admission) => admission,
             Err(refusal) => return endpoint.refused(refusal),

@@ -1,0 +1,212 @@
+//! The receiver toolkit behind a real axum server, fed by the real sink.
+#![cfg(feature = "axum")]
+
+mod common;
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use axum::Router;
+use axum::extract::{FromRef, State};
+use axum::http::StatusCode;
+use axum::routing::post;
+use common::{OLD_SECRET, SECRET, message};
+use outbox_core::{FailureClass, NewMessage, Outcome, Sink, StoreError};
+use outbox_sink_http::receiver::{Inbox, ReceiveError, WebhookReceiver, WebhookRequest};
+use outbox_sink_http::{EndpointConfig, HttpSink};
+use tokio::net::TcpListener;
+
+/// An in-memory inbox; the "connection" is unused.
+#[derive(Default)]
+struct MemoryInbox(Mutex<HashSet<(String, String)>>);
+
+impl Inbox for MemoryInbox {
+    type Connection = ();
+
+    async fn record_delivery(
+        &self,
+        _: &mut (),
+        consumer: &str,
+        id: &str,
+    ) -> Result<bool, StoreError> {
+        Ok(self
+            .0
+            .lock()
+            .unwrap()
+            .insert((consumer.to_owned(), id.to_owned())))
+    }
+}
+
+#[derive(Clone)]
+struct App {
+    receiver: WebhookReceiver,
+    inbox: Arc<MemoryInbox>,
+    effects: Arc<AtomicUsize>,
+    bodies: Arc<Mutex<Vec<Vec<u8>>>>,
+}
+
+impl FromRef<App> for WebhookReceiver {
+    fn from_ref(app: &App) -> Self {
+        app.receiver.clone()
+    }
+}
+
+async fn hook(State(app): State<App>, request: WebhookRequest) -> Result<StatusCode, ReceiveError> {
+    let received = app
+        .receiver
+        .record(&*app.inbox, &mut (), request.webhook)
+        .await?;
+    if received.is_new() {
+        app.effects.fetch_add(1, Ordering::SeqCst);
+        app.bodies.lock().unwrap().push(request.body.to_vec());
+    }
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn start(receiver: WebhookReceiver) -> (SocketAddr, App) {
+    let app = App {
+        receiver,
+        inbox: Arc::default(),
+        effects: Arc::default(),
+        bodies: Arc::default(),
+    };
+    let router = Router::new()
+        .route("/hook", post(hook))
+        .with_state(app.clone());
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+    (addr, app)
+}
+
+fn sink(addr: SocketAddr, endpoint: impl Fn(EndpointConfig) -> EndpointConfig) -> HttpSink {
+    common::sink_to(
+        "hook",
+        endpoint(EndpointConfig::new(format!("http://{addr}/hook"))),
+    )
+}
+
+fn failure(outcome: &Outcome) -> &outbox_core::Failure {
+    match outcome {
+        Outcome::Failed(f) => f,
+        other => panic!("expected a failure, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verified_deliveries_run_once_and_duplicates_are_acknowledged() {
+    let receiver = WebhookReceiver::from_secrets([OLD_SECRET, SECRET])
+        .unwrap()
+        .consumer("billing");
+    let (addr, app) = start(receiver).await;
+    // The receiver holds both secrets during a rotation; the sender signs with the new.
+    let sink = sink(addr, |e| e.secret(SECRET));
+    let m = message("hook", 1);
+    for _ in 0..3 {
+        let outcomes = sink.publish(std::slice::from_ref(&m)).await.unwrap();
+        assert_eq!(outcomes, [Outcome::published_with("HTTP 204")]);
+    }
+    assert_eq!(app.effects.load(Ordering::SeqCst), 1);
+    assert_eq!(app.bodies.lock().unwrap()[0], m.payload);
+    let recorded = app.inbox.0.lock().unwrap().clone();
+    assert_eq!(
+        recorded,
+        HashSet::from([("billing".to_owned(), m.idempotency_key.clone())])
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_signatures_are_refused_and_dead_letter_at_the_sender() {
+    let (addr, app) = start(WebhookReceiver::from_secrets([SECRET]).unwrap()).await;
+    let wrong = sink(addr, |e| e.secret(OLD_SECRET));
+    let f = failure(&wrong.publish(&[message("hook", 1)]).await.unwrap()[0]).clone();
+    assert_eq!(
+        (f.class, f.retryable),
+        (FailureClass::Rejected, false),
+        "{f}"
+    );
+    assert!(f.message.starts_with("HTTP 401"), "{f}");
+    assert!(f.message.contains("no matching webhook signature"), "{f}");
+
+    let unsigned = sink(addr, |e| e);
+    let f = failure(&unsigned.publish(&[message("hook", 2)]).await.unwrap()[0]).clone();
+    assert!(f.message.contains("missing `webhook-id` header"), "{f}");
+    assert_eq!(app.effects.load(Ordering::SeqCst), 0);
+    assert!(
+        app.inbox.0.lock().unwrap().is_empty(),
+        "nothing unverified reaches the inbox"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_bodies_are_refused_as_too_large() {
+    let receiver = WebhookReceiver::from_secrets([SECRET])
+        .unwrap()
+        .max_body(64);
+    let (addr, app) = start(receiver).await;
+    let sink = sink(addr, |e| e.secret(SECRET));
+    let big = NewMessage::builder("hook", "e")
+        .bytes(vec![b'x'; 65], "text/plain")
+        .build()
+        .unwrap()
+        .into_message(chrono::Utc::now());
+    let fits = NewMessage::builder("hook", "e")
+        .bytes(vec![b'x'; 64], "text/plain")
+        .build()
+        .unwrap()
+        .into_message(chrono::Utc::now());
+    let outcomes = sink.publish(&[big, fits]).await.unwrap();
+    let f = failure(&outcomes[0]);
+    assert_eq!(
+        (f.class, f.retryable),
+        (FailureClass::TooLarge, false),
+        "{f}"
+    );
+    assert!(outcomes[1].is_published());
+    assert_eq!(app.effects.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn receive_verifies_before_recording() {
+    let receiver = WebhookReceiver::from_secrets([SECRET]).unwrap();
+    let inbox = MemoryInbox::default();
+    let mut headers = http::HeaderMap::new();
+    headers.insert("webhook-id", "k1".parse().unwrap());
+    headers.insert(
+        "webhook-timestamp",
+        chrono::Utc::now().timestamp().to_string().parse().unwrap(),
+    );
+    headers.insert(
+        "webhook-signature",
+        "v1,AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA="
+            .parse()
+            .unwrap(),
+    );
+    let err = receiver
+        .receive(&inbox, &mut (), &headers, b"{}")
+        .await
+        .unwrap_err();
+    assert_eq!(err.status(), StatusCode::UNAUTHORIZED);
+    assert!(inbox.0.lock().unwrap().is_empty());
+
+    let secret = outbox_core::webhooks::Secret::parse(SECRET).unwrap();
+    let ts = chrono::Utc::now().timestamp();
+    let signature = outbox_core::webhooks::signature_header(&[secret], "k1", ts, b"{}");
+    headers.insert("webhook-timestamp", ts.to_string().parse().unwrap());
+    headers.insert("webhook-signature", signature.parse().unwrap());
+    headers.insert("outbox-attempt", "2".parse().unwrap());
+    let first = receiver
+        .receive(&inbox, &mut (), &headers, b"{}")
+        .await
+        .unwrap();
+    assert!(first.is_new());
+    assert_eq!(first.webhook().attempt, Some(2));
+    let again = receiver
+        .receive(&inbox, &mut (), &headers, b"{}")
+        .await
+        .unwrap();
+    assert!(!again.is_new());
+    assert_eq!(receiver.consumer_name(), "webhooks");
+}

@@ -1,0 +1,706 @@
+//! What goes over the wire and how every answer is classified, against a real server.
+
+mod common;
+
+use std::time::Duration;
+
+use chrono::Utc;
+use common::{Canary, OLD_SECRET, Reply, SECRET, TestServer, message};
+use outbox_core::webhooks::{Secret, Verifier};
+use outbox_core::{Failure, FailureClass, Message, MessageId, NewMessage, Outcome, Sink};
+use outbox_sink_http::{CircuitConfig, EndpointConfig, HttpSinkConfig, headers};
+use tokio::time::Instant;
+
+fn failure(outcome: &Outcome) -> &Failure {
+    match outcome {
+        Outcome::Failed(f) => f,
+        other => panic!("expected a failure, got {other:?}"),
+    }
+}
+
+/// An endpoint whose circuit never opens, so every request reaches the server.
+fn endpoint(url: String) -> EndpointConfig {
+    EndpointConfig::new(url).circuit(CircuitConfig::disabled())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_request_carries_identity_signatures_and_route_headers() {
+    let server = TestServer::start().await;
+    let sink = common::sink_to(
+        "orders",
+        endpoint(server.url("/hooks?tenant=1"))
+            .method("put")
+            .secret(SECRET)
+            .secret(OLD_SECRET)
+            .header("authorization", "Bearer route-token"),
+    );
+    let mut m = NewMessage::builder("orders", "order.paid")
+        .json(&serde_json::json!({ "order": 7 }))
+        .idempotency_key("order-7:paid")
+        .partition_key("order-7")
+        .tenant_id("acme")
+        .aggregate("order", "7")
+        .header(
+            "traceparent",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        )
+        .header("authorization", "Bearer message-token")
+        .header("x-custom", "héllo")
+        .build()
+        .unwrap()
+        .into_message(Utc::now());
+    m.attempts = 3;
+    let outcomes = sink.publish(std::slice::from_ref(&m)).await.unwrap();
+    assert_eq!(outcomes, [Outcome::published_with("HTTP 200")]);
+
+    let r = &server.requests()[0];
+    assert_eq!(r.method, "PUT");
+    assert_eq!(r.uri.to_string(), "/hooks?tenant=1");
+    assert_eq!(r.body.as_ref(), br#"{"order":7}"#);
+    let expect = [
+        ("content-type", "application/json"),
+        (headers::IDEMPOTENCY_KEY, "order-7:paid"),
+        (headers::MESSAGE_ID, &m.id.to_string()),
+        (headers::EVENT_TYPE, "order.paid"),
+        (headers::ATTEMPT, "3"),
+        (headers::PARTITION_KEY, "order-7"),
+        (headers::TENANT_ID, "acme"),
+        (headers::AGGREGATE_TYPE, "order"),
+        (headers::AGGREGATE_ID, "7"),
+        (headers::WEBHOOK_ID, "order-7:paid"),
+        (
+            "traceparent",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        ),
+        // The route's header wins over the message's.
+        ("authorization", "Bearer route-token"),
+    ];
+    for (name, value) in expect {
+        assert_eq!(r.header(name), Some(value), "header {name}");
+    }
+    assert_eq!(r.headers["x-custom"].as_bytes(), "héllo".as_bytes());
+    assert!(
+        r.header("user-agent")
+            .unwrap()
+            .starts_with("outbox-sink-http/")
+    );
+    let timestamp: i64 = r
+        .header(headers::WEBHOOK_TIMESTAMP)
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((Utc::now().timestamp() - timestamp).abs() <= 5);
+
+    // One signature per secret: a receiver holding either secret accepts the request,
+    // one holding neither does not.
+    let signatures = r.header(headers::WEBHOOK_SIGNATURE).unwrap();
+    assert_eq!(signatures.split(' ').count(), 2, "{signatures}");
+    let lookup = |name: &str| r.header(name);
+    for secret in [SECRET, OLD_SECRET] {
+        let verifier = Verifier::new(vec![Secret::parse(secret).unwrap()]);
+        let webhook = verifier.verify(lookup, &r.body, timestamp).unwrap();
+        assert_eq!(webhook.id, "order-7:paid");
+    }
+    let stranger = Verifier::new(vec![Secret::from_bytes(b"another key").unwrap()]);
+    assert!(stranger.verify(lookup, &r.body, timestamp).is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unsigned_routes_send_no_webhook_headers() {
+    let server = TestServer::start().await;
+    let sink = common::sink_to("plain", endpoint(server.url("/")));
+    sink.publish(&[message("plain", 1)]).await.unwrap();
+    let r = &server.requests()[0];
+    for name in [
+        headers::WEBHOOK_ID,
+        headers::WEBHOOK_TIMESTAMP,
+        headers::WEBHOOK_SIGNATURE,
+    ] {
+        assert!(r.header(name).is_none(), "{name}");
+    }
+    assert!(r.header(headers::IDEMPOTENCY_KEY).is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unsendable_messages_fail_permanently_without_a_request() {
+    let server = TestServer::start().await;
+    let sink = common::sink_to("orders", endpoint(server.url("/")));
+    let reserved = NewMessage::builder("orders", "e")
+        .header("content-length", "5")
+        .build()
+        .unwrap()
+        .into_message(Utc::now());
+    // A row written by another program can hold what the builder would refuse.
+    let broken_key = Message::from_parts(
+        MessageId::new(),
+        "orders".to_owned(),
+        "e".to_owned(),
+        b"{}".to_vec(),
+        "application/json".to_owned(),
+        "line\nbreak".to_owned(),
+        1,
+        Utc::now(),
+    );
+    let unknown = message("nowhere", 1);
+    let ok = message("orders", 2);
+    let outcomes = sink
+        .publish(&[reserved, broken_key, unknown, ok])
+        .await
+        .unwrap();
+    let f = failure(&outcomes[0]);
+    assert_eq!((f.class, f.retryable), (FailureClass::Serialization, false));
+    assert!(f.message.contains("content-length"), "{f}");
+    let f = failure(&outcomes[1]);
+    assert_eq!((f.class, f.retryable), (FailureClass::Serialization, false));
+    assert!(f.message.contains(headers::IDEMPOTENCY_KEY), "{f}");
+    let f = failure(&outcomes[2]);
+    assert_eq!(
+        (f.class, f.retryable),
+        (FailureClass::UnknownDestination, false)
+    );
+    assert!(outcomes[3].is_published());
+    assert_eq!(server.count(), 1, "only the good message was sent");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statuses_are_classified() {
+    // The message's payload says which status to answer.
+    let server = TestServer::with(|r, _| {
+        let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+        let status = v["status"].as_u64().unwrap() as u16;
+        Reply::status(status).body(format!("answer {status}"))
+    })
+    .await;
+    let sink = common::sink_to("s", endpoint(server.url("/")));
+    let cases: &[(u16, Option<(FailureClass, bool)>)] = &[
+        (200, None),
+        (201, None),
+        (202, None),
+        (204, None),
+        (400, Some((FailureClass::Rejected, false))),
+        (401, Some((FailureClass::Rejected, false))),
+        (404, Some((FailureClass::Rejected, false))),
+        (409, Some((FailureClass::Rejected, false))),
+        (413, Some((FailureClass::TooLarge, false))),
+        (422, Some((FailureClass::Rejected, false))),
+        (408, Some((FailureClass::Timeout, true))),
+        (425, Some((FailureClass::Unavailable, true))),
+        (429, Some((FailureClass::RateLimited, true))),
+        (500, Some((FailureClass::Unavailable, true))),
+        (502, Some((FailureClass::Unavailable, true))),
+        (503, Some((FailureClass::Unavailable, true))),
+        (504, Some((FailureClass::Unavailable, true))),
+    ];
+    let batch: Vec<Message> = cases
+        .iter()
+        .map(|(status, _)| {
+            NewMessage::builder("s", "e")
+                .json(&serde_json::json!({ "status": status }))
+                .build()
+                .unwrap()
+                .into_message(Utc::now())
+        })
+        .collect();
+    let outcomes = sink.publish(&batch).await.unwrap();
+    assert_eq!(outcomes.len(), cases.len());
+    for ((status, want), outcome) in cases.iter().zip(&outcomes) {
+        match want {
+            None => assert_eq!(outcome, &Outcome::published_with(format!("HTTP {status}"))),
+            Some((class, retryable)) => {
+                let f = failure(outcome);
+                assert_eq!(
+                    (f.class, f.retryable),
+                    (*class, *retryable),
+                    "{status}: {f}"
+                );
+                assert!(f.message.starts_with(&format!("HTTP {status}")), "{f}");
+                if !retryable {
+                    assert!(
+                        f.message.ends_with(&format!("answer {status}")),
+                        "reason carries the body: {f}"
+                    );
+                }
+            }
+        }
+    }
+    assert_eq!(server.count(), cases.len());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_after_seconds_is_honoured_and_pauses_the_endpoint() {
+    let server = TestServer::with(|_, _| Reply::status(429).header("retry-after", "2")).await;
+    let sink = common::sink_to("api", endpoint(server.url("/")));
+    let first = sink.publish(&[message("api", 1)]).await.unwrap();
+    let f = failure(&first[0]);
+    assert_eq!((f.class, f.retryable), (FailureClass::RateLimited, true));
+    assert_eq!(f.retry_after, Some(Duration::from_secs(2)));
+
+    // The endpoint asked to wait: the next messages are not sent until then.
+    let paused = sink
+        .publish(&[message("api", 2), message("api", 3)])
+        .await
+        .unwrap();
+    for outcome in &paused {
+        let f = failure(outcome);
+        assert_eq!((f.class, f.retryable), (FailureClass::RateLimited, true));
+        assert!(f.message.contains("Retry-After"), "{f}");
+        let wait = f.retry_after.unwrap();
+        assert!(
+            wait > Duration::from_millis(1500) && wait <= Duration::from_secs(2),
+            "{wait:?}"
+        );
+    }
+    assert_eq!(server.count(), 1);
+    assert!(sink.health("api").unwrap().paused_for.is_some());
+
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    server.set(|_, _| Reply::ok());
+    assert!(sink.publish(&[message("api", 4)]).await.unwrap()[0].is_published());
+    assert_eq!(server.count(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_after_http_date_is_honoured_and_capped() {
+    let date = httpdate::fmt_http_date(std::time::SystemTime::now() + Duration::from_secs(90));
+    let server =
+        TestServer::with(move |_, _| Reply::status(503).header("retry-after", &date)).await;
+    let sink = common::sink_to("api", endpoint(server.url("/")));
+    let outcomes = sink.publish(&[message("api", 1)]).await.unwrap();
+    let wait = failure(&outcomes[0]).retry_after.unwrap();
+    assert!(
+        wait > Duration::from_secs(85) && wait <= Duration::from_secs(90),
+        "{wait:?}"
+    );
+
+    let capped = common::config()
+        .max_retry_after(Duration::from_secs(30))
+        .route("api", endpoint(server.url("/")))
+        .build()
+        .unwrap();
+    let outcomes = capped.publish(&[message("api", 2)]).await.unwrap();
+    assert_eq!(
+        failure(&outcomes[0]).retry_after,
+        Some(Duration::from_secs(30))
+    );
+
+    // A date in the past means "now": no wait, no pause.
+    let past = httpdate::fmt_http_date(std::time::SystemTime::now() - Duration::from_secs(60));
+    server.set(move |_, _| Reply::status(503).header("retry-after", &past));
+    let fresh = common::sink_to("api", endpoint(server.url("/")));
+    let outcomes = fresh
+        .publish(&[message("api", 3), message("api", 4)])
+        .await
+        .unwrap();
+    for outcome in &outcomes {
+        let f = failure(outcome);
+        assert_eq!(f.retry_after, Some(Duration::ZERO));
+        assert!(f.message.starts_with("HTTP 503"), "both were sent: {f}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redirect_to_loopback_is_not_followed() {
+    let canary = Canary::start().await;
+    // 127.0.0.1 is allow-listed, so only the disabled redirect policy stands between the
+    // 302 and the canary.
+    let target = format!("http://127.0.0.1:{}/internal/admin?token=x", canary.port);
+    let server = TestServer::with(move |r, _| {
+        let status = match r.uri.path() {
+            "/moved" => 301,
+            "/temp" => 307,
+            _ => 302,
+        };
+        Reply::status(status).header("location", &target)
+    })
+    .await;
+    let sink = common::config()
+        .route("found", endpoint(server.url("/found")))
+        .route("moved", endpoint(server.url("/moved")))
+        .route("temp", endpoint(server.url("/temp")))
+        .build()
+        .unwrap();
+    let outcomes = sink
+        .publish(&[message("found", 1), message("moved", 2), message("temp", 3)])
+        .await
+        .unwrap();
+    for (outcome, (code, retryable)) in
+        outcomes
+            .iter()
+            .zip([(302, true), (301, false), (307, true)])
+    {
+        let f = failure(outcome);
+        assert!(f.message.starts_with(&format!("HTTP {code}")), "{f}");
+        assert!(f.message.contains("not followed"), "{f}");
+        assert!(
+            !f.message.contains("token"),
+            "the location's query is not logged: {f}"
+        );
+        assert_eq!(f.retryable, retryable, "{f}");
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(server.count(), 3);
+    assert_eq!(canary.connections(), 0, "a redirect was followed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn response_bodies_are_read_with_a_cap() {
+    let huge = vec![b'x'; 8 * 1024 * 1024];
+    let server = TestServer::with(move |r, _| {
+        let status = if r.body.as_ref() == b"\"ok\"" {
+            200
+        } else {
+            400
+        };
+        Reply::status(status).body(huge.clone())
+    })
+    .await;
+    let sink = common::config()
+        .max_response_body(4096)
+        .max_error_body(100)
+        .route("big", endpoint(server.url("/")))
+        .build()
+        .unwrap();
+    let bad = message("big", 1);
+    let good = NewMessage::builder("big", "e")
+        .json("ok")
+        .build()
+        .unwrap()
+        .into_message(Utc::now());
+    let started = Instant::now();
+    let outcomes = sink.publish(&[bad, good]).await.unwrap();
+    let f = failure(&outcomes[0]);
+    assert!(!f.retryable);
+    assert!(f.message.ends_with("… (truncated)"), "{f}");
+    assert!(f.message.len() < 200, "{}", f.message.len());
+    assert!(
+        outcomes[1].is_published(),
+        "a 2xx with a huge body is still an acknowledgement"
+    );
+    assert!(started.elapsed() < Duration::from_secs(5));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_endpoints_time_out_retryably() {
+    let server = TestServer::with(|_, _| Reply::ok().delay(Duration::from_secs(3))).await;
+    let sink = common::sink_to(
+        "slow",
+        endpoint(server.url("/")).timeout(Duration::from_millis(300)),
+    );
+    let started = Instant::now();
+    let outcomes = sink.publish(&[message("slow", 1)]).await.unwrap();
+    let f = failure(&outcomes[0]);
+    assert_eq!((f.class, f.retryable), (FailureClass::Timeout, true), "{f}");
+    assert!(started.elapsed() < Duration::from_secs(2));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_publish_deadline_bounds_a_batch() {
+    let server = TestServer::with(|_, _| Reply::ok().delay(Duration::from_millis(400))).await;
+    let sink = common::config()
+        .publish_deadline(Duration::from_millis(700))
+        .route("slow", endpoint(server.url("/")).concurrency(1))
+        .build()
+        .unwrap();
+    let batch: Vec<Message> = (0..5).map(|n| message("slow", n)).collect();
+    let started = Instant::now();
+    let outcomes = sink.publish(&batch).await.unwrap();
+    let elapsed = started.elapsed();
+    assert!(elapsed < Duration::from_millis(1400), "{elapsed:?}");
+    assert!(outcomes[0].is_published());
+    let cut = failure(&outcomes[1]);
+    assert_eq!((cut.class, cut.retryable), (FailureClass::Timeout, true));
+    assert!(cut.message.contains("may have been delivered"), "{cut}");
+    for outcome in &outcomes[2..] {
+        let f = failure(outcome);
+        assert_eq!((f.class, f.retryable), (FailureClass::Timeout, true));
+        assert!(f.message.starts_with("not sent"), "{f}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_errors_are_retryable_and_do_not_leak_the_url() {
+    let port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().port()
+    };
+    let sink = common::sink_to(
+        "gone",
+        endpoint(format!("http://user:pw@127.0.0.1:{port}/T000/secret-token")),
+    );
+    let outcomes = sink.publish(&[message("gone", 1)]).await.unwrap();
+    let f = failure(&outcomes[0]);
+    assert_eq!(
+        (f.class, f.retryable),
+        (FailureClass::Connection, true),
+        "{f}"
+    );
+    for secret in ["secret-token", "pw", "T000"] {
+        assert!(!f.message.contains(secret), "{f}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn url_credentials_are_sent_as_basic_auth() {
+    let server = TestServer::start().await;
+    let url = format!("http://user:pa%20ss@{}/", server.addr);
+    let sink = common::sink_to("auth", endpoint(url));
+    sink.publish(&[message("auth", 1)]).await.unwrap();
+    // base64("user:pa ss")
+    assert_eq!(
+        server.requests()[0].header("authorization"),
+        Some("Basic dXNlcjpwYSBzcw==")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrency_is_limited_per_endpoint() {
+    let server = TestServer::with(|_, _| Reply::ok().delay(Duration::from_millis(150))).await;
+    let sink = common::sink_to("c", endpoint(server.url("/")).concurrency(3));
+    let batch: Vec<Message> = (0..12).map(|n| message("c", n)).collect();
+    let started = Instant::now();
+    let outcomes = sink.publish(&batch).await.unwrap();
+    assert!(outcomes.iter().all(Outcome::is_published));
+    assert_eq!(server.max_in_flight(), 3);
+    // 12 requests, 3 at a time, 150 ms each: at least 4 rounds.
+    assert!(
+        started.elapsed() >= Duration::from_millis(590),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_sharing_a_partition_key_go_in_batch_order() {
+    // Earlier messages answer more slowly; sent concurrently they would arrive reversed.
+    let server = TestServer::with(|r, _| {
+        let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+        let n = v["n"].as_u64().unwrap();
+        Reply::ok().delay(Duration::from_millis(10 * (8 - n % 8)))
+    })
+    .await;
+    let sink = common::sink_to("k", endpoint(server.url("/")));
+    let batch: Vec<Message> = (0..16)
+        .map(|n| {
+            NewMessage::builder("k", "e")
+                .json(&serde_json::json!({ "n": n }))
+                .partition_key(if n % 2 == 0 { "even" } else { "odd" })
+                .build()
+                .unwrap()
+                .into_message(Utc::now())
+        })
+        .collect();
+    assert!(
+        sink.publish(&batch)
+            .await
+            .unwrap()
+            .iter()
+            .all(Outcome::is_published)
+    );
+    let arrivals = |key: &str| -> Vec<u64> {
+        server
+            .requests()
+            .iter()
+            .filter(|r| r.header(headers::PARTITION_KEY) == Some(key))
+            .map(|r| {
+                serde_json::from_slice::<serde_json::Value>(&r.body).unwrap()["n"]
+                    .as_u64()
+                    .unwrap()
+            })
+            .collect()
+    };
+    assert_eq!(arrivals("even"), [0, 2, 4, 6, 8, 10, 12, 14]);
+    assert_eq!(arrivals("odd"), [1, 3, 5, 7, 9, 11, 13, 15]);
+    assert_eq!(server.max_in_flight(), 2, "the two keys went in parallel");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn config_files_deserialize_and_build() {
+    let server = TestServer::start().await;
+    let json = serde_json::json!({
+        "publish_deadline": "8s",
+        "ssrf": { "allow": ["127.0.0.1/32"] },
+        "routes": {
+            "orders": {
+                "url": server.url("/o"),
+                "secrets": [SECRET],
+                "timeout": "1500ms",
+                "concurrency": 2,
+                "rate_limit": { "per_second": 100.0, "burst": 5, "max_wait": "1s" },
+                "circuit": { "failures": 3, "cool_down": "10s" },
+                "headers": { "authorization": "Bearer t" }
+            }
+        }
+    });
+    let config: HttpSinkConfig = serde_json::from_value(json).unwrap();
+    assert_eq!(config.publish_deadline, Duration::from_secs(8));
+    assert_eq!(config.routes["orders"].timeout, Duration::from_millis(1500));
+    let sink = config.build().unwrap();
+    assert!(sink.publish(&[message("orders", 1)]).await.unwrap()[0].is_published());
+    assert!(
+        server.requests()[0]
+            .header(headers::WEBHOOK_SIGNATURE)
+            .is_some()
+    );
+
+    let typo =
+        serde_json::json!({ "routes": { "o": { "url": "https://x.example/", "timout": "1s" } } });
+    let err = serde_json::from_value::<HttpSinkConfig>(typo)
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("timout"), "{err}");
+    let unitless =
+        serde_json::json!({ "routes": { "o": { "url": "https://x.example/", "timeout": "10" } } });
+    let err = serde_json::from_value::<HttpSinkConfig>(unitless)
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("needs a unit"), "{err}");
+}
+
+#[test]
+fn invalid_configuration_names_the_route_and_setting() {
+    let base = || EndpointConfig::new("https://hooks.example.com/");
+    let cases: Vec<(HttpSinkConfig, Option<&str>, &str, &str)> = vec![
+        (HttpSinkConfig::new(), None, "routes", "no routes"),
+        (
+            HttpSinkConfig::new().route("r", EndpointConfig::new("not a url")),
+            Some("r"),
+            "url",
+            "",
+        ),
+        (
+            HttpSinkConfig::new().route("r", EndpointConfig::new("ftp://x.example/")),
+            Some("r"),
+            "url",
+            "http or https",
+        ),
+        (
+            HttpSinkConfig::new()
+                .require_https(true)
+                .route("r", EndpointConfig::new("http://x.example/")),
+            Some("r"),
+            "url",
+            "https",
+        ),
+        (
+            HttpSinkConfig::new().route("r", EndpointConfig::new("http://10.0.0.1/")),
+            Some("r"),
+            "url",
+            "SSRF",
+        ),
+        (
+            HttpSinkConfig::new().route("r", base().method("GET")),
+            Some("r"),
+            "method",
+            "GET",
+        ),
+        (
+            HttpSinkConfig::new().route("r", base().header("content-length", "1")),
+            Some("r"),
+            "headers",
+            "content-length",
+        ),
+        (
+            HttpSinkConfig::new().route("r", base().header("bad name", "1")),
+            Some("r"),
+            "headers",
+            "bad name",
+        ),
+        (
+            HttpSinkConfig::new().route("r", base().header("x-a", "a\nb")),
+            Some("r"),
+            "headers",
+            "x-a",
+        ),
+        (
+            HttpSinkConfig::new().route("r", base().secret("whsec_???")),
+            Some("r"),
+            "secrets",
+            "secret 1",
+        ),
+        (
+            HttpSinkConfig::new().route("r", base().secret("nope")),
+            Some("r"),
+            "secrets",
+            "whsec_",
+        ),
+        (
+            HttpSinkConfig::new().route(
+                "r",
+                base().rate_limit(outbox_sink_http::RateLimit::per_second(0.0)),
+            ),
+            Some("r"),
+            "rate_limit",
+            "per_second",
+        ),
+        (
+            HttpSinkConfig::new().route("r", base().concurrency(0)),
+            Some("r"),
+            "concurrency",
+            "1..=1024",
+        ),
+        (
+            HttpSinkConfig::new().route("r", base().timeout(Duration::ZERO)),
+            Some("r"),
+            "timeout",
+            "zero",
+        ),
+        (
+            HttpSinkConfig::new().route("r", base().allow("not a rule!")),
+            Some("r"),
+            "allow",
+            "not a rule!",
+        ),
+        (
+            HttpSinkConfig::new().route(
+                "r",
+                base().circuit(CircuitConfig::default().cool_down(Duration::ZERO)),
+            ),
+            Some("r"),
+            "circuit",
+            "cool_down",
+        ),
+        (
+            HttpSinkConfig::new()
+                .publish_deadline(Duration::ZERO)
+                .route("r", base()),
+            None,
+            "publish_deadline",
+            "zero",
+        ),
+    ];
+    for (config, route, setting, needle) in cases {
+        let err = config.build().unwrap_err();
+        assert_eq!((err.route(), err.setting()), (route, setting), "{err}");
+        assert!(
+            err.to_string().contains(needle),
+            "{err} should mention {needle}"
+        );
+    }
+    // An allow entry for the endpoint lets an internal literal through.
+    assert!(
+        HttpSinkConfig::new()
+            .route(
+                "r",
+                EndpointConfig::new("http://10.0.0.1/").allow("10.0.0.0/8")
+            )
+            .build()
+            .is_ok()
+    );
+}
+
+#[test]
+fn debug_output_hides_secrets() {
+    let config = HttpSinkConfig::new().route(
+        "r",
+        EndpointConfig::new("https://u:hunter2@hooks.example.com/T0/B0/XXXXsecret?sig=abc")
+            .secret(SECRET)
+            .header("authorization", "Bearer tok123"),
+    );
+    let sink = config.clone().build().unwrap();
+    for shown in [format!("{config:?}"), format!("{sink:?}")] {
+        assert!(shown.contains("hooks.example.com"), "{shown}");
+        for secret in ["hunter2", "XXXXsecret", "sig=abc", "tok123", &SECRET[6..]] {
+            assert!(!shown.contains(secret), "{secret} leaked: {shown}");
+        }
+    }
+}
