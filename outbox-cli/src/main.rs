@@ -1,0 +1,346 @@
+//! `outbox`: operate an outbox table from the command line, and run a standalone relay
+//! from a config file (any language can write the table).
+//!
+//! Errors are one line on stderr and a non-zero exit code.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use outbox::config::{Config, StoreConfig};
+use outbox::{AnyStore, DeadLetterFilter, DeadLetters, MessageId, PurgeRequest, StoreStats};
+
+mod serve;
+
+/// Operate a transactional outbox.
+#[derive(Debug, Parser)]
+#[command(name = "outbox", version, about)]
+struct Cli {
+    /// The config file (TOML); `OUTBOX_…` environment variables override it.
+    #[arg(long, short, global = true, env = "OUTBOX_CONFIG")]
+    config: Option<PathBuf>,
+    /// The store URL, instead of the config file's `store.url`.
+    #[arg(long, global = true)]
+    store: Option<String>,
+    /// The outbox table, instead of the config file's `store.table`.
+    #[arg(long, global = true)]
+    table: Option<String>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Create or upgrade the outbox table (idempotent).
+    Migrate,
+    /// Run a relay with the config file's routes until Ctrl-C or SIGTERM.
+    Relay,
+    /// Backlog, oldest pending age, leased and dead rows per destination.
+    Status {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List, replay or discard dead letters.
+    Dead {
+        #[command(subcommand)]
+        action: DeadAction,
+    },
+    /// Delete old published rows (and, optionally, old dead letters) in bounded batches.
+    Purge {
+        /// Published rows finished at least this long ago, e.g. `7d`.
+        #[arg(long, value_parser = parse_duration)]
+        published_older_than: Duration,
+        /// Also dead letters that died at least this long ago.
+        #[arg(long, value_parser = parse_duration)]
+        dead_older_than: Option<Duration>,
+        /// Rows per statement.
+        #[arg(long, default_value_t = 1000)]
+        batch: usize,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum DeadAction {
+    /// Show matching dead letters, oldest first.
+    List {
+        #[command(flatten)]
+        filter: FilterArgs,
+        /// At most this many.
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+        /// Print JSON lines instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Make matching dead letters pending again.
+    Replay {
+        #[command(flatten)]
+        filter: FilterArgs,
+        /// Count what would be replayed, change nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Delete matching dead letters.
+    Discard {
+        #[command(flatten)]
+        filter: FilterArgs,
+        /// Count what would be deleted, change nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
+}
+
+#[derive(Debug, Args)]
+struct FilterArgs {
+    /// Only this destination (repeatable).
+    #[arg(long = "destination")]
+    destinations: Vec<String>,
+    /// Only this event type (repeatable).
+    #[arg(long = "event-type")]
+    event_types: Vec<String>,
+    /// Only this message id (repeatable).
+    #[arg(long = "id")]
+    ids: Vec<uuid::Uuid>,
+    /// Only dead letters whose reason contains this text.
+    #[arg(long)]
+    error_contains: Option<String>,
+    /// Created at or after (RFC 3339).
+    #[arg(long)]
+    since: Option<chrono::DateTime<chrono::Utc>>,
+    /// Created before (RFC 3339).
+    #[arg(long)]
+    until: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+impl FilterArgs {
+    fn filter(&self) -> DeadLetterFilter {
+        let mut filter = DeadLetterFilter::all()
+            .ids(self.ids.iter().copied().map(MessageId::from_uuid))
+            .created_between(self.since, self.until);
+        for d in &self.destinations {
+            filter = filter.destination(d.clone());
+        }
+        for t in &self.event_types {
+            filter = filter.event_type(t.clone());
+        }
+        if let Some(text) = &self.error_contains {
+            filter = filter.error_contains(text.clone());
+        }
+        filter
+    }
+}
+
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    outbox::config::parse_duration(text)
+}
+
+type Result<T, E = String> = std::result::Result<T, E>;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => return fail(format!("cannot start the runtime: {e}")),
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => fail(message),
+    }
+}
+
+fn fail(message: String) -> ExitCode {
+    let one_line = message.split_whitespace().collect::<Vec<_>>().join(" ");
+    eprintln!("error: {one_line}");
+    ExitCode::FAILURE
+}
+
+fn load_config(cli: &Cli) -> Result<Option<Config>> {
+    cli.config
+        .as_deref()
+        .map(|path| Config::load(path).map_err(|e| e.to_string()))
+        .transpose()
+}
+
+async fn connect(cli: &Cli, config: Option<&Config>) -> Result<AnyStore> {
+    let mut store: StoreConfig = match (config, &cli.store) {
+        (_, Some(url)) => {
+            Config::from_toml(
+                &format!("[store]\nurl = {}\n", toml_string(url)),
+                std::iter::empty(),
+            )
+            .map_err(|e| e.to_string())?
+            .store
+        }
+        (Some(config), None) => config.store.clone(),
+        (None, None) => {
+            return Err(
+                "no store: pass --store URL or --config FILE (or set OUTBOX_CONFIG)".to_owned(),
+            );
+        }
+    };
+    if let Some(table) = &cli.table {
+        store.table = Some(table.clone());
+    }
+    AnyStore::connect(&store).await.map_err(|e| e.to_string())
+}
+
+fn toml_string(text: &str) -> String {
+    serde_json::to_string(text).expect("strings serialize")
+}
+
+async fn run(cli: Cli) -> Result<()> {
+    let config = load_config(&cli)?;
+    match &cli.command {
+        Command::Migrate => {
+            let store = connect(&cli, config.as_ref()).await?;
+            store.migrate().await.map_err(|e| e.to_string())?;
+            println!("migrated");
+        }
+        Command::Relay => {
+            let config =
+                config.ok_or("`outbox relay` needs --config FILE (routes come from it)")?;
+            serve::relay(&config, connect(&cli, Some(&config)).await?).await?;
+        }
+        Command::Status { json } => status(&connect(&cli, config.as_ref()).await?, *json).await?,
+        Command::Dead { action } => dead(&connect(&cli, config.as_ref()).await?, action).await?,
+        Command::Purge {
+            published_older_than,
+            dead_older_than,
+            batch,
+        } => {
+            let store = connect(&cli, config.as_ref()).await?;
+            let mut request = PurgeRequest::published_older_than(*published_older_than)
+                .batch_size((*batch).max(1));
+            if let Some(age) = dead_older_than {
+                request = request.dead_older_than(*age);
+            }
+            let mut total = 0;
+            loop {
+                let n = outbox::Purge::purge(&store, &request)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                total += n;
+                if n > 0 {
+                    eprintln!("purged {total} rows…");
+                }
+                if n < request.batch_size as u64 {
+                    break;
+                }
+            }
+            println!("purged {total} rows");
+        }
+    }
+    Ok(())
+}
+
+async fn status(store: &AnyStore, json: bool) -> Result<()> {
+    let stats = store.stats().await.map_err(|e| e.to_string())?;
+    let now = chrono::Utc::now();
+    if json {
+        let rows: Vec<_> = stats
+            .destinations
+            .iter()
+            .map(|d| {
+                serde_json::json!({
+                    "destination": d.destination, "pending": d.pending, "leased": d.leased, "dead": d.dead,
+                    "published": d.published, "halted_keys": d.halted_keys,
+                    "oldest_pending_age_seconds": d.oldest_pending_age(now).map(|a| a.as_secs_f64()),
+                })
+            })
+            .collect();
+        println!("{}", serde_json::json!({ "destinations": rows }));
+        return Ok(());
+    }
+    println!(
+        "{:<24} {:>9} {:>9} {:>9} {:>11} {:>8} {:>12}",
+        "DESTINATION", "PENDING", "LEASED", "DEAD", "PUBLISHED", "HALTED", "OLDEST"
+    );
+    for d in &stats.destinations {
+        let age = d
+            .oldest_pending_age(now)
+            .map_or_else(|| "-".to_owned(), |a| format!("{}s", a.as_secs()));
+        println!(
+            "{:<24} {:>9} {:>9} {:>9} {:>11} {:>8} {:>12}",
+            d.destination, d.pending, d.leased, d.dead, d.published, d.halted_keys, age
+        );
+    }
+    Ok(())
+}
+
+async fn dead(store: &AnyStore, action: &DeadAction) -> Result<()> {
+    match action {
+        DeadAction::List {
+            filter,
+            limit,
+            json,
+        } => {
+            let letters = store
+                .list_dead(&filter.filter(), *limit)
+                .await
+                .map_err(|e| e.to_string())?;
+            for d in &letters {
+                if *json {
+                    println!(
+                        "{}",
+                        serde_json::json!({
+                            "id": d.message.id.to_string(), "destination": d.message.destination, "event_type": d.message.event_type,
+                            "attempts": d.message.attempts, "created_at": d.message.created_at, "dead_at": d.dead_at, "reason": d.reason,
+                        })
+                    );
+                } else {
+                    println!(
+                        "{}  {:<20} {:<24} {}  {}",
+                        d.message.id,
+                        d.message.destination,
+                        d.message.event_type,
+                        d.dead_at.format("%Y-%m-%dT%H:%M:%SZ"),
+                        d.reason
+                    );
+                }
+            }
+            if !*json {
+                eprintln!("{} dead letter(s)", letters.len());
+            }
+        }
+        DeadAction::Replay { filter, dry_run } => {
+            let filter = filter.filter();
+            if *dry_run {
+                let n = store
+                    .list_dead(&filter, usize::MAX >> 1)
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .len();
+                println!("would replay {n} dead letter(s)");
+            } else {
+                let n = store
+                    .replay_dead(&filter)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                println!("replayed {n} dead letter(s)");
+            }
+        }
+        DeadAction::Discard { filter, dry_run } => {
+            let filter = filter.filter();
+            if *dry_run {
+                let n = store
+                    .list_dead(&filter, usize::MAX >> 1)
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .len();
+                println!("would discard {n} dead letter(s)");
+            } else {
+                let n = store
+                    .discard_dead(&filter)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                println!("discarded {n} dead letter(s)");
+            }
+        }
+    }
+    Ok(())
+}

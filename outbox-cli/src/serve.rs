@@ -1,0 +1,115 @@
+//! `outbox relay`: the relay, store gauges, and a tiny `/metrics` + `/healthz` endpoint.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use outbox::config::Config;
+use outbox::{AnyStore, StoreStats};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+pub(crate) async fn relay(config: &Config, store: AnyStore) -> Result<(), String> {
+    let metrics = PrometheusBuilder::new()
+        .install_recorder()
+        .map_err(|e| format!("metrics: {e}"))?;
+    let listener = if config.relay.wakeups {
+        store.listen().await.map_err(|e| e.to_string())?
+    } else {
+        None
+    };
+    let wakeup = listener.as_ref().map(|(wakeup, _)| wakeup.clone());
+    let relay = outbox::build_relay_with(config, store.clone(), |builder| match wakeup {
+        Some(wakeup) => builder.wakeup(wakeup),
+        None => builder,
+    })
+    .await
+    .map_err(|e| e.to_string())?;
+    let alive = Arc::new(AtomicBool::new(true));
+    if let Some(addr) = &config.metrics.listen {
+        let server = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| format!("metrics.listen {addr}: {e}"))?;
+        tokio::spawn(serve(server, metrics.clone(), alive.clone()));
+        eprintln!("serving /metrics and /healthz on {addr}");
+    }
+    tokio::spawn(store_gauges(store));
+    eprintln!(
+        "relay running with {} route(s); Ctrl-C or SIGTERM stops it",
+        config.routes.len()
+    );
+    relay.run(shutdown_signal()).await;
+    alive.store(false, Ordering::SeqCst);
+    drop(listener);
+    eprintln!("relay stopped");
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(term) => term,
+        Err(_) => {
+            let _ = ctrl_c.await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term.recv() => {}
+    }
+}
+
+/// Every 10 s: backlog, oldest pending age and dead letters per destination as gauges.
+async fn store_gauges(store: AnyStore) {
+    loop {
+        if let Ok(stats) = store.stats().await {
+            let now = chrono::Utc::now();
+            for d in &stats.destinations {
+                let destination = d.destination.clone();
+                metrics::gauge!("outbox_backlog", "destination" => destination.clone())
+                    .set(d.backlog() as f64);
+                metrics::gauge!("outbox_dead_letters", "destination" => destination.clone())
+                    .set(d.dead as f64);
+                metrics::gauge!("outbox_halted_keys", "destination" => destination.clone())
+                    .set(d.halted_keys as f64);
+                let age = d.oldest_pending_age(now).map_or(0.0, |a| a.as_secs_f64());
+                metrics::gauge!("outbox_oldest_pending_age_seconds", "destination" => destination)
+                    .set(age);
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(10)).await;
+    }
+}
+
+async fn serve(
+    listener: tokio::net::TcpListener,
+    metrics: PrometheusHandle,
+    alive: Arc<AtomicBool>,
+) {
+    loop {
+        let Ok((mut socket, _)) = listener.accept().await else {
+            continue;
+        };
+        let (metrics, alive) = (metrics.clone(), alive.clone());
+        tokio::spawn(async move {
+            let mut buffer = [0u8; 1024];
+            let Ok(n) = socket.read(&mut buffer).await else {
+                return;
+            };
+            let request = String::from_utf8_lossy(&buffer[..n]);
+            let path = request.split_whitespace().nth(1).unwrap_or("/");
+            let (status, body) = match path {
+                "/metrics" => ("200 OK", metrics.render()),
+                "/healthz" if alive.load(Ordering::SeqCst) => ("200 OK", "ok\n".to_owned()),
+                "/healthz" => ("503 Service Unavailable", "stopping\n".to_owned()),
+                _ => ("404 Not Found", "not found\n".to_owned()),
+            };
+            let response = format!(
+                "HTTP/1.1 {status}\r\ncontent-type: text/plain; version=0.0.4\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = socket.write_all(response.as_bytes()).await;
+        });
+    }
+}

@@ -1,0 +1,41 @@
+//! A transactional outbox for Rust: write the message in the same database transaction as
+//! your business change, and let a relay publish it after commit — to a webhook, Kafka,
+//! SQS, RabbitMQ or Redis — marking it published only after the receiver acknowledged.
+//!
+//! This crate gathers the pieces behind Cargo features (none on by default):
+//!
+//! | feature | gives |
+//! |---|---|
+//! | `postgres`, `sqlite`, `mysql` | [`sqlx`](outbox_sqlx) stores: enqueue in your transaction, relay store, inbox |
+//! | `http` | the HTTP / webhook sink |
+//! | `redis` | the Redis Streams sink |
+//! | `full` | all of the above |
+//! | `testkit` | in-memory store, recording and flaky sinks, conformance suites |
+//!
+//! and builds stores and sinks from URLs or a TOML file ([`Config`]), so switching a route
+//! from HTTP to Redis is a configuration change, not a code change. A URL whose feature is
+//! off fails with an error that names the feature.
+//!
+//! The core API ([`NewMessage`], [`Relay`], [`Store`], [`Sink`], …) is re-exported at the
+//! crate root.
+
+pub use outbox_core::*;
+
+pub mod config;
+mod error;
+mod routes;
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+mod store;
+
+pub use config::Config;
+pub use error::Error;
+pub use routes::{build_relay, build_relay_with, build_sink};
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+pub use store::AnyStore;
+
+#[cfg(feature = "http")]
+pub use outbox_sink_http as http;
+#[cfg(feature = "redis")]
+pub use outbox_sink_redis as redis;
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+pub use outbox_sqlx as sqlx_store;
