@@ -78,6 +78,17 @@ impl CircuitConfig {
 
 /// The state of an endpoint's circuit, as [`HttpSink::health`](crate::HttpSink::health)
 /// reports it.
+///
+/// ```
+/// use outbox_sink_http::{CircuitState, EndpointConfig, HttpSinkConfig};
+///
+/// let sink = HttpSinkConfig::new()
+///     .route("orders", EndpointConfig::new("https://hooks.example.com/"))
+///     .build()?;
+/// // A fresh endpoint takes requests.
+/// assert_eq!(sink.health("orders").map(|h| h.circuit), Some(CircuitState::Closed));
+/// # Ok::<(), outbox_sink_http::ConfigError>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum CircuitState {

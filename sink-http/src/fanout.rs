@@ -10,6 +10,13 @@ use std::collections::HashSet;
 use outbox_core::{MessageError, MessageId, NewMessage, NewMessageBuilder};
 
 /// Why a fan-out could not be built.
+///
+/// ```
+/// use outbox_sink_http::{FanOutError, fan_out};
+///
+/// let err = fan_out(["hooks/a", "hooks/a"], "e", |m| m).unwrap_err();
+/// assert_eq!(err, FanOutError::DuplicateDestination("hooks/a".to_owned()));
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum FanOutError {

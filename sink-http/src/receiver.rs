@@ -141,6 +141,8 @@ impl Inbox for outbox_sqlx::mysql::MySqlInbox {
 }
 
 /// A verified webhook: its signed identity plus the sink's informational headers.
+///
+/// Returned by [`WebhookReceiver::verify`]; see the example there.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Webhook {
@@ -157,6 +159,23 @@ pub struct Webhook {
 }
 
 /// Whether a verified webhook is seen for the first time.
+///
+/// ```
+/// # async fn demo(
+/// #     receiver: outbox_sink_http::receiver::WebhookReceiver,
+/// #     inbox: impl outbox_sink_http::receiver::Inbox<Connection = ()>,
+/// #     headers: http::HeaderMap,
+/// #     body: &[u8],
+/// # ) -> Result<(), outbox_sink_http::receiver::ReceiveError> {
+/// use outbox_sink_http::receiver::Received;
+///
+/// match receiver.receive(&inbox, &mut (), &headers, body).await? {
+///     Received::New(webhook) => println!("apply {} once", webhook.id),
+///     Received::Duplicate(webhook) => println!("{} again: acknowledge, do nothing", webhook.id),
+/// }
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Received {
     /// First delivery: apply the side effect in the same transaction, then commit.
