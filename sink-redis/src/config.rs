@@ -11,6 +11,12 @@ use serde::Deserialize;
 use crate::error::RedisSinkError;
 
 /// The longest stream key a template may render, in bytes.
+///
+/// ```
+/// use outbox_sink_redis::{MAX_STREAM_KEY_BYTES, StreamTemplate};
+///
+/// assert!(StreamTemplate::parse(&"s".repeat(MAX_STREAM_KEY_BYTES + 1)).is_err());
+/// ```
 pub const MAX_STREAM_KEY_BYTES: usize = 1024;
 
 /// URL query options that belong to the Redis client, not to the sink.
@@ -276,12 +282,24 @@ impl RedisSinkConfig {
     }
 
     /// Sets the server URL.
+    ///
+    /// ```
+    /// # use outbox_sink_redis::RedisSinkConfig;
+    /// let c = RedisSinkConfig::default().url("redis://cache:6379/2");
+    /// assert_eq!(c.url, "redis://cache:6379/2");
+    /// ```
     pub fn url(mut self, url: impl Into<String>) -> Self {
         self.url = url.into();
         self
     }
 
     /// Sets the stream key template (see [`StreamTemplate`]).
+    ///
+    /// ```
+    /// # use outbox_sink_redis::RedisSinkConfig;
+    /// let c = RedisSinkConfig::default().stream("events.{tenant_id}");
+    /// assert!(c.validate().is_ok());
+    /// ```
     pub fn stream(mut self, template: impl Into<String>) -> Self {
         self.stream = template.into();
         self
@@ -289,60 +307,122 @@ impl RedisSinkConfig {
 
     /// Trims the stream to about `n` entries on every append (`MAXLEN ~ n`); `None` never
     /// trims.
+    ///
+    /// ```
+    /// # use outbox_sink_redis::RedisSinkConfig;
+    /// assert!(RedisSinkConfig::default().maxlen(Some(100_000)).validate().is_ok());
+    /// assert!(RedisSinkConfig::default().maxlen(Some(0)).validate().is_err());
+    /// ```
     pub fn maxlen(mut self, n: Option<u64>) -> Self {
         self.maxlen = n;
         self
     }
 
     /// Sets the dedupe window; `None` appends every publish (plain pipelined `XADD`).
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use outbox_sink_redis::RedisSinkConfig;
+    /// let c = RedisSinkConfig::default().dedupe_window(Some(Duration::from_secs(3600)));
+    /// assert_eq!(c.dedupe_window, Some(Duration::from_secs(3600)));
+    /// ```
     pub fn dedupe_window(mut self, window: Option<Duration>) -> Self {
         self.dedupe_window = window;
         self
     }
 
     /// Sets the dedupe key prefix.
+    ///
+    /// ```
+    /// # use outbox_sink_redis::RedisSinkConfig;
+    /// assert!(RedisSinkConfig::default().dedupe_prefix("app:dedupe:").validate().is_ok());
+    /// ```
     pub fn dedupe_prefix(mut self, prefix: impl Into<String>) -> Self {
         self.dedupe_prefix = prefix.into();
         self
     }
 
     /// Sets the entry field layout.
+    ///
+    /// ```
+    /// # use outbox_sink_redis::{FieldLayout, HeaderLayout, RedisSinkConfig};
+    /// let mut layout = FieldLayout::default();
+    /// layout.headers = HeaderLayout::Json { field: "headers".into() };
+    /// assert!(RedisSinkConfig::default().fields(layout).validate().is_ok());
+    /// ```
     pub fn fields(mut self, fields: FieldLayout) -> Self {
         self.fields = fields;
         self
     }
 
     /// Sets what each batch waits for before it counts as acknowledged.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use outbox_sink_redis::{Durability, RedisSinkConfig};
+    /// let c = RedisSinkConfig::default().durability(Durability::wait(1, Duration::from_millis(200)));
+    /// assert!(c.validate().is_ok());
+    /// ```
     pub fn durability(mut self, durability: Durability) -> Self {
         self.durability = durability;
         self
     }
 
     /// Sets the largest payload accepted.
+    ///
+    /// ```
+    /// # use outbox_sink_redis::RedisSinkConfig;
+    /// assert_eq!(RedisSinkConfig::default().max_payload_bytes(1 << 20).max_payload_bytes, 1 << 20);
+    /// ```
     pub fn max_payload_bytes(mut self, bytes: usize) -> Self {
         self.max_payload_bytes = bytes;
         self
     }
 
     /// Sets the timeout of one connection attempt.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use outbox_sink_redis::RedisSinkConfig;
+    /// assert!(RedisSinkConfig::default().connect_timeout(Duration::from_secs(2)).validate().is_ok());
+    /// ```
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
         self
     }
 
     /// Sets the timeout of one batch round trip.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use outbox_sink_redis::RedisSinkConfig;
+    /// assert!(RedisSinkConfig::default().response_timeout(Duration::from_secs(10)).validate().is_ok());
+    /// ```
     pub fn response_timeout(mut self, timeout: Duration) -> Self {
         self.response_timeout = timeout;
         self
     }
 
     /// Verifies the server with this CA certificate (PEM file) instead of the system roots.
+    ///
+    /// ```
+    /// # use outbox_sink_redis::RedisSinkConfig;
+    /// let c = RedisSinkConfig::new("rediss://cache.internal:6380/").tls_ca_file("/etc/ssl/redis-ca.pem");
+    /// assert!(c.tls_ca_file.is_some());
+    /// ```
     pub fn tls_ca_file(mut self, path: impl Into<PathBuf>) -> Self {
         self.tls_ca_file = Some(path.into());
         self
     }
 
     /// Presents this client certificate and key (PEM files) for mutual TLS.
+    ///
+    /// ```
+    /// # use outbox_sink_redis::RedisSinkConfig;
+    /// let c = RedisSinkConfig::new("rediss://cache.internal:6380/")
+    ///     .tls_client_cert("/etc/ssl/relay.pem", "/etc/ssl/relay.key");
+    /// assert!(c.tls_cert_file.is_some() && c.tls_key_file.is_some());
+    /// ```
     pub fn tls_client_cert(mut self, cert: impl Into<PathBuf>, key: impl Into<PathBuf>) -> Self {
         self.tls_cert_file = Some(cert.into());
         self.tls_key_file = Some(key.into());
@@ -739,11 +819,24 @@ impl StreamTemplate {
     }
 
     /// The template as written.
+    ///
+    /// ```
+    /// # use outbox_sink_redis::StreamTemplate;
+    /// assert_eq!(StreamTemplate::parse("a.{event_type}")?.as_str(), "a.{event_type}");
+    /// # Ok::<(), outbox_sink_redis::RedisSinkError>(())
+    /// ```
     pub fn as_str(&self) -> &str {
         &self.source
     }
 
     /// Whether the template names one fixed stream (no placeholders).
+    ///
+    /// ```
+    /// # use outbox_sink_redis::StreamTemplate;
+    /// assert!(StreamTemplate::parse("orders.{{v2}}")?.is_fixed());
+    /// assert!(!StreamTemplate::parse("orders.{tenant_id}")?.is_fixed());
+    /// # Ok::<(), outbox_sink_redis::RedisSinkError>(())
+    /// ```
     pub fn is_fixed(&self) -> bool {
         self.parts.iter().all(|p| matches!(p, Part::Literal(_)))
     }
@@ -837,6 +930,10 @@ pub struct FieldLayout {
 }
 
 /// The fixed names of the metadata fields.
+///
+/// ```
+/// assert_eq!(outbox_sink_redis::METADATA_FIELDS[0], "partition_key");
+/// ```
 pub const METADATA_FIELDS: [&str; 4] = [
     "partition_key",
     "tenant_id",
@@ -861,6 +958,13 @@ impl Default for FieldLayout {
 impl FieldLayout {
     /// Checks that names are non-empty and distinct, and that no fixed field can be
     /// mistaken for a header.
+    ///
+    /// ```
+    /// # use outbox_sink_redis::FieldLayout;
+    /// let mut layout = FieldLayout::default();
+    /// layout.event_type = "h:type".into(); // would read as the header `type`
+    /// assert!(layout.validate().is_err());
+    /// ```
     ///
     /// # Errors
     ///
@@ -1045,6 +1149,11 @@ pub enum Durability {
 
 impl Durability {
     /// The default wait, 1 s.
+    ///
+    /// ```
+    /// # use outbox_sink_redis::Durability;
+    /// assert_eq!(Durability::DEFAULT_TIMEOUT.as_secs(), 1);
+    /// ```
     pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
 
     fn default_timeout() -> Duration {
@@ -1052,11 +1161,25 @@ impl Durability {
     }
 
     /// `WAIT <replicas> <timeout>`.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use outbox_sink_redis::Durability;
+    /// let d = Durability::wait(2, Duration::from_millis(250));
+    /// assert_eq!(d.timeout(), Some(Duration::from_millis(250)));
+    /// ```
     pub fn wait(replicas: u32, timeout: Duration) -> Self {
         Self::Wait { replicas, timeout }
     }
 
     /// `WAITAOF <local> <replicas> <timeout>`.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use outbox_sink_redis::Durability;
+    /// let d = Durability::wait_aof(true, 1, Duration::from_secs(1));
+    /// assert!(matches!(d, Durability::WaitAof { local: true, replicas: 1, .. }));
+    /// ```
     pub fn wait_aof(local: bool, replicas: u32, timeout: Duration) -> Self {
         Self::WaitAof {
             local,
@@ -1066,6 +1189,11 @@ impl Durability {
     }
 
     /// The wait timeout, if any.
+    ///
+    /// ```
+    /// # use outbox_sink_redis::Durability;
+    /// assert_eq!(Durability::None.timeout(), None);
+    /// ```
     pub fn timeout(&self) -> Option<Duration> {
         match self {
             Self::None => None,

@@ -34,6 +34,16 @@ use redis::{ErrorKind, RedisError, ServerErrorKind};
 ///
 /// Every variant says what is wrong and how to fix it; a route never starts in a weaker
 /// mode than configured.
+///
+/// ```
+/// use outbox_sink_redis::{RedisSinkConfig, RedisSinkError};
+///
+/// match RedisSinkConfig::from_url("redis://127.0.0.1/?stream=orders.{oops}")?.validate() {
+///     Err(RedisSinkError::InvalidTemplate { reason, .. }) => assert!(reason.contains("{oops}")),
+///     other => panic!("{other:?}"),
+/// }
+/// # Ok::<(), RedisSinkError>(())
+/// ```
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum RedisSinkError {

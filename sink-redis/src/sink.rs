@@ -220,42 +220,74 @@ impl RedisSink {
     }
 
     /// The configuration this sink runs with.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), outbox_sink_redis::RedisSinkError> {
+    /// let sink = outbox_sink_redis::RedisSink::from_url("redis://127.0.0.1/?stream=events").await?;
+    /// assert_eq!(sink.config().stream, "events");
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn config(&self) -> &RedisSinkConfig {
         &self.inner.config
     }
 
     /// The server's version as it reported it at start-up, e.g. `7.0.15`.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), outbox_sink_redis::RedisSinkError> {
+    /// let sink = outbox_sink_redis::RedisSink::from_url("redis://127.0.0.1/").await?;
+    /// println!("Redis {}", sink.server_version());
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn server_version(&self) -> &str {
         &self.inner.server_version
     }
 
     /// The stream key `message` is appended to.
     ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// use outbox_core::NewMessage;
+    ///
+    /// let sink = outbox_sink_redis::RedisSink::from_url("redis://127.0.0.1/?stream=shop.{event_type}").await?;
+    /// let message = NewMessage::builder("orders", "order.paid").build()?.into_message(chrono::Utc::now());
+    /// assert_eq!(sink.stream_key(&message)?, "shop.order.paid");
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
     /// # Errors
     ///
     /// The permanent [`Config`](FailureClass::Config) failure `publish` gives the message
     /// when the template cannot be rendered for it.
     pub fn stream_key(&self, message: &Message) -> Result<String, Failure> {
-        self.inner
-            .template
-            .render(message)
-            .map_err(|reason| Failure::permanent(FailureClass::Config, reason))
+        self.inner.stream_key(message)
     }
 }
 
 impl Sink for RedisSink {
     async fn publish(&self, batch: &[Message]) -> Result<Vec<Outcome>, Failure> {
-        self.inner.publish(self, batch).await
+        self.inner.publish(batch).await
     }
 }
 
 impl Inner {
-    async fn publish(&self, sink: &RedisSink, batch: &[Message]) -> Result<Vec<Outcome>, Failure> {
+    fn stream_key(&self, message: &Message) -> Result<String, Failure> {
+        self.template
+            .render(message)
+            .map_err(|reason| Failure::permanent(FailureClass::Config, reason))
+    }
+
+    /// Never `Err`: a failed round trip fails the messages that were sent, and the
+    /// messages refused before sending keep their permanent failures.
+    async fn publish(&self, batch: &[Message]) -> Result<Vec<Outcome>, Failure> {
         let mut outcomes: Vec<Option<Outcome>> = vec![None; batch.len()];
         let mut pipe = Pipeline::with_capacity(batch.len() + 1);
         let mut sent = Vec::with_capacity(batch.len());
         for (i, message) in batch.iter().enumerate() {
-            match self.command(sink, message) {
+            match self.command(message) {
                 Ok(cmd) => {
                     pipe.add_command(cmd);
                     sent.push(i);
@@ -269,7 +301,15 @@ impl Inner {
                 pipe.add_command(wait);
             }
             pipe.ignore_errors();
-            let (replies, wait_reply) = self.round_trip(&pipe, sent.len()).await?;
+            let (replies, wait_reply) = match self.round_trip(&pipe, sent.len()).await {
+                Ok(replies) => replies,
+                Err(failure) => {
+                    for i in sent {
+                        outcomes[i] = Some(Outcome::Failed(failure.clone()));
+                    }
+                    return Ok(finish(outcomes));
+                }
+            };
             let shortfall = wait_reply.and_then(|reply| self.durability_shortfall(reply));
             if let Some(failure) = &shortfall {
                 warn!(url = %self.url, %failure, "durability wait not met; the batch will be retried");
@@ -294,14 +334,7 @@ impl Inner {
                 );
             }
         }
-        Ok(outcomes
-            .into_iter()
-            .map(|o| {
-                o.unwrap_or_else(|| {
-                    Outcome::retryable(FailureClass::Other, "no reply for this message")
-                })
-            })
-            .collect())
+        Ok(finish(outcomes))
     }
 
     /// Sends the pipeline; if the script cache was flushed (a restart, `SCRIPT FLUSH`),
@@ -351,7 +384,7 @@ impl Inner {
 
     /// The command that appends `message`, or the permanent failure that keeps it from
     /// being sent at all.
-    fn command(&self, sink: &RedisSink, message: &Message) -> Result<Cmd, Failure> {
+    fn command(&self, message: &Message) -> Result<Cmd, Failure> {
         if message.payload.len() > self.config.max_payload_bytes {
             return Err(Failure::permanent(
                 FailureClass::TooLarge,
@@ -362,7 +395,7 @@ impl Inner {
                 ),
             ));
         }
-        let stream = sink.stream_key(message)?;
+        let stream = self.stream_key(message)?;
         let mut cmd;
         match (&self.script, self.config.dedupe_window) {
             (Some(script), Some(window)) => {
@@ -467,6 +500,18 @@ impl Inner {
             ),
         ))
     }
+}
+
+/// Every message's outcome; a message without one (which would be a bug) fails retryably.
+fn finish(outcomes: Vec<Option<Outcome>>) -> Vec<Outcome> {
+    outcomes
+        .into_iter()
+        .map(|o| {
+            o.unwrap_or_else(|| {
+                Outcome::retryable(FailureClass::Other, "no reply for this message")
+            })
+        })
+        .collect()
 }
 
 /// Appends the entry's field/value pairs; the layout is documented on [`FieldLayout`].

@@ -460,3 +460,50 @@ async fn tls_with_a_private_ca_and_a_client_certificate() {
         "{err:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_server_fails_what_was_sent_retryably_and_keeps_permanent_refusals() {
+    let mut server = OwnRedis::start(&[]).await;
+    let sink = RedisSink::connect(
+        RedisSinkConfig::new(server.url())
+            .stream("s")
+            .max_payload_bytes(100)
+            .connect_timeout(Duration::from_millis(200)),
+    )
+    .await
+    .unwrap();
+    server.kill();
+    let message = |size: usize| {
+        NewMessage::builder("events", "e")
+            .bytes(vec![b'x'; size], "text/plain")
+            .build()
+            .unwrap()
+            .into_message(Utc::now())
+    };
+    let outcomes = sink.publish(&[message(1_000), message(10)]).await.unwrap();
+    match &outcomes[..] {
+        [Outcome::Failed(large), Outcome::Failed(down)] => {
+            assert_eq!(
+                (large.class, large.retryable),
+                (FailureClass::TooLarge, false)
+            );
+            assert!(down.retryable, "{down}");
+            assert!(
+                matches!(down.class, FailureClass::Connection | FailureClass::Timeout),
+                "{down}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    // And it comes back by itself once the server does.
+    server.restart().await;
+    let mut published = false;
+    for _ in 0..50 {
+        if sink.publish(&[message(10)]).await.unwrap()[0].is_published() {
+            published = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(published, "the sink reconnects after a restart");
+}
