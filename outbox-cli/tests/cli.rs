@@ -1,0 +1,287 @@
+//! The `outbox` binary against a real PostgreSQL.
+
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use outbox::sqlx_store::TableNames;
+use outbox::sqlx_store::postgres::PgOutbox;
+use outbox::{ClaimRequest, Completion, NewMessage, Store};
+
+const URL_VAR: &str = "OUTBOX_TEST_POSTGRES_URL";
+const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
+
+fn url() -> String {
+    std::env::var(URL_VAR).unwrap_or_else(|_| DEFAULT_URL.to_owned())
+}
+
+fn outbox_cmd(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_outbox"))
+        .args(args)
+        .env_remove("OUTBOX_CONFIG")
+        .output()
+        .expect("run outbox")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+async fn outbox_table() -> (PgOutbox, String) {
+    let table = format!("cli_{:016x}", fastrand::u64(..));
+    let pool = match sqlx::PgPool::connect(&url()).await {
+        Ok(pool) => pool,
+        Err(e) => panic!(
+            "PostgreSQL is not reachable at {} ({e}); run scripts/services.sh or set {URL_VAR}",
+            url()
+        ),
+    };
+    let outbox = PgOutbox::with_names(pool, TableNames::default().outbox(&table).unwrap());
+    (outbox, table)
+}
+
+/// Enqueues messages and dead-letters some of them with reasons.
+async fn seed(outbox: &PgOutbox, specs: &[(&str, &str, Option<&str>)]) -> Vec<outbox::MessageId> {
+    let messages: Vec<NewMessage> = specs
+        .iter()
+        .map(|(d, e, _)| NewMessage::builder(*d, *e).json(&1).build().unwrap())
+        .collect();
+    let mut tx = outbox.pool().begin().await.unwrap();
+    outbox.enqueue_all(&mut tx, &messages).await.unwrap();
+    tx.commit().await.unwrap();
+    let claim = outbox
+        .claim(&ClaimRequest::new("seed", 1000, Duration::from_secs(60)))
+        .await
+        .unwrap();
+    let deaths: Vec<Completion> = messages
+        .iter()
+        .zip(specs)
+        .filter_map(|(m, (_, _, why))| why.map(|why| Completion::dead(m.id(), why)))
+        .collect();
+    outbox.complete(claim.lease.token, &deaths).await.unwrap();
+    let alive: Vec<_> = messages
+        .iter()
+        .zip(specs)
+        .filter(|(_, s)| s.2.is_none())
+        .map(|(m, _)| m.id())
+        .collect();
+    outbox.release(claim.lease.token, &alive).await.unwrap();
+    messages.iter().map(NewMessage::id).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_figures_match_the_database() {
+    let (outbox, table) = outbox_table().await;
+    let migrated = outbox_cmd(&["--store", &url(), "--table", &table, "migrate"]);
+    assert!(migrated.status.success(), "{}", stderr(&migrated));
+    seed(
+        &outbox,
+        &[
+            ("sms", "a", None),
+            ("sms", "a", None),
+            ("sms", "b", Some("400")),
+            ("email", "c", Some("550")),
+        ],
+    )
+    .await;
+    let out = outbox_cmd(&["--store", &url(), "--table", &table, "status", "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let json: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let row = |d: &str| {
+        json["destinations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["destination"] == d)
+            .unwrap()
+            .clone()
+    };
+    let counts: Vec<(String, i64, i64)> = sqlx::query_as(&format!(
+        "SELECT destination, count(*) FILTER (WHERE status = 'pending'), count(*) FILTER (WHERE status = 'dead') FROM {table} GROUP BY destination"
+    ))
+    .fetch_all(outbox.pool())
+    .await
+    .unwrap();
+    assert_eq!(counts.len(), 2);
+    for (destination, pending, dead) in counts {
+        let r = row(&destination);
+        assert_eq!(
+            (r["pending"].as_i64().unwrap(), r["dead"].as_i64().unwrap()),
+            (pending, dead),
+            "{destination}"
+        );
+    }
+    assert!(row("sms")["oldest_pending_age_seconds"].as_f64().is_some());
+    let table_out = outbox_cmd(&["--store", &url(), "--table", &table, "status"]);
+    assert!(
+        stdout(&table_out)
+            .lines()
+            .any(|l| l.starts_with("sms") && l.split_whitespace().nth(1) == Some("2"))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letter_replay_by_filter_moves_exactly_the_matching_rows() {
+    let (outbox, table) = outbox_table().await;
+    outbox.migrate().await.unwrap();
+    let ids = seed(
+        &outbox,
+        &[
+            ("sms", "order.paid", Some("400 bad phone")),
+            ("sms", "order.shipped", Some("400 unknown template")),
+            ("sms", "order.paid", Some("503 gave up")),
+            ("email", "order.paid", Some("400 bad address")),
+        ],
+    )
+    .await;
+    let base = ["--store", &url(), "--table", &table, "dead"];
+    let run = |extra: &[&str]| outbox_cmd(&[&base[..], extra].concat());
+
+    let listed = run(&["list", "--destination", "sms", "--json"]);
+    assert_eq!(stdout(&listed).lines().count(), 3, "{}", stderr(&listed));
+    let dry = run(&[
+        "replay",
+        "--destination",
+        "sms",
+        "--error-contains",
+        "400",
+        "--dry-run",
+    ]);
+    assert_eq!(stdout(&dry).trim(), "would replay 2 dead letter(s)");
+    let dead_before: i64 = sqlx::query_scalar(&format!(
+        "SELECT count(*) FROM {table} WHERE status = 'dead'"
+    ))
+    .fetch_one(outbox.pool())
+    .await
+    .unwrap();
+    assert_eq!(dead_before, 4, "a dry run changes nothing");
+
+    let replayed = run(&["replay", "--destination", "sms", "--error-contains", "400"]);
+    assert_eq!(
+        stdout(&replayed).trim(),
+        "replayed 2 dead letter(s)",
+        "{}",
+        stderr(&replayed)
+    );
+    let pending: Vec<uuid::Uuid> = sqlx::query_scalar(&format!(
+        "SELECT id FROM {table} WHERE status = 'pending' ORDER BY id"
+    ))
+    .fetch_all(outbox.pool())
+    .await
+    .unwrap();
+    assert_eq!(
+        pending,
+        vec![*ids[0].as_uuid(), *ids[1].as_uuid()],
+        "exactly the matching rows"
+    );
+
+    let by_id = run(&["discard", "--id", &ids[3].to_string()]);
+    assert_eq!(stdout(&by_id).trim(), "discarded 1 dead letter(s)");
+    let remaining: i64 = sqlx::query_scalar(&format!(
+        "SELECT count(*) FROM {table} WHERE status = 'dead'"
+    ))
+    .fetch_one(outbox.pool())
+    .await
+    .unwrap();
+    assert_eq!(remaining, 1);
+}
+
+#[test]
+fn bad_configuration_gives_one_line_errors_and_a_failure_code() {
+    let dir = std::env::temp_dir().join(format!("outbox-cli-{:x}", fastrand::u64(..)));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bad_toml = dir.join("bad.toml");
+    std::fs::write(&bad_toml, "[store\nurl = 1\n").unwrap();
+    let bad_duration = dir.join("duration.toml");
+    std::fs::write(
+        &bad_duration,
+        "[store]\nurl = \"sqlite::memory:\"\n[relay]\nlease = \"soon\"\n",
+    )
+    .unwrap();
+    let bad_route = dir.join("route.toml");
+    std::fs::write(
+        &bad_route,
+        "[store]\nurl = \"sqlite::memory:\"\n[routes.x]\nurl = \"gopher://example.com\"\n",
+    )
+    .unwrap();
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (
+            vec![
+                "--store".into(),
+                "ftp://example.com".into(),
+                "status".into(),
+            ],
+            "unsupported store URL",
+        ),
+        (
+            vec![
+                "--store".into(),
+                "postgres://u:hunter2@127.0.0.1:1/x".into(),
+                "status".into(),
+            ],
+            "cannot connect",
+        ),
+        (
+            vec![
+                "--config".into(),
+                dir.join("missing.toml").display().to_string(),
+                "status".into(),
+            ],
+            "cannot read",
+        ),
+        (
+            vec![
+                "--config".into(),
+                bad_toml.display().to_string(),
+                "status".into(),
+            ],
+            "TOML",
+        ),
+        (
+            vec![
+                "--config".into(),
+                bad_duration.display().to_string(),
+                "status".into(),
+            ],
+            "soon",
+        ),
+        (
+            vec![
+                "--config".into(),
+                bad_route.display().to_string(),
+                "relay".into(),
+            ],
+            "unsupported sink URL",
+        ),
+        (
+            vec![
+                "--store".into(),
+                "sqlite::memory:".into(),
+                "--table".into(),
+                "x; DROP".into(),
+                "status".into(),
+            ],
+            "invalid SQL identifier",
+        ),
+        (vec!["status".into()], "no store"),
+    ];
+    for (args, needle) in cases {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = outbox_cmd(&args);
+        let err = stderr(&out);
+        assert!(!out.status.success(), "{args:?} should fail");
+        assert_eq!(
+            err.trim_end().lines().count(),
+            1,
+            "{args:?}: one line, got {err:?}"
+        );
+        assert!(
+            err.starts_with("error: ") && err.contains(needle),
+            "{args:?}: {err}"
+        );
+        assert!(!err.contains("hunter2"), "passwords never appear: {err}");
+    }
+}
