@@ -296,8 +296,7 @@ impl Inner {
             }
         }
         if !sent.is_empty() {
-            let waits = self.wait_command();
-            if let Some(wait) = waits.clone() {
+            if let Some(wait) = self.wait_command() {
                 pipe.add_command(wait);
             }
             pipe.ignore_errors();
