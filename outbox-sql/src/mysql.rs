@@ -13,26 +13,30 @@
 //! claim scans, which block concurrent enqueues until the claim commits.
 //!
 //! The claim is `claim_select` then `claim_lease` for the selected ids, in one
-//! transaction; the selected rows are returned with `attempts + 1`. A completion is
+//! transaction; the selected rows are returned with `attempts + 1` (an ordered claim
+//! checks its candidates with `heads` in between; see below). A completion is
 //! `lock_leased` (the rows it returns are the ones still held, the others are stale),
 //! then `publish` / `delete_published` / `release` for the held ids and one `retry` or
 //! `dead` per held row, in one transaction.
 //!
 //! | statement | parameters (`?`, in order) |
 //! |---|---|
-//! | `insert` | id, destination, event_type, aggregate_type?, aggregate_id?, partition_key?, tenant_id?, idempotency_key, payload, content_type, headers JSON, available_at? (UTC), delay ms (used when available_at is NULL) |
-//! | [`Statements::insert_batch`] | the thirteen above, per row |
-//! | [`Statements::claim_select`] | destinations… (when filtered), limit → [`MESSAGE_COLUMNS`] |
+//! | `next_seq` | partition_key, count ≥ 1, count → the connection's `LAST_INSERT_ID()` (the OK packet's last insert id) is the number of the last of `count` new rows of that key |
+//! | `insert` | id, destination, event_type, aggregate_type?, aggregate_id?, partition_key?, tenant_id?, idempotency_key, payload, content_type, headers JSON, available_at? (UTC), delay ms (used when available_at is NULL), seq? (from `next_seq`; NULL without a partition key) |
+//! | [`Statements::insert_batch`] | the fourteen above, per row |
+//! | [`Statements::claim_select`], [`Statements::claim_select_ordered`] | destinations… (when filtered), limit → [`MESSAGE_COLUMNS`] |
+//! | [`Statements::heads`] | ids… → the ids no earlier row of their key holds back |
 //! | [`Statements::claim_lease`] | owner, token, lease ms, lease ms, ids… |
 //! | [`Statements::lock_leased`] | ids…, token → the ids still held |
 //! | [`Statements::publish`], [`Statements::delete_published`], [`Statements::release`] | ids…, token |
 //! | `retry` | delay ms, error, id, token |
 //! | `dead` | reason, id, token |
 //! | `stats` | none → destination, pending, leased, dead, published, oldest |
+//! | `halted_keys` | none → destination, halted |
 //! | [`Statements::dead_filter`] users | ids…, destinations…, event types…, after?, before?, error? (each only when set in the [`DeadFilterShape`]); `list_dead` adds limit and yields [`MESSAGE_COLUMNS`], `last_error`, `dead_at` |
 //! | `purge_published` | age ms, limit |
 //! | `purge_dead` | age ms, limit |
-//! | `check_outbox`, `check_inbox` | none (fail if a column is missing) |
+//! | `check_outbox`, `check_keys`, `check_inbox` | none (fail if a column is missing) |
 //! | `migration_lock` | name, timeout s → 1 when held |
 //! | `migration_unlock`, `migration_applied`, `record_migration` | name / migration id |
 //! | `inbox_record` | consumer, message id → 1 row affected if new, 0 if a duplicate |
@@ -40,12 +44,48 @@
 //!
 //! Millisecond parameters are multiplied by 1,000 in SQL, so they must stay below about
 //! 9.2 × 10¹⁵; callers clamp durations to a sane maximum (far beyond any retry delay).
+//!
+//! # Per-key ordering
+//!
+//! A row with a partition key is numbered when it is enqueued, in the writer's
+//! transaction: `next_seq` bumps the key's counter row (in `<outbox>_keys`) and hands the
+//! new value back through `LAST_INSERT_ID(expr)`, and the row is inserted with it as
+//! `seq` (a batch of `n` rows of one key bumps the counter by `n` once and numbers them
+//! `last - n + 1 ..= last` in batch order). InnoDB keeps the counter row locked until the
+//! writer's transaction ends, so a second writer of the same key waits there until the
+//! first commits or rolls back: `seq` order is commit order. Writers of different keys
+//! lock different counter rows and do not wait for each other. A transaction that
+//! numbers several keys should do so in one order (sorted), as any transaction locking
+//! several rows should, or two such transactions can deadlock; InnoDB then rolls one back.
+//! Numbers may have gaps; only their order matters. Anything else that writes the table
+//! must number keyed rows the same way, or they are unordered.
+//!
+//! An ordered claim (`claim_select_ordered`) takes a keyed row only if no row of its key
+//! with a lower `seq` is pending or leased (or dead, under `halt`): its `seq` is at most
+//! the lowest `seq` of its key in each of those states, each found by one dive into the
+//! `(partition_key, status, seq)` index, so the check costs the same however long the
+//! key's history or backlog. Those subqueries are plain consistent reads: the
+//! statement's `FOR UPDATE SKIP LOCKED` applies to the outer rows only, so a head another
+//! relay is claiming right now is skipped but still seen by the subqueries (checked on
+//! MariaDB 10.11; MySQL documents that a locking clause does not reach nested
+//! subqueries). The outer rows are locking reads of their newest committed versions,
+//! while InnoDB keeps one read view for the whole statement, opened at its first
+//! consistent read; so a row committed after that view opened can pass the check while
+//! its predecessor, committed just before it, is not in the view. The candidates with a
+//! key are therefore checked again with [`Statements::heads`], a new statement (a new
+//! view, at `READ COMMITTED`) run once the candidates are locked, and only the rows it
+//! returns are leased.
 
 use crate::{Dialect, TableNames};
 
 /// Migration files of the outbox table.
-pub const OUTBOX_MIGRATIONS: &[(&str, &str)] =
-    &[("001_outbox", include_str!("../sql/mysql/001_outbox.sql"))];
+pub const OUTBOX_MIGRATIONS: &[(&str, &str)] = &[
+    ("001_outbox", include_str!("../sql/mysql/001_outbox.sql")),
+    (
+        "002_ordering",
+        include_str!("../sql/mysql/002_ordering.sql"),
+    ),
+];
 /// Migration files of the inbox table.
 pub const INBOX_MIGRATIONS: &[(&str, &str)] =
     &[("001_inbox", include_str!("../sql/mysql/001_inbox.sql"))];
@@ -85,6 +125,8 @@ pub struct DeadFilterShape {
 pub struct Statements {
     outbox: String,
     due_index: String,
+    /// The lowest `seq` of `d`'s key among pending, leased and dead rows.
+    lowest_seq: [String; 3],
     insert_head: String,
     /// Creates the migrations table.
     pub create_migrations: String,
@@ -98,8 +140,14 @@ pub struct Statements {
     pub migration_unlock: String,
     /// Reads no row but names every outbox column: fails if the table is not an outbox.
     pub check_outbox: String,
+    /// Reads no row but names every column of the key counters: fails if that table is
+    /// not ours.
+    pub check_keys: String,
     /// Reads no row but names every inbox column: fails if the table is not an inbox.
     pub check_inbox: String,
+    /// Numbers new rows of one partition key: bumps its counter; the last number is the
+    /// statement's last insert id.
+    pub next_seq: String,
     /// Inserts one message.
     pub insert: String,
     /// Schedules one leased row again.
@@ -108,6 +156,9 @@ pub struct Statements {
     pub dead: String,
     /// Counts per destination and state.
     pub stats: String,
+    /// Counts halted keys per destination: keys with a dead row followed by unfinished
+    /// ones, counted under the dead row's destination.
+    pub halted_keys: String,
     /// Deletes one bounded batch of old published rows.
     pub purge_published: String,
     /// Deletes one bounded batch of old dead letters.
@@ -143,6 +194,7 @@ impl Statements {
         Self {
             outbox: r("{outbox}"),
             due_index: r("{outbox_due_idx}"),
+            lowest_seq: ["pending", "leased", "dead"].map(|status| r(&key_seq(status, "ASC"))),
             insert_head: r(INSERT_HEAD),
             create_migrations: r(
                 "CREATE TABLE IF NOT EXISTS {migrations} (id VARCHAR(255) NOT NULL PRIMARY KEY, applied_at DATETIME(6) NOT NULL) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin",
@@ -154,9 +206,11 @@ impl Statements {
             migration_lock: "SELECT GET_LOCK(?, ?)".to_owned(),
             migration_unlock: "SELECT RELEASE_LOCK(?)".to_owned(),
             check_outbox: r(&format!(
-                "SELECT {MESSAGE_COLUMNS}, status, available_at, lease_owner, lease_token, lease_until, last_error, published_at, dead_at FROM {{outbox}} WHERE 1 = 0"
+                "SELECT {MESSAGE_COLUMNS}, status, available_at, lease_owner, lease_token, lease_until, last_error, published_at, dead_at, seq FROM {{outbox}} WHERE 1 = 0"
             )),
+            check_keys: r("SELECT partition_key, last_seq FROM {outbox_keys} WHERE 1 = 0"),
             check_inbox: r("SELECT consumer, message_id, received_at FROM {inbox} WHERE 1 = 0"),
+            next_seq: r(NEXT_SEQ),
             insert: r(&format!("{INSERT_HEAD} {INSERT_ROW}")),
             retry: r(
                 "UPDATE {outbox} SET status = 'pending', available_at = {now} + INTERVAL (? * 1000) MICROSECOND, last_error = ?, {cleared} WHERE id = ? AND status = 'leased' AND lease_token = ?",
@@ -165,6 +219,9 @@ impl Statements {
                 "UPDATE {outbox} SET status = 'dead', available_at = NULL, dead_at = {now}, last_error = ?, {cleared} WHERE id = ? AND status = 'leased' AND lease_token = ?",
             ),
             stats: r(STATS),
+            halted_keys: r(&HALTED_KEYS
+                .replace("{key_seq_pending}", &key_seq("pending", "DESC"))
+                .replace("{key_seq_leased}", &key_seq("leased", "DESC"))),
             purge_published: r(
                 "DELETE FROM {outbox} WHERE status = 'published' AND published_at <= {now} - INTERVAL (? * 1000) MICROSECOND ORDER BY published_at, id LIMIT ?",
             ),
@@ -196,14 +253,56 @@ impl Statements {
     /// lease), oldest first, skipping rows other transactions hold. The due index is
     /// forced so the scan stops after `limit` rows and locks nothing else.
     pub fn claim_select(&self, destinations: usize) -> String {
+        self.select_due(destinations, "")
+    }
+
+    /// As [`claim_select`](Self::claim_select), but only rows without a partition key
+    /// and keyed rows no earlier row of their key holds back (pending or leased, or dead
+    /// when `halt`). Check the keyed candidates again with [`heads`](Self::heads) before
+    /// leasing them (see the [module documentation](self#per-key-ordering)).
+    pub fn claim_select_ordered(&self, destinations: usize, halt: bool) -> String {
+        self.select_due(destinations, &format!("AND {} ", self.head_condition(halt)))
+    }
+
+    /// `d` has no key, or no row of its key with a lower `seq` holds the key back: `d.seq`
+    /// is at most the lowest `seq` of the key in each holding status (pending, leased, and
+    /// dead when `halt`). Each lowest `seq` is one dive into the key index, `(partition_key,
+    /// status, seq)`, by `ORDER BY seq LIMIT 1`; a `NOT EXISTS (… p.seq < d.seq)` would
+    /// make MySQL read every entry of the key with that status (a dependent subquery uses
+    /// `ref` access, without a range on `seq`), and with `status IN (…)`, every entry of
+    /// the key.
+    fn head_condition(&self, halt: bool) -> String {
+        let holding = if halt { 3 } else { 2 };
+        let checks: Vec<String> = self.lowest_seq[..holding]
+            .iter()
+            .map(|lowest| format!("d.seq <= COALESCE({lowest}, d.seq)"))
+            .collect();
+        format!("(d.seq IS NULL OR ({}))", checks.join(" AND "))
+    }
+
+    fn select_due(&self, destinations: usize, ordering: &str) -> String {
         let filter = if destinations == 0 {
             String::new()
         } else {
-            format!("AND destination IN ({}) ", list(destinations))
+            format!("AND d.destination IN ({}) ", list(destinations))
         };
         format!(
-            "SELECT {MESSAGE_COLUMNS} FROM {} FORCE INDEX ({}) WHERE status IN ('pending', 'leased') AND available_at <= {NOW} {filter}ORDER BY available_at, id LIMIT ? FOR UPDATE SKIP LOCKED",
-            self.outbox, self.due_index
+            "SELECT {} FROM {} AS d FORCE INDEX ({}) WHERE d.status IN ('pending', 'leased') AND d.available_at <= {NOW} {filter}{ordering}ORDER BY d.available_at, d.id LIMIT ? FOR UPDATE SKIP LOCKED",
+            qualified_columns(),
+            self.outbox,
+            self.due_index
+        )
+    }
+
+    /// Of `ids`, the ones that are heads of their key (or have no key): a plain
+    /// consistent read, so at `READ COMMITTED` it sees every row committed before it
+    /// started. Run it after `claim_select_ordered` locked the candidates.
+    pub fn heads(&self, ids: usize, halt: bool) -> String {
+        format!(
+            "SELECT d.id FROM {} AS d WHERE d.id IN ({}) AND {}",
+            self.outbox,
+            list(ids),
+            self.head_condition(halt)
         )
     }
 
@@ -308,9 +407,39 @@ impl Statements {
     }
 }
 
-const INSERT_HEAD: &str = "INSERT INTO {outbox} (id, destination, event_type, aggregate_type, aggregate_id, partition_key, tenant_id, idempotency_key, payload, content_type, headers, available_at, created_at) VALUES";
+/// [`MESSAGE_COLUMNS`] qualified with the alias `d`.
+fn qualified_columns() -> String {
+    MESSAGE_COLUMNS
+        .split(", ")
+        .map(|c| format!("d.{c}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
 
-const INSERT_ROW: &str = "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, COALESCE(?, {now} + INTERVAL (? * 1000) MICROSECOND), {now})";
+/// The `seq` of one end of a key's rows in one status: `{status}` and `{order}` are filled
+/// in. The key index is forced: with few rows in a status, the optimizer would rather
+/// read that status off the `(status, published_at)` index and sort.
+const KEY_SEQ: &str = "(SELECT p.seq FROM {outbox} AS p FORCE INDEX ({outbox_key_idx}) WHERE p.partition_key = d.partition_key AND p.status = '{status}' ORDER BY p.seq {order} LIMIT 1)";
+
+// A dead row halts its key when the key's highest pending or leased `seq` is above it
+// (one dive into the key index per status, as in `head_condition`).
+const HALTED_KEYS: &str = "SELECT d.destination, COUNT(DISTINCT d.partition_key) AS halted
+FROM {outbox} AS d
+WHERE d.status = 'dead' AND d.seq IS NOT NULL
+  AND (d.seq < {key_seq_pending} OR d.seq < {key_seq_leased})
+GROUP BY d.destination";
+
+fn key_seq(status: &str, order: &str) -> String {
+    KEY_SEQ
+        .replace("{status}", status)
+        .replace("{order}", order)
+}
+
+const NEXT_SEQ: &str = "INSERT INTO {outbox_keys} (partition_key, last_seq) VALUES (?, LAST_INSERT_ID(?)) ON DUPLICATE KEY UPDATE last_seq = LAST_INSERT_ID(last_seq + ?)";
+
+const INSERT_HEAD: &str = "INSERT INTO {outbox} (id, destination, event_type, aggregate_type, aggregate_id, partition_key, tenant_id, idempotency_key, payload, content_type, headers, available_at, created_at, seq) VALUES";
+
+const INSERT_ROW: &str = "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, COALESCE(?, {now} + INTERVAL (? * 1000) MICROSECOND), {now}, ?)";
 
 const STATS: &str = "SELECT destination,
     CAST(SUM(status = 'pending') AS SIGNED) AS pending,
@@ -332,10 +461,17 @@ mod tests {
     fn placeholders_match_the_parameter_table() {
         let sql = Statements::new(&TableNames::default());
         let count = |s: &str| s.matches('?').count();
-        assert_eq!(count(&sql.insert), 13);
-        assert_eq!(count(&sql.insert_batch(3)), 39);
+        assert_eq!(count(&sql.next_seq), 3);
+        assert_eq!(count(&sql.insert), 14);
+        assert_eq!(count(&sql.insert_batch(3)), 42);
         assert_eq!(count(&sql.claim_select(0)), 1);
         assert_eq!(count(&sql.claim_select(2)), 3);
+        for halt in [false, true] {
+            assert_eq!(count(&sql.claim_select_ordered(0, halt)), 1);
+            assert_eq!(count(&sql.claim_select_ordered(2, halt)), 3);
+            assert_eq!(count(&sql.heads(4, halt)), 4);
+        }
+        assert_eq!(count(&sql.halted_keys), 0);
         assert_eq!(count(&sql.claim_lease(3)), 7);
         assert_eq!(count(&sql.lock_leased(3)), 4);
         assert_eq!(count(&sql.publish(2)), 3);

@@ -8,9 +8,12 @@
 //!
 //! | statement | parameters (`?n`) |
 //! |---|---|
-//! | `insert` | 1 id, 2 destination, 3 event_type, 4 aggregate_type?, 5 aggregate_id?, 6 partition_key?, 7 tenant_id?, 8 idempotency_key, 9 payload blob, 10 content_type, 11 headers JSON, 12 available_at ms?, 13 delay ms (used when 12 is NULL) |
+//! | `next_seq` | 1 partition_key, 2 count ≥ 1 → `last_seq`, the number of the last of `count` new rows of that key |
+//! | `insert` | 1 id, 2 destination, 3 event_type, 4 aggregate_type?, 5 aggregate_id?, 6 partition_key?, 7 tenant_id?, 8 idempotency_key, 9 payload blob, 10 content_type, 11 headers JSON, 12 available_at ms?, 13 delay ms (used when 12 is NULL), 14 seq? (from `next_seq`; NULL without a partition key) |
 //! | `claim` | 1 limit, 2 owner, 3 token, 4 lease ms |
 //! | `claim_filtered` | as `claim`, 5 destinations JSON array |
+//! | [`Statements::claim_ordered`] | as `claim` / `claim_filtered` |
+//! | `halted_keys` | none → destination, halted |
 //! | `complete` | 1 token, 2 JSON array of `{"id","status","delay_ms","error"}` → returns applied ids |
 //! | `delete_published`, `release` | 1 token, 2 ids JSON array → returns affected ids |
 //! | `stats` | none → destination, pending, leased, dead, published, oldest created_at ms |
@@ -22,12 +25,33 @@
 //!
 //! Rows read back (claim, `list_dead`) have the columns of [`MESSAGE_COLUMNS`] in order,
 //! `list_dead` followed by `last_error` and `dead_at`.
+//!
+//! # Per-key ordering
+//!
+//! A row with a partition key is numbered when it is enqueued, in the writer's
+//! transaction: `next_seq` bumps the key's counter row (in `<outbox>_keys`) and returns
+//! the new value, and the row is inserted with it as `seq` (a batch of `n` rows of one key
+//! bumps the counter by `n` once and numbers them `last_seq - n + 1 ..= last_seq` in
+//! batch order). SQLite has one writer at a time, so the transaction that got number `s`
+//! commits (or rolls back, taking its number back with it) before any other transaction
+//! can get `s + 1`: `seq` order is commit order. Numbers may have gaps; only their order
+//! matters. Anything else that writes the table must number keyed rows the same way, or
+//! they are unordered.
+//!
+//! [`Statements::claim_ordered`] takes a keyed row only if no row of its key with a lower
+//! `seq` is pending or leased (or dead, under [`DeadHead::Halt`](outbox_core::DeadHead)).
+//! The claim is one statement, so it sees one consistent state of the table.
 
 use crate::{Dialect, TableNames};
 
 /// Migration files of the outbox table.
-pub const OUTBOX_MIGRATIONS: &[(&str, &str)] =
-    &[("001_outbox", include_str!("../sql/sqlite/001_outbox.sql"))];
+pub const OUTBOX_MIGRATIONS: &[(&str, &str)] = &[
+    ("001_outbox", include_str!("../sql/sqlite/001_outbox.sql")),
+    (
+        "002_ordering",
+        include_str!("../sql/sqlite/002_ordering.sql"),
+    ),
+];
 /// Migration files of the inbox table.
 pub const INBOX_MIGRATIONS: &[(&str, &str)] =
     &[("001_inbox", include_str!("../sql/sqlite/001_inbox.sql"))];
@@ -52,12 +76,19 @@ pub struct Statements {
     pub migration_applied: String,
     /// Records a migration: `(id)`.
     pub record_migration: String,
+    /// Numbers new rows of one partition key: bumps its counter, returns the last number.
+    pub next_seq: String,
     /// Inserts one message (a batch repeats it in the caller's transaction).
     pub insert: String,
     /// Leases due rows of any destination.
     pub claim: String,
     /// Leases due rows of some destinations.
     pub claim_filtered: String,
+    /// Per-key ordered claims: `[skip, skip filtered, halt, halt filtered]`.
+    claim_ordered: [String; 4],
+    /// Counts halted keys per destination: keys with a dead row followed by unfinished
+    /// ones, counted under the dead row's destination.
+    pub halted_keys: String,
     /// Completes leased rows.
     pub complete: String,
     /// Deletes leased rows on publish (delete-on-publish mode).
@@ -93,12 +124,17 @@ impl Statements {
             record_migration: r(
                 "INSERT OR IGNORE INTO {migrations} (id, applied_at) VALUES (?1, {now})",
             ),
+            next_seq: r(NEXT_SEQ),
             insert: r(INSERT),
-            claim: r(&CLAIM.replace("{filter}", "")),
-            claim_filtered: r(&CLAIM.replace(
-                "{filter}",
-                "AND destination IN (SELECT value FROM json_each(?5))",
-            )),
+            claim: r(&claim("", "")),
+            claim_filtered: r(&claim(FILTER, "")),
+            claim_ordered: [
+                r(&claim("", &ordered(SKIP))),
+                r(&claim(FILTER, &ordered(SKIP))),
+                r(&claim("", &ordered(HALT))),
+                r(&claim(FILTER, &ordered(HALT))),
+            ],
+            halted_keys: r(HALTED_KEYS),
             complete: r(COMPLETE),
             delete_published: r(
                 "DELETE FROM {outbox} WHERE id IN (SELECT value FROM json_each(?2)) AND status = 'leased' AND lease_token = ?1 RETURNING id",
@@ -121,16 +157,55 @@ impl Statements {
     }
 }
 
-const INSERT: &str = "INSERT INTO {outbox} (id, destination, event_type, aggregate_type, aggregate_id, partition_key, tenant_id, idempotency_key, payload, content_type, headers, available_at, created_at)
-VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, COALESCE(?12, {now} + ?13), {now})";
+impl Statements {
+    /// The claim for per-key ordering; `halt` keeps keys behind a dead head.
+    pub fn claim_ordered(&self, filtered: bool, halt: bool) -> &str {
+        &self.claim_ordered[usize::from(halt) * 2 + usize::from(filtered)]
+    }
+}
+
+const FILTER: &str = "AND d.destination IN (SELECT value FROM json_each(?5))";
+
+fn claim(filter: &str, ordering: &str) -> String {
+    CLAIM
+        .replace("{filter}", filter)
+        .replace("{ordering}", ordering)
+}
+
+// The states that hold a key back. Both lists repeat the key index's own condition,
+// `status IN ('pending', 'leased', 'dead')`, word for word: SQLite uses a partial index
+// only when the query contains its WHERE term, and would otherwise scan the due index
+// for every candidate.
+const SKIP: &str = "p.status IN ('pending', 'leased', 'dead') AND p.status <> 'dead'";
+const HALT: &str = "p.status IN ('pending', 'leased', 'dead')";
+
+/// A row is claimable only when no row of its key with a lower `seq` holds the key back.
+fn ordered(holding: &str) -> String {
+    format!(
+        "AND (d.seq IS NULL OR NOT EXISTS (SELECT 1 FROM {{outbox}} AS p WHERE p.partition_key = d.partition_key AND p.seq < d.seq AND {holding}))"
+    )
+}
+
+const HALTED_KEYS: &str = "SELECT d.destination, count(DISTINCT d.partition_key) AS halted
+FROM {outbox} AS d
+WHERE d.status = 'dead' AND d.seq IS NOT NULL
+  AND EXISTS (SELECT 1 FROM {outbox} AS p WHERE p.partition_key = d.partition_key AND p.seq > d.seq AND p.status IN ('pending', 'leased', 'dead') AND p.status <> 'dead')
+GROUP BY d.destination";
+
+const NEXT_SEQ: &str = "INSERT INTO {outbox_keys} (partition_key, last_seq) VALUES (?1, ?2)
+ON CONFLICT (partition_key) DO UPDATE SET last_seq = last_seq + excluded.last_seq
+RETURNING last_seq";
+
+const INSERT: &str = "INSERT INTO {outbox} (id, destination, event_type, aggregate_type, aggregate_id, partition_key, tenant_id, idempotency_key, payload, content_type, headers, available_at, created_at, seq)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, COALESCE(?12, {now} + ?13), {now}, ?14)";
 
 const CLAIM: &str = "UPDATE {outbox}
 SET status = 'leased', lease_owner = ?2, lease_token = ?3,
     lease_until = {now} + ?4, available_at = {now} + ?4, attempts = attempts + 1
 WHERE id IN (
-    SELECT id FROM {outbox}
-    WHERE status IN ('pending', 'leased') AND available_at <= {now} {filter}
-    ORDER BY available_at, id
+    SELECT d.id FROM {outbox} AS d
+    WHERE d.status IN ('pending', 'leased') AND d.available_at <= {now} {filter} {ordering}
+    ORDER BY d.available_at, d.id
     LIMIT ?1
 )
 RETURNING id, destination, event_type, aggregate_type, aggregate_id, partition_key, tenant_id, idempotency_key, payload, content_type, headers, attempts, created_at";

@@ -37,6 +37,21 @@
 //! - **Claim** is a short `READ COMMITTED` transaction: `SELECT … FOR UPDATE SKIP LOCKED`
 //!   on the due index, then one `UPDATE` that leases the selected rows. `READ COMMITTED`
 //!   keeps InnoDB from taking gap locks that would block concurrent enqueues.
+//! - **Per-key ordering** ([`Ordering::PerKey`]): each message with a partition key is
+//!   numbered when it is enqueued, by a counter row per key (table `<outbox>_keys`)
+//!   that your transaction bumps and keeps locked until it ends. So **a second
+//!   transaction enqueueing for the same key waits until the first commits or rolls
+//!   back**, and the numbers follow commit order. Transactions enqueueing for different
+//!   keys do not wait for each other. (PostgreSQL numbers rows at commit instead; there,
+//!   writers of one key wait only for each other's commit.) Keep transactions that
+//!   enqueue keyed messages short, and enqueue as late in them as you can: the key is
+//!   held from the enqueue to the end of the transaction. A transaction that enqueues
+//!   for several keys in separate calls can deadlock with another that takes the same
+//!   keys in another order (InnoDB rolls one back; the error is a retryable `Conflict`);
+//!   [`enqueue_all`](MySqlOutbox::enqueue_all) takes its keys in sorted order. A keyed
+//!   message costs one extra statement (one per distinct key in a batch). An ordered
+//!   claim leases a keyed row only when no earlier row of its key is pending or leased
+//!   (or dead, under [`DeadHead::Halt`]).
 //! - **Completion** locks the rows still leased with the token (`SELECT … FOR UPDATE`):
 //!   those are applied, the others are reported stale. Then it marks, deletes or
 //!   reschedules them and commits. A relay that lost its lease changes nothing.
@@ -47,16 +62,19 @@
 //!   character boundary), which is what the columns hold.
 //!
 //! [`Wakeup`]: outbox_core::Wakeup
+//! [`Ordering::PerKey`]: outbox_core::Ordering::PerKey
+//! [`DeadHead::Halt`]: outbox_core::DeadHead::Halt
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, NaiveDate, NaiveDateTime, Utc};
 use outbox_core::{
-    Claim, ClaimRequest, CompleteAction, CompleteReport, Completion, DeadLetter, DeadLetterFilter,
-    DeadLetters, DestinationStats, Lease, LeaseToken, Message, MessageId, NewMessage, Purge,
-    PurgeRequest, Stats, Store, StoreError, StoreErrorKind, StoreStats,
+    Claim, ClaimRequest, CompleteAction, CompleteReport, Completion, DeadHead, DeadLetter,
+    DeadLetterFilter, DeadLetters, DestinationStats, Lease, LeaseToken, Message, MessageId,
+    NewMessage, Ordering, Purge, PurgeRequest, Stats, Store, StoreError, StoreErrorKind,
+    StoreStats,
 };
 use outbox_sql::mysql::{
     DeadFilterShape, MAX_ERROR_BYTES, MAX_OWNER_CHARS, RELAY_ISOLATION, Statements,
@@ -79,7 +97,7 @@ const MIGRATION_LOCK: &str = "outbox-sqlx.migrate";
 const MIGRATION_LOCK_TIMEOUT_S: i64 = 120;
 /// Most ids one list statement takes (the padded length never exceeds it).
 const ID_CHUNK: usize = 4096;
-/// Most rows one multi-row `INSERT` carries (13 parameters each; the protocol allows
+/// Most rows one multi-row `INSERT` carries (14 parameters each; the protocol allows
 /// 65,535 per statement).
 const INSERT_CHUNK_ROWS: usize = 500;
 /// Payload and header bytes after which a multi-row `INSERT` is cut, so one statement
@@ -162,23 +180,35 @@ impl MySqlOutbox {
     pub async fn migrate(&self) -> Result<(), StoreError> {
         let sql = &self.inner.sql;
         let migrations = outbox_sql::outbox_migrations(Dialect::MySql, &self.inner.names);
-        run_migrations(&self.pool, sql, &migrations, &sql.check_outbox).await
+        let checks = [sql.check_outbox.as_str(), sql.check_keys.as_str()];
+        run_migrations(&self.pool, sql, &migrations, &checks).await
     }
 
-    /// Inserts `message` on `conn` — normally your open transaction (`&mut tx`). Never
-    /// commits and uses no other connection. (On a connection outside a transaction the
-    /// insert commits by itself, as any statement does in autocommit mode.)
+    /// Inserts `message` on `conn` — normally your open transaction (`&mut tx`). Runs one
+    /// `INSERT`, preceded for a message with a partition key by one statement that
+    /// numbers it and holds the key until your transaction ends (see the
+    /// [module documentation](self#how-it-maps-onto-mysql)). Never commits and uses no
+    /// other connection. (On a connection outside a transaction each statement commits by
+    /// itself, as any statement does in autocommit mode: the numbering and the insert
+    /// then commit separately, so two enqueues of one key that overlap in time are
+    /// ordered by their numbers, which need not be the order their rows became visible.
+    /// Enqueue keyed messages inside a transaction.)
     ///
     /// # Errors
     ///
-    /// [`StoreError`] of kind `Constraint` if the id exists, or the database's error; roll
-    /// your transaction back then, as after any failed statement.
+    /// [`StoreError`] of kind `Constraint` if the id exists, `Conflict` for a deadlock or
+    /// lock wait timeout on the key, or the database's error; roll your transaction back
+    /// then, as after any failed statement.
     pub async fn enqueue(
         &self,
         conn: &mut MySqlConnection,
         message: &NewMessage,
     ) -> Result<(), StoreError> {
-        bind_message(sqlx::query(&self.inner.sql.insert), message)
+        let seq = match message.partition_key() {
+            Some(key) => Some(self.next_seq(conn, key, 1).await?),
+            None => None,
+        };
+        bind_message(sqlx::query(&self.inner.sql.insert), message, seq)
             .execute(conn)
             .await
             .map_err(classify)?;
@@ -186,20 +216,25 @@ impl MySqlOutbox {
     }
 
     /// Inserts `messages` on `conn` with one multi-row `INSERT` (several for very large
-    /// batches, cut at 500 rows or about 4 MiB of payload); see [`enqueue`](Self::enqueue).
-    /// Returns how many rows were inserted.
+    /// batches, cut at 500 rows or about 4 MiB of payload), preceded by one numbering
+    /// statement per distinct partition key, taken in sorted key order; see
+    /// [`enqueue`](Self::enqueue). Messages of one key are numbered in the order of the
+    /// slice. Returns how many rows were inserted.
     ///
     /// # Errors
     ///
     /// As [`enqueue`](Self::enqueue). Inside a transaction nothing is kept once you roll
-    /// back after an error; outside one, chunks inserted before the failing one stay.
+    /// back after an error; outside one, statements that succeeded before the failing one
+    /// stay.
     pub async fn enqueue_all(
         &self,
         conn: &mut MySqlConnection,
         messages: &[NewMessage],
     ) -> Result<u64, StoreError> {
+        let seqs = self.number(conn, messages).await?;
         let mut inserted = 0;
         let mut rest = messages;
+        let mut rest_seqs = seqs.as_slice();
         while !rest.is_empty() {
             let mut rows = 0;
             let mut bytes = 0;
@@ -218,10 +253,11 @@ impl MySqlOutbox {
                 rows += 1;
             }
             let (chunk, tail) = rest.split_at(rows);
+            let (chunk_seqs, tail_seqs) = rest_seqs.split_at(rows);
             let sql = self.inner.sql.insert_batch(chunk.len());
             let mut query = sqlx::query(&sql).persistent(chunk.len() <= 16);
-            for m in chunk {
-                query = bind_message(query, m);
+            for (m, seq) in chunk.iter().zip(chunk_seqs) {
+                query = bind_message(query, m, *seq);
             }
             inserted += query
                 .execute(&mut *conn)
@@ -229,8 +265,62 @@ impl MySqlOutbox {
                 .map_err(classify)?
                 .rows_affected();
             rest = tail;
+            rest_seqs = tail_seqs;
         }
         Ok(inserted)
+    }
+
+    /// Bumps the counter of `key` by `count`, locking it until the transaction ends;
+    /// returns the last of the `count` numbers (handed back as the last insert id).
+    async fn next_seq(
+        &self,
+        conn: &mut MySqlConnection,
+        key: &str,
+        count: usize,
+    ) -> Result<i64, StoreError> {
+        let done = sqlx::query(&self.inner.sql.next_seq)
+            .bind(key)
+            .bind(limit(count))
+            .bind(limit(count))
+            .execute(conn)
+            .await
+            .map_err(classify)?;
+        match i64::try_from(done.last_insert_id()) {
+            Ok(last) if last >= limit(count) => Ok(last),
+            _ => Err(StoreError::new(
+                StoreErrorKind::Other,
+                format!(
+                    "numbering partition key {key:?} returned last insert id {}, expected at least {count}",
+                    done.last_insert_id()
+                ),
+            )),
+        }
+    }
+
+    /// Numbers the keyed messages of a batch: one counter bump per distinct key, in
+    /// sorted key order (so two batches lock shared keys in the same order), numbers
+    /// handed out in slice order. `None` for messages without a key.
+    async fn number(
+        &self,
+        conn: &mut MySqlConnection,
+        messages: &[NewMessage],
+    ) -> Result<Vec<Option<i64>>, StoreError> {
+        let mut per_key: BTreeMap<&str, (usize, i64)> = BTreeMap::new();
+        for key in messages.iter().filter_map(NewMessage::partition_key) {
+            per_key.entry(key).or_default().0 += 1;
+        }
+        for (key, (count, next)) in &mut per_key {
+            let last = self.next_seq(conn, key, *count).await?;
+            *next = last - limit(*count) + 1;
+        }
+        Ok(messages
+            .iter()
+            .map(|m| {
+                let (_, next) = per_key.get_mut(m.partition_key()?)?;
+                *next += 1;
+                Some(*next - 1)
+            })
+            .collect())
     }
 
     /// Starts a relay transaction at `READ COMMITTED`, in one round trip.
@@ -263,6 +353,39 @@ impl MySqlOutbox {
             }
         }
         Ok(held)
+    }
+
+    /// Drops the keyed candidates of an ordered claim that a fresh read shows are not the
+    /// heads of their keys (see `outbox_sql::mysql`, "Per-key ordering": the claim's own
+    /// check can miss a predecessor committed during its scan).
+    async fn keep_heads(
+        &self,
+        tx: &mut MySqlConnection,
+        messages: &mut Vec<Message>,
+        halt: bool,
+    ) -> Result<(), StoreError> {
+        let keyed: Vec<MessageId> = messages
+            .iter()
+            .filter(|m| m.partition_key.is_some())
+            .map(|m| m.id)
+            .collect();
+        if keyed.is_empty() {
+            return Ok(());
+        }
+        let mut heads = HashSet::with_capacity(keyed.len());
+        for chunk in keyed.chunks(ID_CHUNK) {
+            let n = padded(chunk.len());
+            let sql = self.inner.sql.heads(n, halt);
+            let rows = bind_ids(sqlx::query(&sql), chunk, n)
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(classify)?;
+            for row in &rows {
+                heads.insert(message_id(&text(row, "id")?)?);
+            }
+        }
+        messages.retain(|m| m.partition_key.is_none() || heads.contains(&m.id));
+        Ok(())
     }
 
     /// Runs a list statement (`ids…, token`) over `ids` in padded chunks.
@@ -306,10 +429,11 @@ impl MySqlOutbox {
     }
 }
 
-/// Binds the thirteen `insert` parameters of one message.
+/// Binds the fourteen `insert` parameters of one message.
 fn bind_message<'q>(
     query: Query<'q, MySql, MySqlArguments>,
     m: &'q NewMessage,
+    seq: Option<i64>,
 ) -> Query<'q, MySql, MySqlArguments> {
     let (at, delay_ms) = availability(m);
     let (at, delay_ms) = (at.map(db_time), delay_ms.min(MAX_INTERVAL_MS));
@@ -327,6 +451,7 @@ fn bind_message<'q>(
         .bind(headers_json(m.headers()))
         .bind(at)
         .bind(delay_ms)
+        .bind(seq)
 }
 
 /// The list length a statement is built for: the next power of two.
@@ -483,11 +608,13 @@ fn message(row: &MySqlRow) -> Result<Message, StoreError> {
     Ok(m)
 }
 
+/// Runs `migrations` under the named lock. `checks[i]`, if present, verifies what
+/// migration `i` created before it is recorded; all checks run again at the end.
 async fn run_migrations(
     pool: &MySqlPool,
     sql: &Statements,
     migrations: &[outbox_sql::Migration],
-    check: &str,
+    checks: &[&str],
 ) -> Result<(), StoreError> {
     let mut conn = pool.acquire().await.map_err(classify)?;
     // The named lock belongs to the session: if this future is dropped half-way, the
@@ -507,7 +634,7 @@ async fn run_migrations(
             ),
         ));
     }
-    let result = apply(&mut conn, sql, migrations, check).await;
+    let result = apply(&mut conn, sql, migrations, checks).await;
     let unlocked = sqlx::query(&sql.migration_unlock)
         .bind(MIGRATION_LOCK)
         .execute(&mut *conn)
@@ -521,7 +648,7 @@ async fn apply(
     conn: &mut MySqlConnection,
     sql: &Statements,
     migrations: &[outbox_sql::Migration],
-    check: &str,
+    checks: &[&str],
 ) -> Result<(), StoreError> {
     sqlx::query(&sql.create_migrations)
         .execute(&mut *conn)
@@ -537,14 +664,10 @@ async fn apply(
                 .await
                 .map_err(classify)?;
         }
-        if i + 1 == migrations.len() {
+        if let Some(check) = checks.get(i) {
             // `CREATE TABLE IF NOT EXISTS` succeeds on any table of that name: make sure
-            // it is ours before recording the migration as done.
-            sqlx::query(check)
-                .persistent(false)
-                .execute(&mut *conn)
-                .await
-                .map_err(classify)?;
+            // it is ours before recording the migration or running the next one.
+            check_table(conn, check).await?;
         }
         sqlx::query(&sql.record_migration)
             .bind(&migration.id)
@@ -552,6 +675,13 @@ async fn apply(
             .await
             .map_err(classify)?;
     }
+    for check in checks {
+        check_table(conn, check).await?;
+    }
+    Ok(())
+}
+
+async fn check_table(conn: &mut MySqlConnection, check: &str) -> Result<(), StoreError> {
     sqlx::query(check)
         .persistent(false)
         .execute(&mut *conn)
@@ -597,7 +727,14 @@ impl Store for MySqlOutbox {
             });
         }
         let sql = &self.inner.sql;
-        let select = sql.claim_select(destinations.len());
+        let halt = match request.ordering {
+            Ordering::PerKey(policy) => Some(policy == DeadHead::Halt),
+            _ => None,
+        };
+        let select = match halt {
+            Some(halt) => sql.claim_select_ordered(destinations.len(), halt),
+            None => sql.claim_select(destinations.len()),
+        };
         let mut tx = self.begin().await?;
         let mut query = sqlx::query(&select);
         for d in destinations {
@@ -616,6 +753,13 @@ impl Store for MySqlOutbox {
             });
         }
         let mut messages = rows.iter().map(message).collect::<Result<Vec<_>, _>>()?;
+        if let Some(halt) = halt {
+            self.keep_heads(&mut tx, &mut messages, halt).await?;
+            if messages.is_empty() {
+                tx.commit().await.map_err(classify)?;
+                return Ok(Claim { lease, messages });
+            }
+        }
         let ids: Vec<MessageId> = messages.iter().map(|m| m.id).collect();
         let owner = clip_chars(&request.owner, MAX_OWNER_CHARS);
         let token_text = token.as_uuid().to_string();
@@ -747,7 +891,7 @@ impl StoreStats for MySqlOutbox {
             .fetch_all(&self.pool)
             .await
             .map_err(classify)?;
-        let destinations = rows
+        let mut destinations = rows
             .iter()
             .map(|row| {
                 let mut d = DestinationStats::new(text(row, "destination")?);
@@ -761,7 +905,20 @@ impl StoreStats for MySqlOutbox {
                     .map(|t| t.and_utc());
                 Ok(d)
             })
-            .collect::<Result<_, StoreError>>()?;
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        let halted = sqlx::query(&self.inner.sql.halted_keys)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(classify)?;
+        for row in &halted {
+            let destination = text(row, "destination")?;
+            if let Some(d) = destinations
+                .iter_mut()
+                .find(|d| d.destination == destination)
+            {
+                d.halted_keys = count(row.try_get("halted").map_err(classify)?);
+            }
+        }
         Ok(Stats { destinations })
     }
 }
@@ -878,7 +1035,13 @@ impl MySqlInbox {
     /// exists but is not an inbox.
     pub async fn migrate(&self, pool: &MySqlPool) -> Result<(), StoreError> {
         let migrations = outbox_sql::inbox_migrations(Dialect::MySql, &self.names);
-        run_migrations(pool, &self.sql, &migrations, &self.sql.check_inbox).await
+        run_migrations(
+            pool,
+            &self.sql,
+            &migrations,
+            &[self.sql.check_inbox.as_str()],
+        )
+        .await
     }
 
     /// Records `(consumer, message_id)` on `conn` (your transaction). Keys compare byte

@@ -41,6 +41,23 @@
 //! which takes the write lock up front (waiting up to the busy timeout). A transaction
 //! whose first statement is a write behaves the same way.
 //!
+//! # Per-key ordering
+//!
+//! Relays built with [`Ordering::PerKey`] publish the messages of one partition key one
+//! at a time, in commit order. The order is fixed when a message is enqueued:
+//! [`SqliteOutbox::enqueue`] first bumps a counter row for the key (in the table
+//! `<outbox>_keys`) and stores the number with the message, all in your transaction. A
+//! second transaction enqueueing for the same key therefore waits until the first commits
+//! or rolls back, and is numbered after it. On SQLite that wait is nothing new: the
+//! database has one writer at a time, so your transaction holds the write lock from its
+//! first write until it ends, and every other writer (of any key, or of no key) waits for
+//! it anyway. Numbering adds no waiting of its own, and the numbers follow commit order.
+//! (PostgreSQL numbers rows at commit instead; there, writers of one key wait only for
+//! each other's commit.) A keyed message costs one extra statement (one per distinct key
+//! in [`enqueue_all`](SqliteOutbox::enqueue_all)). An ordered claim leases a keyed message
+//! only when no earlier message of its key is pending or leased (or dead, under
+//! [`DeadHead::Halt`]); messages without a partition key are never held back.
+//!
 //! # Wakeups
 //!
 //! SQLite has no LISTEN/NOTIFY. With SQLite the writer and the relay share a process (and
@@ -76,15 +93,16 @@
 //! # }
 //! ```
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use outbox_core::{
-    Availability, Claim, ClaimRequest, CompleteAction, CompleteReport, Completion, DeadLetter,
-    DeadLetterFilter, DeadLetters, DestinationStats, Lease, LeaseToken, Message, MessageId,
-    NewMessage, Purge, PurgeRequest, Stats, Store, StoreError, StoreErrorKind, StoreStats,
+    Availability, Claim, ClaimRequest, CompleteAction, CompleteReport, Completion, DeadHead,
+    DeadLetter, DeadLetterFilter, DeadLetters, DestinationStats, Lease, LeaseToken, Message,
+    MessageId, NewMessage, Ordering, Purge, PurgeRequest, Stats, Store, StoreError, StoreErrorKind,
+    StoreStats,
 };
 use outbox_sql::sqlite::Statements;
 use outbox_sql::{Dialect, TableNames};
@@ -173,44 +191,37 @@ impl SqliteOutbox {
     }
 
     /// Inserts `message` on `conn` — normally your open transaction (`&mut tx`). Runs one
-    /// `INSERT`; never commits and uses no other connection.
+    /// `INSERT`, preceded for a message with a partition key by one statement that
+    /// numbers it (see [per-key ordering](self#per-key-ordering)); never commits and uses
+    /// no other connection. (On a connection outside a transaction each statement commits
+    /// by itself: the numbering and the insert then commit separately, so two enqueues of
+    /// one key that overlap in time are ordered by their numbers, which need not be the
+    /// order their rows became visible. Enqueue keyed messages inside a transaction.)
     ///
     /// # Errors
     ///
     /// [`StoreError`] of kind `Constraint` if the id exists, or the database's error. The
-    /// failed insert changed nothing; roll your transaction back as for any failed
-    /// statement.
+    /// failed insert inserted nothing (the key's counter may have moved on, which is
+    /// harmless); roll your transaction back as for any failed statement.
     pub async fn enqueue(
         &self,
         conn: &mut SqliteConnection,
         message: &NewMessage,
     ) -> Result<(), StoreError> {
-        let (at, delay_ms) = availability_ms(message);
-        sqlx::query(&self.inner.sql.insert)
-            .bind(message.id().to_string())
-            .bind(message.destination())
-            .bind(message.event_type())
-            .bind(message.aggregate_type())
-            .bind(message.aggregate_id())
-            .bind(message.partition_key())
-            .bind(message.tenant_id())
-            .bind(message.idempotency_key())
-            .bind(message.payload())
-            .bind(message.content_type())
-            .bind(headers_json(message.headers()))
-            .bind(at)
-            .bind(delay_ms)
-            .execute(conn)
-            .await
-            .map_err(classify)?;
-        Ok(())
+        let seq = match message.partition_key() {
+            Some(key) => Some(self.next_seq(conn, key, 1).await?),
+            None => None,
+        };
+        self.insert(conn, message, seq).await
     }
 
-    /// Inserts `messages` on `conn`, one `INSERT` each, inside a savepoint so that either
-    /// all of them or none are inserted; see [`enqueue`](Self::enqueue). On a connection
-    /// in a transaction the savepoint is only released, never committed: your commit
-    /// decides. (On a connection outside any transaction, the savepoint is itself the
-    /// transaction, as one multi-row statement would be.)
+    /// Inserts `messages` on `conn`, one `INSERT` each (and one numbering statement per
+    /// distinct partition key), inside a savepoint so that either all of them or none are
+    /// inserted; see [`enqueue`](Self::enqueue). Messages of one key are numbered in the
+    /// order of the slice. On a connection in a transaction the savepoint is only
+    /// released, never committed: your commit decides. (On a connection outside any
+    /// transaction, the savepoint is itself the transaction, as one multi-row statement
+    /// would be.)
     ///
     /// Open your transaction through sqlx (`pool.begin()`, `begin_with(..)`), which
     /// tracks the nesting; a `BEGIN` sent as a plain query is invisible to it and makes
@@ -229,16 +240,85 @@ impl SqliteOutbox {
             [one] => self.enqueue(conn, one).await.map(|()| 1),
             many => {
                 // A nested sqlx transaction is a SAVEPOINT; if this future is dropped or
-                // an insert fails, sqlx rolls back to it, leaving the caller's
+                // a statement fails, sqlx rolls back to it, leaving the caller's
                 // transaction as it was.
                 let mut savepoint = sqlx::Connection::begin(conn).await.map_err(classify)?;
-                for message in many {
-                    self.enqueue(&mut savepoint, message).await?;
+                let seqs = self.number(&mut savepoint, many).await?;
+                for (message, seq) in many.iter().zip(seqs) {
+                    self.insert(&mut savepoint, message, seq).await?;
                 }
                 savepoint.commit().await.map_err(classify)?;
                 Ok(many.len() as u64)
             }
         }
+    }
+
+    /// Bumps the counter of `key` by `count`; returns the last of the `count` numbers.
+    async fn next_seq(
+        &self,
+        conn: &mut SqliteConnection,
+        key: &str,
+        count: usize,
+    ) -> Result<i64, StoreError> {
+        sqlx::query_scalar(&self.inner.sql.next_seq)
+            .bind(key)
+            .bind(limit(count))
+            .fetch_one(conn)
+            .await
+            .map_err(classify)
+    }
+
+    /// Numbers the keyed messages of a batch: one counter bump per distinct key, numbers
+    /// handed out in slice order. `None` for messages without a key.
+    async fn number(
+        &self,
+        conn: &mut SqliteConnection,
+        messages: &[NewMessage],
+    ) -> Result<Vec<Option<i64>>, StoreError> {
+        let mut per_key: BTreeMap<&str, (usize, i64)> = BTreeMap::new();
+        for key in messages.iter().filter_map(NewMessage::partition_key) {
+            per_key.entry(key).or_default().0 += 1;
+        }
+        for (key, (count, next)) in &mut per_key {
+            let last = self.next_seq(conn, key, *count).await?;
+            *next = last - limit(*count) + 1;
+        }
+        Ok(messages
+            .iter()
+            .map(|m| {
+                let (_, next) = per_key.get_mut(m.partition_key()?)?;
+                *next += 1;
+                Some(*next - 1)
+            })
+            .collect())
+    }
+
+    async fn insert(
+        &self,
+        conn: &mut SqliteConnection,
+        message: &NewMessage,
+        seq: Option<i64>,
+    ) -> Result<(), StoreError> {
+        let (at, delay_ms) = availability_ms(message);
+        sqlx::query(&self.inner.sql.insert)
+            .bind(message.id().to_string())
+            .bind(message.destination())
+            .bind(message.event_type())
+            .bind(message.aggregate_type())
+            .bind(message.aggregate_id())
+            .bind(message.partition_key())
+            .bind(message.tenant_id())
+            .bind(message.idempotency_key())
+            .bind(message.payload())
+            .bind(message.content_type())
+            .bind(headers_json(message.headers()))
+            .bind(at)
+            .bind(delay_ms)
+            .bind(seq)
+            .execute(conn)
+            .await
+            .map_err(classify)?;
+        Ok(())
     }
 
     fn message(row: &SqliteRow) -> Result<Message, StoreError> {
@@ -391,14 +471,17 @@ impl Store for SqliteOutbox {
             until: Utc::now() + chrono::Duration::milliseconds(millis(request.lease)),
         };
         let sql = &self.inner.sql;
-        let query = match &request.destinations {
-            None => sqlx::query(&sql.claim),
-            Some(_) => sqlx::query(&sql.claim_filtered),
-        }
-        .bind(limit(request.batch_size))
-        .bind(&request.owner)
-        .bind(token.as_uuid().to_string())
-        .bind(millis(request.lease));
+        let filtered = request.destinations.is_some();
+        let statement = match request.ordering {
+            Ordering::PerKey(policy) => sql.claim_ordered(filtered, policy == DeadHead::Halt),
+            _ if filtered => &sql.claim_filtered,
+            _ => &sql.claim,
+        };
+        let query = sqlx::query(statement)
+            .bind(limit(request.batch_size))
+            .bind(&request.owner)
+            .bind(token.as_uuid().to_string())
+            .bind(millis(request.lease));
         let query = match &request.destinations {
             None => query,
             Some(destinations) => query.bind(json_list(destinations)),
@@ -486,7 +569,7 @@ impl StoreStats for SqliteOutbox {
             .fetch_all(&self.pool)
             .await
             .map_err(classify)?;
-        let destinations = rows
+        let mut destinations = rows
             .iter()
             .map(|row| {
                 let mut d = DestinationStats::new(
@@ -503,7 +586,20 @@ impl StoreStats for SqliteOutbox {
                     .transpose()?;
                 Ok(d)
             })
-            .collect::<Result<_, StoreError>>()?;
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        let halted = sqlx::query(&self.inner.sql.halted_keys)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(classify)?;
+        for row in halted {
+            let destination: String = row.try_get("destination").map_err(classify)?;
+            if let Some(d) = destinations
+                .iter_mut()
+                .find(|d| d.destination == destination)
+            {
+                d.halted_keys = count(row.try_get("halted").map_err(classify)?);
+            }
+        }
         Ok(Stats { destinations })
     }
 }

@@ -43,8 +43,9 @@ async fn drop_tables(pool: &MySqlPool, tables: &[(String, String)]) {
             .await
             .unwrap_or_else(|e| panic!("drop {quoted}: {e}"));
         sqlx::query(
-            "DELETE FROM outbox_migrations WHERE id IN (CONCAT(?, '/001_outbox'), CONCAT(?, '/001_inbox'))",
+            "DELETE FROM outbox_migrations WHERE id IN (CONCAT(?, '/001_outbox'), CONCAT(?, '/002_ordering'), CONCAT(?, '/001_inbox'))",
         )
+        .bind(name)
         .bind(name)
         .bind(name)
             .execute(pool)
@@ -57,6 +58,14 @@ fn outbox_table(names: &TableNames) -> (String, String) {
     (
         names.render(Dialect::MySql, "{outbox}"),
         names.outbox_name().name().to_owned(),
+    )
+}
+
+/// The key counters next to an outbox table.
+fn keys_table(names: &TableNames) -> (String, String) {
+    (
+        names.render(Dialect::MySql, "{outbox_keys}"),
+        names.outbox_name().derived("_keys").name().to_owned(),
     )
 }
 
@@ -121,6 +130,7 @@ impl MySqlHarness {
         let pool = pool().await;
         let mut cleanup = Cleanup::new(&pool);
         cleanup.tables.push(outbox_table(&names));
+        cleanup.tables.push(keys_table(&names));
         let outbox = MySqlOutbox::with_names(pool, names).published_rows(mode);
         outbox.migrate().await.expect("migrate");
         Self {
@@ -653,6 +663,7 @@ async fn hostile_identifiers_are_rejected_or_quoted_exactly() {
             .await
             .unwrap_or_else(|e| panic!("valid name {name:?} failed to migrate: {e}"));
         cleanup.tables.push(outbox_table(&names));
+        cleanup.tables.push(keys_table(&names));
         let found: Vec<String> = sqlx::query_scalar(
             "SELECT CAST(table_name AS CHAR) FROM information_schema.tables \
              WHERE table_schema = DATABASE() AND table_name = ?",
@@ -665,12 +676,17 @@ async fn hostile_identifiers_are_rejected_or_quoted_exactly() {
             found.contains(&exact),
             "table created under exactly the name {exact:?}; found {found:?}"
         );
-        // Every statement works under that name: enqueue, claim, complete, stats.
+        // Every statement works under that name: enqueue (numbering keys), an ordered
+        // claim, complete, stats.
         if used % 4 == 0 {
-            let (one, two) = (
-                common::message("orders", i),
-                common::message("orders", i + 1),
-            );
+            let keyed = |n: u64, key: &str| {
+                NewMessage::builder("orders", "test.event")
+                    .json(&n)
+                    .partition_key(key)
+                    .build()
+                    .unwrap()
+            };
+            let (one, two) = (keyed(i, "k1"), keyed(i + 1, "k2"));
             let mut tx = pool.begin().await.unwrap();
             outbox.enqueue(&mut tx, &one).await.unwrap();
             tx.commit().await.unwrap();
@@ -682,7 +698,10 @@ async fn hostile_identifiers_are_rejected_or_quoted_exactly() {
             outbox.enqueue_all(&mut tx, &[]).await.unwrap();
             tx.commit().await.unwrap();
             let claim = outbox
-                .claim(&ClaimRequest::new("r", 5, Duration::from_secs(30)))
+                .claim(
+                    &ClaimRequest::new("r", 5, Duration::from_secs(30))
+                        .ordering(outbox_core::Ordering::PerKey(outbox_core::DeadHead::Halt)),
+                )
                 .await
                 .unwrap();
             assert_eq!(claim.messages.len(), 2, "{exact:?}");
@@ -726,6 +745,15 @@ async fn hostile_identifiers_are_rejected_or_quoted_exactly() {
     .await
     .unwrap();
     assert_eq!(applied, 0, "the failed migration was not recorded");
+    let canary_keys: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM information_schema.tables \
+         WHERE table_schema = DATABASE() AND table_name = CONCAT(?, '_keys')",
+    )
+    .bind(&canary)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(canary_keys, 0, "nothing was created next to the canary");
     let created: Vec<_> = cleanup.tables.drain(1..).collect();
     drop_tables(&pool, &created).await;
     for (_, name) in &created {
@@ -891,6 +919,7 @@ async fn concurrent_migrations_agree() {
         .unwrap();
     let mut cleanup = Cleanup::new(&pool);
     cleanup.tables.push(outbox_table(&names));
+    cleanup.tables.push(keys_table(&names));
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..6 {
         let outbox = MySqlOutbox::with_names(pool.clone(), names.clone());
@@ -958,4 +987,580 @@ async fn enqueue_all_chunks_large_batches_in_the_callers_transaction() {
         assert_eq!(received.id, sent.id(), "claimed in enqueue order");
         assert!(received.payload == sent.payload(), "1 MiB payload intact");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_passes_the_ordering_suite() {
+    store_suite::run_ordering(MySqlHarness::new).await;
+}
+
+fn keyed(key: &str, n: u64) -> NewMessage {
+    NewMessage::builder("orders", "order.changed")
+        .json(&serde_json::json!({ "key": key, "n": n }))
+        .partition_key(key)
+        .build()
+        .unwrap()
+}
+
+fn per_key(halt: bool) -> outbox_core::Ordering {
+    outbox_core::Ordering::PerKey(if halt {
+        outbox_core::DeadHead::Halt
+    } else {
+        outbox_core::DeadHead::Skip
+    })
+}
+
+/// Starts a task that opens a transaction, enqueues `message` and commits; the flag turns
+/// true once the enqueue returned.
+fn enqueue_in_task(
+    outbox: &MySqlOutbox,
+    message: NewMessage,
+) -> (
+    Arc<std::sync::atomic::AtomicBool>,
+    tokio::task::JoinHandle<()>,
+) {
+    let enqueued = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (outbox, flag) = (outbox.clone(), enqueued.clone());
+    let task = tokio::spawn(async move {
+        let mut tx = outbox.pool().begin().await.unwrap();
+        outbox.enqueue(&mut tx, &message).await.unwrap();
+        flag.store(true, Ordering::SeqCst);
+        tx.commit().await.unwrap();
+    });
+    (enqueued, task)
+}
+
+/// Transaction A enqueues for key K; B, enqueueing for K too, waits on the key's counter
+/// row until A commits, and so is numbered after it, although B's message was built (and
+/// its id assigned) first. A per-key relay publishes A, then B.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn same_key_writers_wait_and_publish_in_commit_order() {
+    let h = MySqlHarness::new().await;
+    let pool = h.outbox.pool();
+    let b = keyed("order-7", 2);
+    let a = keyed("order-7", 1);
+    assert!(b.id() < a.id(), "B's id sorts first");
+
+    let mut tx_a = pool.begin().await.unwrap();
+    h.outbox.enqueue(&mut tx_a, &a).await.unwrap();
+    let (b_enqueued, b_task) = enqueue_in_task(&h.outbox, b.clone());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !b_enqueued.load(Ordering::SeqCst),
+        "B waits while A is open"
+    );
+    tx_a.commit().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), b_task)
+        .await
+        .expect("B finishes once A committed")
+        .unwrap();
+
+    let seqs: Vec<(String, i64)> = sqlx::query_as(&format!(
+        "SELECT CAST(id AS CHAR), seq FROM {} ORDER BY seq",
+        h.table()
+    ))
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        seqs,
+        vec![(a.id().to_string(), 1), (b.id().to_string(), 2)],
+        "numbered in commit order"
+    );
+
+    let sink = RecordingSink::new();
+    let relay = Relay::builder(h.outbox.clone())
+        .route("orders", sink.clone())
+        .ordering(per_key(false))
+        .build()
+        .unwrap();
+    relay.drain().await.unwrap();
+    let order: Vec<_> = sink.messages().iter().map(|m| m.id).collect();
+    assert_eq!(
+        order,
+        vec![a.id(), b.id()],
+        "published in commit order, not id order"
+    );
+}
+
+/// While A holds one key, writers of other keys — new keys next to it, existing ones,
+/// messages without a key — enqueue and commit without waiting. The application's
+/// transactions run at the server default (REPEATABLE READ), where gap locks could make
+/// neighbouring new keys wait; the counter is the table's primary key, so they do not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn different_keys_do_not_block_each_other_at_enqueue() {
+    let h = MySqlHarness::new().await;
+    let pool = h.outbox.pool();
+    // Existing counters: k1, k3, k5.
+    h.enqueue(vec![keyed("k1", 0), keyed("k3", 0), keyed("k5", 0)])
+        .await
+        .unwrap();
+    let cases: [(&str, Option<&str>); 7] = [
+        ("k3", Some("k2")),  // existing held, new key in the gap before it
+        ("k3", Some("k4")),  // existing held, new key in the gap after it
+        ("k3", Some("k1")),  // existing held, another existing key
+        ("k6", Some("k7")),  // new held, new key after it
+        ("k6", Some("k55")), // new held, new key before it
+        ("k9", Some("k5")),  // new held, existing key
+        ("k1", None),        // no key
+    ];
+    for (held, other) in cases {
+        let mut tx_a = pool.begin().await.unwrap();
+        h.outbox.enqueue(&mut tx_a, &keyed(held, 1)).await.unwrap();
+        let b = match other {
+            Some(key) => keyed(key, 1),
+            None => common::message("orders", 1),
+        };
+        let mut tx_b = pool.begin().await.unwrap();
+        tokio::time::timeout(Duration::from_secs(3), async {
+            h.outbox.enqueue(&mut tx_b, &b).await.unwrap();
+            tx_b.commit().await.unwrap();
+        })
+        .await
+        .unwrap_or_else(|_| panic!("B ({other:?}) waited for A ({held})"));
+        tx_a.commit().await.unwrap();
+    }
+    let numbered: Vec<(String, i64)> = sqlx::query_as(&format!(
+        "SELECT CAST(partition_key AS CHAR), MAX(seq) FROM {} WHERE partition_key IS NOT NULL \
+         GROUP BY partition_key ORDER BY partition_key",
+        h.table()
+    ))
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    let expected: Vec<(String, i64)> = [
+        ("k1", 3),
+        ("k2", 1),
+        ("k3", 4),
+        ("k4", 1),
+        ("k5", 2),
+        ("k55", 1),
+        ("k6", 2),
+        ("k7", 1),
+        ("k9", 1),
+    ]
+    .iter()
+    .map(|(k, n)| ((*k).to_owned(), *n))
+    .collect();
+    assert_eq!(numbered, expected, "each key counts on its own");
+}
+
+/// A head that another relay has locked mid-claim is skipped by the outer scan but still
+/// seen by the head check, so the key's next message is not claimed past it; the claim
+/// does not wait for that lock either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ordered_claim_sees_a_head_another_relay_is_claiming() {
+    let h = MySqlHarness::new().await;
+    let (head, next, other) = (keyed("k", 1), keyed("k", 2), keyed("j", 1));
+    h.enqueue(vec![head.clone(), next.clone(), other.clone()])
+        .await
+        .unwrap();
+    for halt in [false, true] {
+        let mut locker = h
+            .outbox
+            .pool()
+            .begin_with("SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION")
+            .await
+            .unwrap();
+        sqlx::query(&format!(
+            "SELECT id FROM {} WHERE id = ? FOR UPDATE",
+            h.table()
+        ))
+        .bind(head.id().to_string())
+        .fetch_all(&mut *locker)
+        .await
+        .unwrap();
+        let request = ClaimRequest::new("r", 10, Duration::from_secs(30)).ordering(per_key(halt));
+        let claim = tokio::time::timeout(Duration::from_secs(3), h.outbox.claim(&request))
+            .await
+            .expect("the claim does not wait for the locked head")
+            .unwrap();
+        let got: Vec<_> = claim.messages.iter().map(|m| m.id).collect();
+        assert_eq!(
+            got,
+            vec![other.id()],
+            "k's head is skipped, and k's next is held back (halt: {halt})"
+        );
+        locker.rollback().await.unwrap();
+        h.outbox.release(claim.lease.token, &got).await.unwrap();
+    }
+    let claim = h
+        .outbox
+        .claim(&ClaimRequest::new("r", 10, Duration::from_secs(30)).ordering(per_key(false)))
+        .await
+        .unwrap();
+    let mut got: Vec<_> = claim.messages.iter().map(|m| m.id).collect();
+    got.sort();
+    let mut expected = vec![head.id(), other.id()];
+    expected.sort();
+    assert_eq!(got, expected, "once unlocked, the head is claimed");
+}
+
+/// The ordered claim's head check and the halted-keys count read the key index, by key
+/// and status, not the key's whole history.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ordered_statements_use_the_key_index() {
+    let h = MySqlHarness::new().await;
+    // A few keys with a long published history and some dead and pending rows.
+    let messages: Vec<NewMessage> = (0..400).map(|n| keyed(&format!("k{}", n % 4), n)).collect();
+    h.enqueue(messages.clone()).await.unwrap();
+    sqlx::query(&format!(
+        "UPDATE {} SET status = 'published', available_at = NULL, published_at = UTC_TIMESTAMP(6) \
+         WHERE seq <= 90",
+        h.table()
+    ))
+    .execute(h.outbox.pool())
+    .await
+    .unwrap();
+    sqlx::query(&format!(
+        "UPDATE {} SET status = 'dead', available_at = NULL, dead_at = UTC_TIMESTAMP(6) \
+         WHERE seq = 91",
+        h.table()
+    ))
+    .execute(h.outbox.pool())
+    .await
+    .unwrap();
+    sqlx::query(&format!("ANALYZE TABLE {}", h.table()))
+        .execute(h.outbox.pool())
+        .await
+        .unwrap();
+    let sql = outbox_sql::mysql::Statements::new(h.outbox.names());
+    let key_index = h.outbox.names().outbox_name().derived("_key_idx");
+    let ids: Vec<String> = messages[380..].iter().map(|m| m.id().to_string()).collect();
+    for (statement, binds) in [
+        (sql.claim_select_ordered(0, false), vec!["10".to_owned()]),
+        (
+            sql.claim_select_ordered(2, true),
+            vec!["orders".to_owned(), "x".to_owned(), "10".to_owned()],
+        ),
+        (sql.heads(ids.len(), false), ids.clone()),
+        (sql.heads(ids.len(), true), ids.clone()),
+        (sql.halted_keys.clone(), Vec::new()),
+    ] {
+        let explain = format!("EXPLAIN {statement}");
+        let mut query = sqlx::query(&explain).persistent(false);
+        for value in binds {
+            query = query.bind(value);
+        }
+        let plan = query.fetch_all(h.outbox.pool()).await.unwrap();
+        let column = |row: &sqlx::mysql::MySqlRow, name: &str| {
+            sqlx::Row::try_get_unchecked::<Option<String>, _>(row, name).unwrap()
+        };
+        let subquery: Vec<(Option<String>, Option<String>)> = plan
+            .iter()
+            .filter(|row| column(row, "table").as_deref() == Some("p"))
+            .map(|row| (column(row, "key"), column(row, "ref")))
+            .collect();
+        assert_eq!(
+            subquery.len(),
+            statement.matches("LIMIT 1").count(),
+            "one subquery step per status: {statement}\n{subquery:?}"
+        );
+        for (key, reference) in &subquery {
+            assert!(
+                key.as_deref() == Some(key_index.name())
+                    && reference
+                        .as_deref()
+                        .is_some_and(|r| r.ends_with(".d.partition_key,const")),
+                "by key and status: {statement}\n{subquery:?}"
+            );
+        }
+    }
+}
+
+/// Batches number each key with one counter bump, in slice order; a rolled-back batch
+/// gives its numbers back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_number_keys_in_slice_order() {
+    let h = MySqlHarness::new().await;
+    let batch = vec![
+        keyed("b", 1),
+        keyed("a", 1),
+        common::message("orders", 0),
+        keyed("b", 2),
+        keyed("a", 2),
+        keyed("b", 3),
+    ];
+    let mut tx = h.outbox.pool().begin().await.unwrap();
+    h.outbox.enqueue_all(&mut tx, &batch).await.unwrap();
+    tx.rollback().await.unwrap();
+    h.enqueue(batch.clone()).await.unwrap();
+    let got: Vec<(String, Option<i64>)> =
+        sqlx::query_as(&format!("SELECT CAST(id AS CHAR), seq FROM {}", h.table()))
+            .fetch_all(h.outbox.pool())
+            .await
+            .unwrap();
+    let seqs: Vec<_> = batch
+        .iter()
+        .map(|m| {
+            got.iter()
+                .find(|(id, _)| *id == m.id().to_string())
+                .unwrap()
+                .1
+        })
+        .collect();
+    assert_eq!(
+        seqs,
+        vec![Some(1), Some(1), None, Some(2), Some(2), Some(3)]
+    );
+}
+
+/// Halted keys are counted per destination of the dead row, once per key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn halted_keys_count_each_key_once() {
+    let h = MySqlHarness::new().await;
+    let messages: Vec<NewMessage> = (0..3)
+        .map(|n| keyed("k", n))
+        .chain([keyed("j", 0)])
+        .collect();
+    h.enqueue(messages.clone()).await.unwrap();
+    let request = ClaimRequest::new("r", 10, Duration::from_secs(30)).ordering(per_key(false));
+    for _ in 0..2 {
+        // Kill k's first two and j's only message.
+        let claim = h.outbox.claim(&request).await.unwrap();
+        let deaths: Vec<_> = claim
+            .messages
+            .iter()
+            .map(|m| Completion::dead(m.id, "400"))
+            .collect();
+        h.outbox.complete(claim.lease.token, &deaths).await.unwrap();
+    }
+    let stats = h.outbox.stats().await.unwrap();
+    let orders = stats.destination("orders").unwrap();
+    assert_eq!((orders.dead, orders.pending), (3, 1));
+    assert_eq!(
+        orders.halted_keys, 1,
+        "k is halted once; j has nothing behind it"
+    );
+}
+
+/// Concurrent writers (some rolling back, random commit delays) and several per-key relays
+/// with a flaky sink: every key is received in commit order. Each transaction bumps its
+/// key's version row before enqueueing, as a business aggregate would, so version order is
+/// commit order, independent of the outbox's own numbering; ids are taken before the
+/// transaction, so id order differs from it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_writers_and_relays_keep_every_key_in_commit_order() {
+    use outbox_core::RetryPolicy;
+    use outbox_core::testkit::FlakySink;
+
+    const KEYS: usize = 40;
+    const PER_KEY: u64 = 10;
+    const PRODUCERS: usize = 4;
+    let h = MySqlHarness::new().await;
+    let pool = h.outbox.pool().clone();
+    let versions = common::fresh_table("versions");
+    let mut cleanup = Cleanup::new(&pool);
+    cleanup.table(&versions);
+    sqlx::query(&format!(
+        "CREATE TABLE {versions} (k VARCHAR(64) PRIMARY KEY, v BIGINT NOT NULL) ENGINE = InnoDB"
+    ))
+    .execute(&pool)
+    .await
+    .unwrap();
+
+    let sink = RecordingSink::new();
+    let flaky = FlakySink::new(sink.clone()).retryable_rate(0.1).seed(5);
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut relays = Vec::new();
+    for r in 0..3 {
+        let relay = Relay::builder(h.outbox.clone())
+            .route("orders", flaky.clone())
+            .owner(format!("relay-{r}"))
+            .batch_size(16)
+            .concurrency(2)
+            .poll_interval(Duration::from_millis(5))
+            .retry(
+                RetryPolicy::default()
+                    .initial_delay(Duration::from_millis(5))
+                    .max_delay(Duration::from_millis(20))
+                    .max_attempts(1000),
+            )
+            .ordering(per_key(r == 0))
+            .build()
+            .unwrap();
+        let mut stop = stop_rx.clone();
+        relays.push(tokio::spawn(relay.run(async move {
+            let _ = stop.wait_for(|s| *s).await;
+        })));
+    }
+
+    let mut producers = tokio::task::JoinSet::new();
+    for p in 0..PRODUCERS {
+        let (outbox, pool, versions) = (h.outbox.clone(), pool.clone(), versions.clone());
+        producers.spawn(async move {
+            let mut rng = fastrand::Rng::with_seed(p as u64);
+            let mut committed = 0;
+            while committed < KEYS * PER_KEY as usize / PRODUCERS {
+                let key = format!("k{}", rng.usize(..KEYS));
+                let id = keyed(&key, 0).id();
+                let mut tx = pool.begin().await.unwrap();
+                let v = sqlx::query(&format!(
+                    "INSERT INTO {versions} (k, v) VALUES (?, LAST_INSERT_ID(1)) \
+                     ON DUPLICATE KEY UPDATE v = LAST_INSERT_ID(v + 1)"
+                ))
+                .bind(&key)
+                .execute(&mut *tx)
+                .await
+                .unwrap()
+                .last_insert_id();
+                if v > PER_KEY {
+                    tx.rollback().await.unwrap();
+                    continue;
+                }
+                let message = NewMessage::builder("orders", "order.changed")
+                    .id(id)
+                    .json(&serde_json::json!({ "key": key, "v": v }))
+                    .partition_key(&key)
+                    .build()
+                    .unwrap();
+                outbox.enqueue(&mut tx, &message).await.unwrap();
+                tokio::time::sleep(Duration::from_micros(rng.u64(0..2000))).await;
+                if rng.f64() < 0.2 {
+                    tx.rollback().await.unwrap();
+                } else {
+                    tx.commit().await.unwrap();
+                    committed += 1;
+                }
+            }
+        });
+    }
+    while let Some(done) = producers.join_next().await {
+        done.unwrap();
+    }
+    let total = KEYS as u64 * PER_KEY;
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let stats = h.outbox.stats().await.unwrap().total();
+        if stats.backlog() == 0 && stats.published == total {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "relays drained everything: {stats:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop_tx.send(true).unwrap();
+    for relay in relays {
+        relay.await.unwrap();
+    }
+
+    let mut seen = HashSet::new();
+    let mut per_key_received: std::collections::BTreeMap<String, Vec<u64>> = Default::default();
+    for m in sink.messages() {
+        if seen.insert(m.id) {
+            let body: serde_json::Value = serde_json::from_slice(&m.payload).unwrap();
+            per_key_received
+                .entry(body["key"].as_str().unwrap().to_owned())
+                .or_default()
+                .push(body["v"].as_u64().unwrap());
+        }
+    }
+    assert_eq!(seen.len() as u64, total, "every committed message received");
+    for (key, received) in &per_key_received {
+        let expected: Vec<u64> = (1..=PER_KEY).collect();
+        assert_eq!(received, &expected, "key {key} received in commit order");
+    }
+    assert!(
+        flaky.stats().retryable > 0,
+        "the sink did fail some attempts"
+    );
+}
+
+/// The ordered claim's head check reads one snapshot, opened early in its scan, while the
+/// scan locks the newest committed rows. Here a head H and its successor R (scheduled in
+/// the past, so it sorts at the end of the due range) both commit while a long claim scan
+/// is under way: the scan reaches R, but H is not in its snapshot. The second check,
+/// after the candidates are locked, must keep R back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_committed_during_the_claim_scan_still_holds_its_key() {
+    let h = MySqlHarness::new().await;
+    let pool = h.outbox.pool().clone();
+    let table = h.table();
+    // A long due range nobody may claim: key "blocker" behind a leased head.
+    h.enqueue(vec![keyed("blocker", 0)]).await.unwrap();
+    sqlx::query(&format!(
+        "UPDATE {table} SET status = 'leased', lease_token = UUID(), \
+         available_at = UTC_TIMESTAMP(6) + INTERVAL 1 HOUR"
+    ))
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query(&format!(
+        "INSERT INTO {table} (id, destination, event_type, partition_key, idempotency_key, payload, \
+         content_type, headers, available_at, created_at, seq) \
+         SELECT UUID(), 'orders', 'blocked', 'blocker', UUID(), '', 'text/plain', '{{}}', \
+         UTC_TIMESTAMP(6) - INTERVAL 2 HOUR, UTC_TIMESTAMP(6), 2 FROM {table}"
+    ))
+    .execute(&pool)
+    .await
+    .unwrap();
+    for _ in 0..17 {
+        sqlx::query(&format!(
+            "INSERT INTO {table} (id, destination, event_type, partition_key, idempotency_key, \
+             payload, content_type, headers, available_at, created_at, seq) \
+             SELECT UUID(), destination, event_type, partition_key, UUID(), payload, content_type, \
+             headers, available_at, created_at, seq FROM {table} WHERE seq = 2"
+        ))
+        .execute(&pool)
+        .await
+        .unwrap();
+    }
+    let request = ClaimRequest::new("r", 10, Duration::from_secs(30)).ordering(per_key(false));
+    let started = std::time::Instant::now();
+    assert!(h.outbox.claim(&request).await.unwrap().messages.is_empty());
+    let scan = started.elapsed();
+
+    let mut conclusive = 0;
+    for attempt in 0..10u64 {
+        let key = format!("k{attempt}");
+        let head = NewMessage::builder("orders", "head")
+            .json(&attempt)
+            .partition_key(&key)
+            .delay(Duration::from_secs(3600))
+            .build()
+            .unwrap();
+        let next = NewMessage::builder("orders", "next")
+            .json(&attempt)
+            .partition_key(&key)
+            .available_at(chrono::Utc::now() - chrono::Duration::hours(1))
+            .build()
+            .unwrap();
+        let claimer = {
+            let (outbox, request) = (h.outbox.clone(), request.clone());
+            tokio::spawn(async move {
+                let claim = outbox.claim(&request).await.unwrap();
+                (claim, std::time::Instant::now())
+            })
+        };
+        tokio::time::sleep(scan / 5).await;
+        h.enqueue(vec![head.clone()]).await.unwrap();
+        h.enqueue(vec![next.clone()]).await.unwrap();
+        let committed = std::time::Instant::now();
+        let (claim, finished) = claimer.await.unwrap();
+        let got: Vec<_> = claim.messages.iter().map(|m| m.id).collect();
+        assert!(
+            !got.contains(&next.id()),
+            "R was claimed while its head H is pending (attempt {attempt}, scan {scan:?})"
+        );
+        if !got.is_empty() {
+            h.outbox.release(claim.lease.token, &got).await.unwrap();
+        }
+        if finished > committed {
+            conclusive += 1;
+        }
+        // Out of the way for the next attempt.
+        sqlx::query(&format!(
+            "UPDATE {table} SET status = 'published', available_at = NULL WHERE partition_key = ?"
+        ))
+        .bind(&key)
+        .execute(&pool)
+        .await
+        .unwrap();
+    }
+    assert!(
+        conclusive >= 3,
+        "the claim scan ({scan:?}) outlasted the commits only {conclusive} times"
+    );
 }

@@ -684,13 +684,21 @@ async fn hostile_identifiers_are_rejected_or_quoted_exactly() {
         .await
         .unwrap();
         assert!(exists, "table created under exactly the name {exact:?}");
-        // Every statement works on that name: enqueue, claim, complete.
-        let message = common::message("orders", i);
+        // Every statement works on that name: enqueue (numbering the key), an ordered
+        // claim, complete, stats.
+        let message = NewMessage::builder("orders", "test.event")
+            .json(&i)
+            .partition_key("k")
+            .build()
+            .unwrap();
         let mut conn = pool.acquire().await.unwrap();
         outbox.enqueue(&mut conn, &message).await.unwrap();
         drop(conn);
         let claim = outbox
-            .claim(&ClaimRequest::new("t", 10, lease))
+            .claim(
+                &ClaimRequest::new("t", 10, lease)
+                    .ordering(outbox_core::Ordering::PerKey(outbox_core::DeadHead::Halt)),
+            )
             .await
             .unwrap();
         assert!(
@@ -704,6 +712,7 @@ async fn hostile_identifiers_are_rejected_or_quoted_exactly() {
             .collect();
         let report = outbox.complete(claim.lease.token, &done).await.unwrap();
         assert_eq!(report.applied, done.len());
+        assert_eq!(outbox.stats().await.unwrap().total().halted_keys, 0);
         used += 1;
     }
     assert!(
@@ -739,6 +748,14 @@ async fn hostile_identifiers_are_rejected_or_quoted_exactly() {
     .await
     .unwrap();
     assert_eq!(canary_indexes, 0, "no index was left on the canary");
+    let canary_keys: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?1 || '_keys'",
+    )
+    .bind(&canary)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(canary_keys, 0, "nothing was created next to the canary");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -757,7 +774,13 @@ async fn schema_qualified_names_work() {
             .fetch_all(&db.pool)
             .await
             .unwrap();
-    assert_eq!(applied, vec!["Billing Events/001_outbox".to_owned()]);
+    assert_eq!(
+        applied,
+        vec![
+            "Billing Events/001_outbox".to_owned(),
+            "Billing Events/002_ordering".to_owned()
+        ]
+    );
     let indexes: Vec<String> = sqlx::query_scalar(
         "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'Billing Events' AND sql IS NOT NULL ORDER BY name",
     )
@@ -769,9 +792,17 @@ async fn schema_qualified_names_work() {
         vec![
             "Billing Events_dead_idx",
             "Billing Events_due_idx",
+            "Billing Events_key_idx",
             "Billing Events_published_idx"
         ]
     );
+    let keys: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'Billing Events_keys'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(keys, 1, "the key counters live next to the outbox");
     let mut conn = db.pool.acquire().await.unwrap();
     outbox
         .enqueue(&mut conn, &common::message("a", 1))
@@ -786,7 +817,16 @@ async fn claim_uses_the_due_index() {
     let db = TestDb::new().await;
     let h = SqliteHarness::new(db.pool.clone()).await;
     let sql = outbox_sql::sqlite::Statements::new(h.outbox.names());
-    for claim in [&sql.claim, &sql.claim_filtered] {
+    let ordered = [
+        sql.claim_ordered(false, false),
+        sql.claim_ordered(true, false),
+        sql.claim_ordered(false, true),
+        sql.claim_ordered(true, true),
+    ];
+    for claim in [sql.claim.as_str(), sql.claim_filtered.as_str()]
+        .into_iter()
+        .chain(ordered)
+    {
         let plan: Vec<String> = sqlx::query(&format!("EXPLAIN QUERY PLAN {claim}"))
             .bind(10_i64)
             .bind("o")
@@ -803,6 +843,13 @@ async fn claim_uses_the_due_index() {
             plan.iter().any(|step| step.contains("_due_idx")),
             "claim searches the partial due index: {plan:?}"
         );
+        if ordered.contains(&claim) {
+            assert!(
+                plan.iter()
+                    .any(|step| step.starts_with("SEARCH p USING") && step.contains("_key_idx")),
+                "the head check searches the partial key index: {plan:?}"
+            );
+        }
         assert!(
             !plan
                 .iter()
@@ -972,6 +1019,7 @@ async fn concurrent_migrations_are_safe() {
         vec![
             format!("{}/001_inbox", names.inbox_name().name()),
             format!("{}/001_outbox", names.outbox_name().name()),
+            format!("{}/002_ordering", names.outbox_name().name()),
         ]
     );
 }
@@ -1000,4 +1048,332 @@ async fn available_at_is_never_early() {
     assert!(h.outbox.claim(&request).await.unwrap().messages.is_empty());
     h.advance(Duration::from_secs(3601)).await;
     assert_eq!(h.outbox.claim(&request).await.unwrap().messages.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_passes_the_ordering_suite() {
+    let db = TestDb::new().await;
+    store_suite::run_ordering(|| SqliteHarness::new(db.pool.clone())).await;
+}
+
+fn keyed(key: &str, n: u64) -> NewMessage {
+    NewMessage::builder("orders", "order.changed")
+        .json(&serde_json::json!({ "key": key, "n": n }))
+        .partition_key(key)
+        .build()
+        .unwrap()
+}
+
+/// Starts a task that opens a transaction, enqueues `message` and commits; the flag turns
+/// true once the enqueue returned.
+fn enqueue_in_task(
+    outbox: &SqliteOutbox,
+    message: NewMessage,
+) -> (
+    Arc<std::sync::atomic::AtomicBool>,
+    tokio::task::JoinHandle<()>,
+) {
+    let enqueued = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (outbox, flag) = (outbox.clone(), enqueued.clone());
+    let task = tokio::spawn(async move {
+        let mut tx = outbox.pool().begin().await.unwrap();
+        outbox.enqueue(&mut tx, &message).await.unwrap();
+        flag.store(true, std::sync::atomic::Ordering::SeqCst);
+        tx.commit().await.unwrap();
+    });
+    (enqueued, task)
+}
+
+/// Transaction A enqueues for key K; B, enqueueing for K too, waits until A commits (on
+/// SQLite: for the write lock A holds) and so is numbered after it, although B's message
+/// was built (and its id assigned) first. A per-key relay publishes A, then B.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn same_key_writers_wait_and_publish_in_commit_order() {
+    use outbox_core::{DeadHead, Ordering};
+
+    let db = TestDb::new().await;
+    let h = SqliteHarness::new(db.pool.clone()).await;
+    let b = keyed("order-7", 2);
+    let a = keyed("order-7", 1);
+    assert!(b.id() < a.id(), "B's id sorts first");
+
+    let mut tx_a = db.pool.begin().await.unwrap();
+    h.outbox.enqueue(&mut tx_a, &a).await.unwrap();
+    let (b_enqueued, b_task) = enqueue_in_task(&h.outbox, b.clone());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !b_enqueued.load(std::sync::atomic::Ordering::SeqCst),
+        "B waits while A is open"
+    );
+    tx_a.commit().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), b_task)
+        .await
+        .expect("B finishes once A committed")
+        .unwrap();
+
+    let seqs: Vec<(String, i64)> =
+        sqlx::query_as(&format!("SELECT id, seq FROM {} ORDER BY seq", h.table()))
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        seqs,
+        vec![(a.id().to_string(), 1), (b.id().to_string(), 2)],
+        "numbered in commit order"
+    );
+
+    let sink = RecordingSink::new();
+    let relay = Relay::builder(h.outbox.clone())
+        .route("orders", sink.clone())
+        .ordering(Ordering::PerKey(DeadHead::Skip))
+        .build()
+        .unwrap();
+    relay.drain().await.unwrap();
+    let order: Vec<_> = sink.messages().iter().map(|m| m.id).collect();
+    assert_eq!(
+        order,
+        vec![a.id(), b.id()],
+        "published in commit order, not id order"
+    );
+}
+
+/// SQLite has one writer: while A is open, B waits whatever it writes — a message of
+/// another key, or one without a key, alike. Numbering adds no waiting of its own, and
+/// each key counts on its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn different_keys_wait_only_for_sqlites_single_writer() {
+    let db = TestDb::new().await;
+    let h = SqliteHarness::new(db.pool.clone()).await;
+    for other in [Some("k2"), None] {
+        let mut tx_a = db.pool.begin().await.unwrap();
+        h.outbox.enqueue(&mut tx_a, &keyed("k1", 1)).await.unwrap();
+        let b = match other {
+            Some(key) => keyed(key, 1),
+            None => common::message("orders", 1),
+        };
+        let (b_enqueued, b_task) = enqueue_in_task(&h.outbox, b);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(
+            !b_enqueued.load(std::sync::atomic::Ordering::SeqCst),
+            "B ({other:?}) waits for SQLite's write lock like any writer"
+        );
+        tx_a.commit().await.unwrap();
+        tokio::time::timeout(Duration::from_secs(10), b_task)
+            .await
+            .expect("B finishes once A committed")
+            .unwrap();
+    }
+    let seqs: Vec<(Option<String>, Option<i64>)> = sqlx::query_as(&format!(
+        "SELECT partition_key, seq FROM {} ORDER BY rowid",
+        h.table()
+    ))
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        seqs,
+        vec![
+            (Some("k1".into()), Some(1)),
+            (Some("k2".into()), Some(1)),
+            (Some("k1".into()), Some(2)),
+            (None, None),
+        ],
+        "each key numbered on its own; no key, no number"
+    );
+}
+
+/// Batches number each key once, in slice order, and roll back with the transaction
+/// (the counter too); a duplicate id inside a batch leaves no row and no number behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_number_keys_in_slice_order_atomically() {
+    let db = TestDb::new().await;
+    let h = SqliteHarness::new(db.pool.clone()).await;
+    let batch = vec![
+        keyed("b", 1),
+        keyed("a", 1),
+        common::message("orders", 0),
+        keyed("b", 2),
+        keyed("a", 2),
+        keyed("b", 3),
+    ];
+    let mut tx = db.pool.begin().await.unwrap();
+    h.outbox.enqueue_all(&mut tx, &batch).await.unwrap();
+    tx.rollback().await.unwrap();
+    let mut tx = db.pool.begin().await.unwrap();
+    h.outbox.enqueue_all(&mut tx, &batch).await.unwrap();
+    let duplicate = vec![keyed("a", 3), batch[0].clone()];
+    assert!(h.outbox.enqueue_all(&mut tx, &duplicate).await.is_err());
+    tx.commit().await.unwrap();
+    let got: Vec<(String, Option<i64>)> =
+        sqlx::query_as(&format!("SELECT id, seq FROM {}", h.table()))
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    let seq_of = |m: &NewMessage| {
+        got.iter()
+            .find(|(id, _)| *id == m.id().to_string())
+            .unwrap()
+            .1
+    };
+    let seqs: Vec<_> = batch.iter().map(seq_of).collect();
+    assert_eq!(
+        seqs,
+        vec![Some(1), Some(1), None, Some(2), Some(2), Some(3)],
+        "the rolled-back attempt took no numbers"
+    );
+    assert_eq!(got.len(), 6, "the failed batch left nothing");
+    let last: i64 = sqlx::query_scalar(&format!(
+        "SELECT last_seq FROM {} WHERE partition_key = 'a'",
+        h.outbox.names().render(Dialect::Sqlite, "{outbox_keys}")
+    ))
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(last, 2, "the failed batch's savepoint took its number back");
+}
+
+/// Many concurrent writers (deferred `BEGIN`, some rolling back) and several per-key
+/// relays with a flaky sink: no writer fails on the lock, every key is numbered without
+/// gaps or repeats, and every key is received in version order. Each transaction bumps
+/// its key's version row before enqueueing (as a business aggregate would), so version
+/// order is commit order, independent of the outbox's own numbering.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_writers_and_relays_keep_every_key_in_commit_order() {
+    use outbox_core::testkit::FlakySink;
+    use outbox_core::{DeadHead, Ordering, RetryPolicy};
+
+    const KEYS: usize = 20;
+    const PER_KEY: i64 = 10;
+    let db = TestDb::new().await;
+    let h = SqliteHarness::new(db.pool.clone()).await;
+    let versions = common::fresh_table("versions");
+    sqlx::query(&format!(
+        "CREATE TABLE {versions} (k TEXT PRIMARY KEY, v INTEGER NOT NULL)"
+    ))
+    .execute(&db.pool)
+    .await
+    .unwrap();
+
+    let sink = RecordingSink::new();
+    let flaky = FlakySink::new(sink.clone()).retryable_rate(0.1).seed(5);
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut relays = Vec::new();
+    for r in 0..3 {
+        let relay = Relay::builder(h.outbox.clone())
+            .route("orders", flaky.clone())
+            .owner(format!("relay-{r}"))
+            .batch_size(8)
+            .concurrency(2)
+            .poll_interval(Duration::from_millis(5))
+            .retry(
+                RetryPolicy::default()
+                    .initial_delay(Duration::from_millis(5))
+                    .max_delay(Duration::from_millis(20))
+                    .max_attempts(1000),
+            )
+            .ordering(Ordering::PerKey(DeadHead::Skip))
+            .build()
+            .unwrap();
+        let mut stop = stop_rx.clone();
+        relays.push(tokio::spawn(relay.run(async move {
+            let _ = stop.wait_for(|s| *s).await;
+        })));
+    }
+
+    let mut producers = tokio::task::JoinSet::new();
+    for p in 0..4 {
+        let (outbox, pool, versions) = (h.outbox.clone(), db.pool.clone(), versions.clone());
+        producers.spawn(async move {
+            let mut rng = fastrand::Rng::with_seed(p);
+            let mut committed = 0;
+            while committed < KEYS * PER_KEY as usize / 4 {
+                let key = format!("k{}", rng.usize(..KEYS));
+                // Built before the transaction: id order is not commit order.
+                let draft = keyed(&key, 0);
+                let mut tx = pool.begin().await.unwrap();
+                let v: i64 = sqlx::query_scalar(&format!(
+                    "INSERT INTO {versions} (k, v) VALUES (?1, 1) \
+                     ON CONFLICT (k) DO UPDATE SET v = v + 1 RETURNING v"
+                ))
+                .bind(&key)
+                .fetch_one(&mut *tx)
+                .await
+                .unwrap();
+                if v > PER_KEY {
+                    tx.rollback().await.unwrap();
+                    continue;
+                }
+                let message = NewMessage::builder("orders", "order.changed")
+                    .id(draft.id())
+                    .json(&serde_json::json!({ "key": key, "v": v }))
+                    .partition_key(&key)
+                    .build()
+                    .unwrap();
+                outbox.enqueue(&mut tx, &message).await.unwrap();
+                tokio::time::sleep(Duration::from_micros(rng.u64(0..500))).await;
+                if rng.f64() < 0.2 {
+                    tx.rollback().await.unwrap();
+                } else {
+                    tx.commit().await.unwrap();
+                    committed += 1;
+                }
+            }
+        });
+    }
+    while let Some(done) = producers.join_next().await {
+        done.unwrap();
+    }
+    let total: i64 = sqlx::query_scalar(&format!("SELECT COALESCE(sum(v), 0) FROM {versions}"))
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let stats = h.outbox.stats().await.unwrap().total();
+        if stats.backlog() == 0 && stats.published as i64 == total {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "relays drained everything: {stats:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop_tx.send(true).unwrap();
+    for relay in relays {
+        relay.await.unwrap();
+    }
+
+    // Numbers per key: 1..=n, no gaps, no repeats (rollbacks took theirs back).
+    let numbered: Vec<(String, i64, i64)> = sqlx::query_as(&format!(
+        "SELECT partition_key, count(*), max(seq) FROM {} GROUP BY partition_key",
+        h.table()
+    ))
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    for (key, n, max) in &numbered {
+        assert_eq!(n, max, "key {key} numbered 1..={n}");
+    }
+    // Received order per key (first delivery of each id) = version order = commit order.
+    let mut seen = HashSet::new();
+    let mut per_key: std::collections::BTreeMap<String, Vec<i64>> = Default::default();
+    for m in sink.messages() {
+        if seen.insert(m.id) {
+            let body: serde_json::Value = serde_json::from_slice(&m.payload).unwrap();
+            per_key
+                .entry(body["key"].as_str().unwrap().to_owned())
+                .or_default()
+                .push(body["v"].as_i64().unwrap());
+        }
+    }
+    assert_eq!(seen.len() as i64, total, "every committed message received");
+    for (key, received) in &per_key {
+        let expected: Vec<i64> = (1..=received.len() as i64).collect();
+        assert_eq!(received, &expected, "key {key} received in commit order");
+    }
+    assert!(
+        flaky.stats().retryable > 0,
+        "the sink did fail some attempts"
+    );
 }

@@ -1,7 +1,10 @@
 -- The outbox table (MySQL 8 / MariaDB >= 10.6, InnoDB). Times are UTC DATETIME(6);
 -- ids and tokens are UUID text. For leased rows `available_at` holds the lease deadline;
 -- finished rows have it NULL, so the (available_at, id) index serves the due and the
--- reclaim path in order, like a partial index.
+-- reclaim path in order, like a partial index. `seq` numbers the rows of one partition
+-- key in commit order (see 002_ordering); NULL for rows without a key. The key index has
+-- the status before `seq` (MySQL has no partial indexes), so an ordered claim reads only
+-- a key's pending, leased or dead rows, however many published rows the key has kept.
 CREATE TABLE IF NOT EXISTS {outbox} (
     id              CHAR(36)     CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
     destination     VARCHAR(255) NOT NULL,
@@ -24,9 +27,11 @@ CREATE TABLE IF NOT EXISTS {outbox} (
     created_at      DATETIME(6)  NOT NULL,
     published_at    DATETIME(6),
     dead_at         DATETIME(6),
+    seq             BIGINT,
     PRIMARY KEY (id),
     INDEX {outbox_due_idx} (available_at, id),
     INDEX {outbox_published_idx} (status, published_at),
     INDEX {outbox_dead_idx} (status, dead_at),
+    INDEX {outbox_key_idx} (partition_key, status, seq),
     CONSTRAINT {outbox_status_check} CHECK (status IN ('pending', 'leased', 'published', 'dead'))
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;

@@ -1,7 +1,8 @@
 -- The outbox table. Times are unix milliseconds (INTEGER); ids and tokens are UUID text.
 -- For leased rows `available_at` holds the lease deadline, so one partial index on
 -- (available_at, id) serves both the due path and the lapsed-lease reclaim path.
--- Finished rows (published, dead) have available_at NULL.
+-- Finished rows (published, dead) have available_at NULL. `seq` numbers the rows of one
+-- partition key in commit order (see 002_ordering); NULL for rows without a key.
 CREATE TABLE IF NOT EXISTS {outbox} (
     id              TEXT    PRIMARY KEY NOT NULL,
     destination     TEXT    NOT NULL,
@@ -24,7 +25,8 @@ CREATE TABLE IF NOT EXISTS {outbox} (
     last_error      TEXT,
     created_at      INTEGER NOT NULL,
     published_at    INTEGER,
-    dead_at         INTEGER
+    dead_at         INTEGER,
+    seq             INTEGER
 );
 CREATE INDEX IF NOT EXISTS {outbox_due_idx} ON {outbox_table} (available_at, id)
     WHERE status IN ('pending', 'leased');
