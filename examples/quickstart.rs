@@ -1,0 +1,35 @@
+//! The quickstart: no servers needed.
+//!
+//! ```text
+//! cargo run --example quickstart
+//! ```
+//!
+//! A tiny order service commits orders and outbox rows in one SQLite transaction. A relay
+//! delivers signed webhooks to a receiver running in the same process, which verifies each
+//! one and deduplicates it with an inbox inside its own transaction. On purpose, one
+//! delivery fails and is retried, one acknowledgement is lost after the receiver committed
+//! (so the relay delivers again and the inbox drops the copy), and one order is refused
+//! for good (a dead letter). The last line sums up what the receiver saw.
+
+fn main() -> std::process::ExitCode {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    match runtime.block_on(outbox_examples::quickstart::run(
+        std::env::temp_dir().join("outbox-quickstart"),
+    )) {
+        Ok(summary) => {
+            println!("{summary}");
+            if summary.lost == 0 {
+                std::process::ExitCode::SUCCESS
+            } else {
+                std::process::ExitCode::FAILURE
+            }
+        }
+        Err(error) => {
+            eprintln!("error: {error}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
