@@ -272,24 +272,30 @@ impl Inner {
         heads
     }
 
-    /// Keys with a dead row followed by an unfinished one, per destination.
+    /// Keys with a dead row followed by an unfinished one, counted under the destination
+    /// of the (first) dead row, as the SQL stores do.
     fn halted_keys(&self) -> HashMap<String, u64> {
-        let mut dead: HashMap<&str, u64> = HashMap::new();
+        let mut first_dead: HashMap<&str, (u64, &str)> = HashMap::new();
         for e in self.rows.values() {
             if let (Status::Dead, Some(key), Some(seq)) =
                 (e.row.status(), &e.message.partition_key, e.seq)
             {
-                let first = dead.entry(key).or_insert(seq);
-                *first = (*first).min(seq);
+                let entry = first_dead
+                    .entry(key)
+                    .or_insert((seq, &e.message.destination));
+                if seq < entry.0 {
+                    *entry = (seq, &e.message.destination);
+                }
             }
         }
         let mut halted: HashMap<&str, &str> = HashMap::new();
         for e in self.rows.values() {
             if let (Status::Pending | Status::Leased, Some(key), Some(seq)) =
                 (e.row.status(), &e.message.partition_key, e.seq)
-                && dead.get(key.as_str()).is_some_and(|d| *d < seq)
+                && let Some((dead_seq, destination)) = first_dead.get(key.as_str())
+                && *dead_seq < seq
             {
-                halted.insert(key, &e.message.destination);
+                halted.insert(key, destination);
             }
         }
         let mut per_destination = HashMap::new();
