@@ -1,0 +1,215 @@
+//! The same `outbox relay` binary publishes to HTTP, then to Redis Streams, with only the
+//! route's configuration changed; it serves `/metrics` and `/healthz` meanwhile and stops
+//! gracefully on SIGTERM.
+
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use outbox::NewMessage;
+use outbox::sqlx_store::TableNames;
+use outbox::sqlx_store::postgres::PgOutbox;
+
+fn env_or(var: &str, default: &str) -> String {
+    std::env::var(var).unwrap_or_else(|_| default.to_owned())
+}
+
+fn start_relay(config: &std::path::Path) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_outbox"))
+        .args(["--config", config.to_str().unwrap(), "relay"])
+        .env_remove("OUTBOX_CONFIG")
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("start outbox relay")
+}
+
+fn stop_gracefully(mut relay: Child) {
+    let status = Command::new("kill")
+        .args(["-TERM", &relay.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    let exit = relay.wait().expect("wait");
+    assert!(
+        exit.success(),
+        "the relay exits cleanly on SIGTERM: {exit:?}"
+    );
+}
+
+async fn wait_until(what: &str, mut done: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !done().await {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn http_get(addr: &str, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut socket = tokio::net::TcpStream::connect(addr)
+        .await
+        .expect("connect metrics");
+    socket
+        .write_all(format!("GET {path} HTTP/1.1\r\nhost: x\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut response = String::new();
+    socket.read_to_string(&mut response).await.unwrap();
+    response
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_relay_binary_publishes_to_http_then_redis_by_config_only() {
+    let pg_url = env_or(
+        "OUTBOX_TEST_POSTGRES_URL",
+        "postgres://postgres@127.0.0.1:5432/test",
+    );
+    let redis_url = env_or("OUTBOX_TEST_REDIS_URL", "redis://127.0.0.1:6379/");
+    let pool = sqlx::PgPool::connect(&pg_url).await.unwrap_or_else(|e| {
+        panic!("PostgreSQL is not reachable at {pg_url} ({e}); run scripts/services.sh")
+    });
+    let table = format!("swap_{:016x}", fastrand::u64(..));
+    let outbox = PgOutbox::with_names(pool.clone(), TableNames::default().outbox(&table).unwrap());
+    outbox.migrate().await.unwrap();
+    let enqueue = |n: usize| {
+        let (outbox, pool) = (outbox.clone(), pool.clone());
+        async move {
+            let messages: Vec<NewMessage> = (0..n)
+                .map(|i| {
+                    NewMessage::builder("events", "invoice.paid")
+                        .json(&i)
+                        .build()
+                        .unwrap()
+                })
+                .collect();
+            let mut tx = pool.begin().await.unwrap();
+            outbox.enqueue_all(&mut tx, &messages).await.unwrap();
+            tx.commit().await.unwrap();
+            messages
+                .iter()
+                .map(|m| m.id().to_string())
+                .collect::<Vec<_>>()
+        }
+    };
+
+    // An HTTP receiver that records the message ids it is given.
+    let got: Arc<Mutex<Vec<String>>> = Arc::default();
+    let record = got.clone();
+    let app = axum::Router::new().route(
+        "/hook",
+        axum::routing::post(move |headers: axum::http::HeaderMap| {
+            let record = record.clone();
+            async move {
+                let id = headers
+                    .get("outbox-message-id")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("")
+                    .to_owned();
+                record.lock().unwrap().push(id);
+                axum::http::StatusCode::NO_CONTENT
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let hook = format!("http://{}/hook", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let metrics_addr = {
+        let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        probe.local_addr().unwrap().to_string()
+    };
+
+    let dir = std::env::temp_dir().join(format!("outbox-swap-{table}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("outbox.toml");
+    let common = format!(
+        "[store]\nurl = \"{pg_url}\"\ntable = \"{table}\"\n\n[relay]\npoll_interval = \"100ms\"\n\n[metrics]\nlisten = \"{metrics_addr}\"\n\n"
+    );
+    let stream = format!("swap-{table}");
+
+    // 1. HTTP.
+    std::fs::write(
+        &config,
+        format!("{common}[routes.events]\nurl = \"{hook}\"\nallow = [\"127.0.0.1/32\"]\n"),
+    )
+    .unwrap();
+    let first = enqueue(5).await;
+    let relay = start_relay(&config);
+    wait_until("5 HTTP deliveries", async || got.lock().unwrap().len() >= 5).await;
+    let metrics = http_get(&metrics_addr, "/metrics").await;
+    assert!(
+        metrics.contains("outbox_messages_published_total"),
+        "{metrics}"
+    );
+    assert!(
+        http_get(&metrics_addr, "/healthz")
+            .await
+            .starts_with("HTTP/1.1 200")
+    );
+    stop_gracefully(relay);
+    let mut http_ids = got.lock().unwrap().clone();
+    http_ids.sort();
+    let mut expected = first.clone();
+    expected.sort();
+    assert_eq!(http_ids, expected, "HTTP received exactly the first batch");
+
+    // 2. The same binary, only the route's settings changed: Redis Streams.
+    std::fs::write(
+        &config,
+        format!("{common}[routes.events]\nurl = \"{redis_url}\"\nstream = \"{stream}\"\n"),
+    )
+    .unwrap();
+    let second = enqueue(5).await;
+    let relay = start_relay(&config);
+    let client = redis::Client::open(redis_url.as_str()).unwrap();
+    let mut redis = client
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap_or_else(|e| {
+            panic!("Redis is not reachable at {redis_url} ({e}); run scripts/services.sh")
+        });
+    wait_until("5 stream entries", async || {
+        let len: usize = redis::cmd("XLEN")
+            .arg(&stream)
+            .query_async(&mut redis)
+            .await
+            .unwrap_or(0);
+        len >= 5
+    })
+    .await;
+    stop_gracefully(relay);
+    let entries: Vec<(String, Vec<(String, Vec<u8>)>)> = redis::cmd("XRANGE")
+        .arg(&stream)
+        .arg("-")
+        .arg("+")
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    let mut redis_ids: Vec<String> = entries
+        .iter()
+        .filter_map(|(_, fields)| {
+            fields
+                .iter()
+                .find(|(k, _)| k == "id")
+                .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
+        })
+        .collect();
+    redis_ids.sort();
+    let mut expected = second.clone();
+    expected.sort();
+    assert_eq!(
+        redis_ids, expected,
+        "Redis received exactly the second batch"
+    );
+    assert_eq!(got.lock().unwrap().len(), 5, "nothing more went to HTTP");
+
+    let _: () = redis::cmd("DEL")
+        .arg(&stream)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    sqlx::query(&format!("DROP TABLE {table}, {table}_keys"))
+        .execute(&pool)
+        .await
+        .unwrap();
+    let _ = std::fs::remove_dir_all(dir);
+}
