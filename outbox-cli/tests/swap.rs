@@ -10,6 +10,9 @@ use outbox::NewMessage;
 use outbox::sqlx_store::TableNames;
 use outbox::sqlx_store::postgres::PgOutbox;
 
+/// A stream entry as XRANGE returns it: entry id and field/value pairs.
+type StreamEntry = (String, Vec<(String, Vec<u8>)>);
+
 fn env_or(var: &str, default: &str) -> String {
     std::env::var(var).unwrap_or_else(|_| default.to_owned())
 }
@@ -177,7 +180,7 @@ async fn one_relay_binary_publishes_to_http_then_redis_by_config_only() {
     })
     .await;
     stop_gracefully(relay);
-    let entries: Vec<(String, Vec<(String, Vec<u8>)>)> = redis::cmd("XRANGE")
+    let entries: Vec<StreamEntry> = redis::cmd("XRANGE")
         .arg(&stream)
         .arg("-")
         .arg("+")
