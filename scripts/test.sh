@@ -27,4 +27,13 @@ step "architecture invariants"
 scripts/check-architecture.sh
 
 step "tests"
-cargo test --workspace --all-features
+log=$(mktemp)
+set +e
+cargo test --workspace --all-features 2>&1 | tee "$log"
+status=${PIPESTATUS[0]}
+set -e
+# One closing line for the whole run, summed over every test binary and doctest.
+awk '/^test result:/ { for (i = 2; i <= NF; i++) { if ($i ~ /^passed;?$/) p += $(i-1); if ($i ~ /^failed;?$/) f += $(i-1) } }
+     END { printf "\n%d passed, %d failed\n", p, f }' "$log"
+rm -f "$log"
+exit "$status"
