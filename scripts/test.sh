@@ -26,6 +26,9 @@ RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --all-features --quie
 step "architecture invariants"
 scripts/check-architecture.sh
 
+step "feature gating (front crate without the redis feature)"
+cargo test -p outbox --features http --test readme_config
+
 step "tests"
 log=$(mktemp)
 set +e

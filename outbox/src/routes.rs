@@ -99,8 +99,9 @@ pub async fn build_relay_with<S: Store>(
 
 #[cfg(feature = "http")]
 fn http_sink(route: &str, settings: &toml::Table) -> Result<Arc<dyn DynSink>, String> {
-    let endpoint: outbox_sink_http::EndpointConfig =
-        toml::Value::Table(settings.clone()).try_into().map_err(|e: toml::de::Error| one_line(&e.to_string()))?;
+    let endpoint: outbox_sink_http::EndpointConfig = toml::Value::Table(settings.clone())
+        .try_into()
+        .map_err(|e: toml::de::Error| one_line(&e.to_string()))?;
     let sink = outbox_sink_http::HttpSinkConfig::new()
         .route(route, endpoint)
         .build()
@@ -110,9 +111,12 @@ fn http_sink(route: &str, settings: &toml::Table) -> Result<Arc<dyn DynSink>, St
 
 #[cfg(feature = "redis")]
 async fn redis_sink(_route: &str, settings: &toml::Table) -> Result<Arc<dyn DynSink>, String> {
-    let config: outbox_sink_redis::RedisSinkConfig =
-        toml::Value::Table(settings.clone()).try_into().map_err(|e: toml::de::Error| one_line(&e.to_string()))?;
-    let sink = outbox_sink_redis::RedisSink::connect(config).await.map_err(|e| e.to_string())?;
+    let config: outbox_sink_redis::RedisSinkConfig = toml::Value::Table(settings.clone())
+        .try_into()
+        .map_err(|e: toml::de::Error| one_line(&e.to_string()))?;
+    let sink = outbox_sink_redis::RedisSink::connect(config)
+        .await
+        .map_err(|e| e.to_string())?;
     Ok(Arc::new(sink))
 }
 
