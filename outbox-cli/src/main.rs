@@ -3,6 +3,12 @@
 //!
 //! Errors are one line on stderr and a non-zero exit code.
 
+#[cfg(not(any(feature = "postgres", feature = "sqlite", feature = "mysql")))]
+compile_error!(
+    "the `outbox` CLI needs at least one store feature: enable `postgres`, `sqlite` or `mysql` \
+     (the default features enable all three)"
+);
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
