@@ -1,0 +1,626 @@
+//! SaaS event bus: billing events (tenant created, invoice issued, payment received,
+//! invoice paid) published to one route, `billing-events`, first on Redis Streams and then
+//! over HTTP — with the same code and only the relay's configuration text changed.
+//!
+//! The billing service keeps tenants, invoices and the outbox in PostgreSQL. Each change
+//! and its event commit in one transaction. Every event carries its tenant id, and its
+//! partition key is its aggregate (`tenant:<id>`, `invoice:<id>`), so with per-key
+//! ordering a consumer sees each invoice's events in the order they were committed, even
+//! with two relay workers and a retried delivery in between.
+//!
+//! The relay is not written in code: it is built from a TOML text by the front crate
+//! ([`outbox::Config::from_toml`], [`AnyStore::connect`], [`outbox::build_relay_with`]),
+//! exactly as `outbox relay --config outbox.toml` builds it. On Monday the route's `url` is
+//! `redis://…`: an analytics consumer reads the stream with a consumer group. On Tuesday
+//! the text says `http://…` instead: a webhook consumer receives the same kind of events,
+//! signed. Nothing else changes. Either consumer deduplicates by event id, which matters
+//! on Tuesday: one acknowledgement is lost on the way back, the relay delivers that event
+//! again, and the consumer drops the copy. Tuesday's consumer is also briefly unavailable
+//! for a partial-payment notice; the invoice's "paid" event waits for it.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use outbox::redis::redis;
+use outbox::sqlx_store::TableNames;
+use outbox::sqlx_store::postgres::{PgNotifier, PgOutbox};
+use outbox::{AnyStore, NewMessage};
+use outbox_sink_http::receiver::WebhookReceiver;
+use serde_json::json;
+use sqlx::PgPool;
+
+use crate::support::{self, Error, RunningRelay};
+
+/// The one route every billing event goes to.
+pub const ROUTE: &str = "billing-events";
+const SECRET: &str = "whsec_B+h76X6sHITVwENJnBjqzu1dikQVOG+H";
+const GROUP: &str = "analytics";
+
+/// What the consumers saw.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Summary {
+    /// Distinct events the Redis consumer read (Monday).
+    pub redis_events: u64,
+    /// Distinct events the HTTP consumer received (Tuesday).
+    pub http_events: u64,
+    /// Deliveries the consumers recognised by event id and dropped.
+    pub duplicates_dropped: u64,
+    /// Events that arrived before an earlier event of their aggregate.
+    pub out_of_order: u64,
+    /// Committed events no consumer saw.
+    pub lost: u64,
+}
+
+impl fmt::Display for Summary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "redis_events={} http_events={} duplicates_dropped={} out_of_order={} lost={}",
+            self.redis_events,
+            self.http_events,
+            self.duplicates_dropped,
+            self.out_of_order,
+            self.lost
+        )
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The relay, from configuration only.
+// ---------------------------------------------------------------------------------------
+
+/// A TOML string (JSON string escapes are valid TOML).
+fn toml_str(text: &str) -> String {
+    serde_json::to_string(text).expect("strings serialize")
+}
+
+/// The relay's configuration file. Only the `[routes.billing-events]` table differs
+/// between Monday and Tuesday.
+fn config_text(table: &str, route: &str) -> String {
+    format!(
+        r#"[store]
+url = {store}
+table = {table}
+
+[relay]
+concurrency = 2
+poll_interval = "200ms"
+ordering = "per-key"
+dead_head = "skip"
+
+[retry]
+initial_delay = "100ms"
+max_delay = "1s"
+
+{route}"#,
+        store = toml_str(&support::postgres_url()),
+        table = toml_str(table),
+    )
+}
+
+/// A relay running from `text`: what `outbox relay --config` does.
+struct ConfiguredRelay {
+    running: RunningRelay,
+    /// Keeps the LISTEN connection open.
+    _listening: Option<Box<dyn std::any::Any + Send>>,
+}
+
+async fn start_relay(text: &str) -> Result<ConfiguredRelay, Error> {
+    // A deployed relay reads a file with `Config::load(path)`, which also applies
+    // `OUTBOX_…` environment overrides; here the text is all there is.
+    let config = outbox::Config::from_toml(text, std::iter::empty())?;
+    let store = AnyStore::connect(&config.store).await?;
+    let wakeup = if config.relay.wakeups {
+        store.listen().await?
+    } else {
+        None
+    };
+    let relay = outbox::build_relay_with(&config, store, |builder| match &wakeup {
+        Some((signal, _)) => builder.wakeup(signal.clone()),
+        None => builder,
+    })
+    .await?;
+    Ok(ConfiguredRelay {
+        running: RunningRelay::start(relay),
+        _listening: wakeup.map(|(_, guard)| guard),
+    })
+}
+
+// ---------------------------------------------------------------------------------------
+// The billing service.
+// ---------------------------------------------------------------------------------------
+
+struct Billing {
+    pool: PgPool,
+    outbox: PgOutbox,
+    notifier: PgNotifier,
+    tenants: String,
+    invoices: String,
+    /// Ids of the events whose transaction committed.
+    committed: Vec<String>,
+}
+
+/// A billing event: tenant id on the row, partition key = aggregate.
+fn event(
+    tenant: &str,
+    aggregate: (&str, &str),
+    event_type: &str,
+    version: i64,
+    data: serde_json::Value,
+) -> Result<NewMessage, Error> {
+    let (aggregate_type, aggregate_id) = aggregate;
+    Ok(NewMessage::builder(ROUTE, event_type)
+        .json(&json!({
+            "tenant": tenant,
+            "aggregate": format!("{aggregate_type}:{aggregate_id}"),
+            "version": version,
+            "data": data,
+        }))
+        .tenant_id(tenant)
+        .aggregate(aggregate_type, aggregate_id)
+        .partition_key(format!("{aggregate_type}:{aggregate_id}"))
+        .build()?)
+}
+
+impl Billing {
+    async fn commit(
+        &mut self,
+        mut tx: sqlx::Transaction<'_, sqlx::Postgres>,
+        message: NewMessage,
+    ) -> Result<(), Error> {
+        self.outbox.enqueue(&mut tx, &message).await?;
+        tx.commit().await?;
+        self.committed.push(message.idempotency_key().to_owned());
+        // The relay runs elsewhere: wake it (LISTEN/NOTIFY) instead of waiting for its poll.
+        self.notifier.notify();
+        Ok(())
+    }
+
+    async fn create_tenant(&mut self, tenant: &str, name: &str) -> Result<(), Error> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(&format!(
+            "INSERT INTO {} (id, name) VALUES ($1, $2)",
+            self.tenants
+        ))
+        .bind(tenant)
+        .bind(name)
+        .execute(&mut *tx)
+        .await?;
+        let message = event(
+            tenant,
+            ("tenant", tenant),
+            "tenant.created",
+            1,
+            json!({ "name": name }),
+        )?;
+        self.commit(tx, message).await
+    }
+
+    async fn issue_invoice(
+        &mut self,
+        tenant: &str,
+        invoice: &str,
+        cents: i64,
+    ) -> Result<(), Error> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(&format!(
+            "INSERT INTO {} (id, tenant, total_cents, paid_cents, version) VALUES ($1, $2, $3, 0, 1)",
+            self.invoices
+        ))
+        .bind(invoice)
+        .bind(tenant)
+        .bind(cents)
+        .execute(&mut *tx)
+        .await?;
+        let message = event(
+            tenant,
+            ("invoice", invoice),
+            "invoice.issued",
+            1,
+            json!({ "total_cents": cents }),
+        )?;
+        self.commit(tx, message).await
+    }
+
+    async fn record_payment(&mut self, invoice: &str, cents: i64) -> Result<(), Error> {
+        let mut tx = self.pool.begin().await?;
+        let (tenant, paid, total, version): (String, i64, i64, i64) = sqlx::query_as(&format!(
+            "UPDATE {} SET paid_cents = paid_cents + $2, version = version + 1 WHERE id = $1 \
+             RETURNING tenant, paid_cents, total_cents, version",
+            self.invoices
+        ))
+        .bind(invoice)
+        .bind(cents)
+        .fetch_one(&mut *tx)
+        .await?;
+        let kind = if paid >= total {
+            "invoice.paid"
+        } else {
+            "invoice.payment_received"
+        };
+        let message = event(
+            &tenant,
+            ("invoice", invoice),
+            kind,
+            version,
+            json!({ "amount_cents": cents, "paid_cents": paid }),
+        )?;
+        self.commit(tx, message).await
+    }
+
+    /// One day of business: two new tenants, three invoices, four payments. Returns the
+    /// ids of that day's events.
+    async fn business_day(&mut self, day: &str) -> Result<Vec<String>, Error> {
+        let first = self.committed.len();
+        let acme = format!("acme-{day}");
+        let umbrella = format!("umbrella-{day}");
+        let (a1, a2, u1) = (
+            format!("{acme}-inv1"),
+            format!("{acme}-inv2"),
+            format!("{umbrella}-inv1"),
+        );
+        self.create_tenant(&acme, "Acme Corp").await?;
+        self.create_tenant(&umbrella, "Umbrella plc").await?;
+        self.issue_invoice(&acme, &a1, 10_000).await?;
+        self.issue_invoice(&acme, &a2, 5_000).await?;
+        self.issue_invoice(&umbrella, &u1, 2_000).await?;
+        self.record_payment(&a1, 4_000).await?; // partial
+        self.record_payment(&u1, 2_000).await?;
+        self.record_payment(&a1, 6_000).await?; // the rest: paid
+        self.record_payment(&a2, 5_000).await?;
+        Ok(self.committed[first..].to_vec())
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The consumers' view.
+// ---------------------------------------------------------------------------------------
+
+/// One delivery as a consumer sees it, from either transport.
+struct Delivered {
+    event_id: String,
+    tenant: Option<String>,
+    key: Option<String>,
+    event_type: String,
+    version: i64,
+}
+
+/// What a consumer keeps: each event once (by event id), checked for per-key order.
+#[derive(Default)]
+struct ConsumerView {
+    seen: HashSet<String>,
+    events: Vec<Delivered>,
+    duplicates: u64,
+    out_of_order: u64,
+    untenanted: u64,
+    versions: HashMap<String, i64>,
+}
+
+impl ConsumerView {
+    fn ingest(&mut self, delivered: Delivered) {
+        // At-least-once delivery: a copy of an event already handled is dropped.
+        if !self.seen.insert(delivered.event_id.clone()) {
+            self.duplicates += 1;
+            return;
+        }
+        if delivered.tenant.is_none() {
+            self.untenanted += 1;
+        }
+        if let Some(key) = &delivered.key {
+            let last = self.versions.entry(key.clone()).or_insert(0);
+            if delivered.version != *last + 1 {
+                self.out_of_order += 1;
+            }
+            *last = (*last).max(delivered.version);
+        }
+        self.events.push(delivered);
+    }
+
+    fn print(&self, title: &str) {
+        println!("{title}, deduplicated by event id:");
+        let mut by_tenant: BTreeMap<&str, BTreeMap<&str, Vec<String>>> = BTreeMap::new();
+        for e in &self.events {
+            by_tenant
+                .entry(e.tenant.as_deref().unwrap_or("(no tenant)"))
+                .or_default()
+                .entry(e.key.as_deref().unwrap_or("(no key)"))
+                .or_default()
+                .push(format!("v{} {}", e.version, e.event_type));
+        }
+        for (tenant, keys) in by_tenant {
+            println!("  tenant {tenant}");
+            for (key, events) in keys {
+                println!("    {key:<28} {}", events.join(" → "));
+            }
+        }
+        if self.duplicates > 0 {
+            println!("  ({} duplicate delivery dropped)", self.duplicates);
+        }
+    }
+}
+
+type Entry = (String, HashMap<String, Vec<u8>>);
+
+/// Reads the stream with a consumer group, acknowledging what it handled.
+async fn read_group(
+    conn: &mut redis::aio::MultiplexedConnection,
+    stream: &str,
+    view: &mut ConsumerView,
+) -> Result<(), Error> {
+    loop {
+        let reply: Option<Vec<(String, Vec<Entry>)>> = redis::cmd("XREADGROUP")
+            .arg("GROUP")
+            .arg(GROUP)
+            .arg("reader-1")
+            .arg("COUNT")
+            .arg(100)
+            .arg("STREAMS")
+            .arg(stream)
+            .arg(">")
+            .query_async(conn)
+            .await?;
+        let entries: Vec<Entry> = reply.into_iter().flatten().flat_map(|(_, e)| e).collect();
+        if entries.is_empty() {
+            return Ok(());
+        }
+        for (_, fields) in &entries {
+            let text = |name: &str| {
+                fields
+                    .get(name)
+                    .map(|v| String::from_utf8_lossy(v).into_owned())
+            };
+            let payload: serde_json::Value = fields
+                .get("payload")
+                .and_then(|p| serde_json::from_slice(p).ok())
+                .unwrap_or_default();
+            view.ingest(Delivered {
+                // The idempotency key is the event id (by default the message id).
+                event_id: text("idempotency_key").unwrap_or_default(),
+                tenant: text("tenant_id"),
+                key: text("partition_key"),
+                event_type: text("event_type").unwrap_or_default(),
+                version: payload["version"].as_i64().unwrap_or_default(),
+            });
+        }
+        let ids: Vec<&str> = entries.iter().map(|(id, _)| id.as_str()).collect();
+        let _: i64 = redis::cmd("XACK")
+            .arg(stream)
+            .arg(GROUP)
+            .arg(&ids)
+            .query_async(conn)
+            .await?;
+    }
+}
+
+/// The webhook consumer: verifies the signature, then hands the event to its view.
+#[derive(Clone)]
+struct HttpConsumer {
+    receiver: WebhookReceiver,
+    view: Arc<Mutex<ConsumerView>>,
+    /// Be unavailable for the first partial-payment notice (before handling it).
+    unavailable_once: Arc<AtomicBool>,
+    /// Lose the answer to the first "invoice paid" (after handling it).
+    lose_ack_once: Arc<AtomicBool>,
+}
+
+async fn receive_event(
+    State(consumer): State<HttpConsumer>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> StatusCode {
+    let header = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    let event_type = header("outbox-event-type").unwrap_or_default();
+    // A deploy in progress: the relay retries this one later, and per-key ordering holds
+    // the invoice's next event back until it went through.
+    if event_type == "invoice.payment_received"
+        && consumer
+            .unavailable_once
+            .swap(false, AtomicOrdering::SeqCst)
+    {
+        return StatusCode::SERVICE_UNAVAILABLE;
+    }
+    let webhook = match consumer.receiver.verify(&headers, &body) {
+        Ok(webhook) => webhook,
+        Err(error) => return error.status(),
+    };
+    let Ok(payload) = serde_json::from_slice::<serde_json::Value>(&body) else {
+        return StatusCode::BAD_REQUEST;
+    };
+    consumer.view.lock().expect("view").ingest(Delivered {
+        event_id: webhook.id,
+        tenant: header("outbox-tenant-id"),
+        key: header("outbox-partition-key"),
+        event_type: event_type.clone(),
+        version: payload["version"].as_i64().unwrap_or_default(),
+    });
+    if event_type == "invoice.paid" && consumer.lose_ack_once.swap(false, AtomicOrdering::SeqCst) {
+        return StatusCode::BAD_GATEWAY; // handled, but the answer never arrives
+    }
+    StatusCode::NO_CONTENT
+}
+
+// ---------------------------------------------------------------------------------------
+// The story.
+// ---------------------------------------------------------------------------------------
+
+struct Names {
+    outbox: String,
+    tenants: String,
+    invoices: String,
+    stream: String,
+}
+
+/// Runs the whole story against the servers of `scripts/services.sh` and returns what the
+/// consumers saw.
+///
+/// # Errors
+///
+/// A server is missing, or any database, network or configuration failure.
+pub async fn run() -> Result<Summary, Error> {
+    let pool = support::postgres().await?;
+    let mut redis_conn = support::redis().await?;
+    let names = Names {
+        outbox: support::fresh("saas_outbox"),
+        tenants: support::fresh("saas_tenants"),
+        invoices: support::fresh("saas_invoices"),
+        stream: support::fresh("billing_events"),
+    };
+    let result = story(&pool, &mut redis_conn, &names).await;
+    // Clean up whatever happened; the story's own error comes first.
+    let cleaned = async {
+        support::drop_outbox(&pool, &names.outbox).await?;
+        support::drop_tables(&pool, &[&names.tenants, &names.invoices]).await?;
+        support::delete_stream(&mut redis_conn, &names.stream).await
+    }
+    .await;
+    let summary = result?;
+    cleaned?;
+    Ok(summary)
+}
+
+async fn story(
+    pool: &PgPool,
+    redis_conn: &mut redis::aio::MultiplexedConnection,
+    names: &Names,
+) -> Result<Summary, Error> {
+    let outbox = PgOutbox::with_names(pool.clone(), TableNames::default().outbox(&names.outbox)?);
+    outbox.migrate().await?; // or `outbox migrate --config outbox.toml`
+    for ddl in [
+        format!(
+            "CREATE TABLE {} (id text PRIMARY KEY, name text NOT NULL)",
+            names.tenants
+        ),
+        format!(
+            "CREATE TABLE {} (id text PRIMARY KEY, tenant text NOT NULL, total_cents bigint NOT NULL, \
+             paid_cents bigint NOT NULL, version bigint NOT NULL)",
+            names.invoices
+        ),
+    ] {
+        sqlx::query(&ddl).execute(pool).await?;
+    }
+    let mut billing = Billing {
+        pool: pool.clone(),
+        notifier: outbox.notifier(),
+        outbox: outbox.clone(),
+        tenants: names.tenants.clone(),
+        invoices: names.invoices.clone(),
+        committed: Vec::new(),
+    };
+
+    // Monday: the route is a Redis stream, read by an analytics consumer group.
+    let _: () = redis::cmd("XGROUP")
+        .arg("CREATE")
+        .arg(&names.stream)
+        .arg(GROUP)
+        .arg("0")
+        .arg("MKSTREAM")
+        .query_async(redis_conn)
+        .await?;
+    let redis_route = format!(
+        "[routes.{ROUTE}]\nurl = {}\nstream = {}\n",
+        toml_str(&support::redis_url()),
+        toml_str(&names.stream)
+    );
+    let monday = run_day(
+        &mut billing,
+        &config_text(&names.outbox, &redis_route),
+        "mon",
+    )
+    .await?;
+    let mut redis_view = ConsumerView::default();
+    read_group(redis_conn, &names.stream, &mut redis_view).await?;
+    redis_view.print(&format!(
+        "Redis consumer (group {GROUP} on stream {})",
+        names.stream
+    ));
+
+    // Tuesday: the same route, now an HTTP endpoint. Only the configuration changed.
+    let consumer = HttpConsumer {
+        receiver: WebhookReceiver::from_secrets([SECRET])?.consumer("ledger"),
+        view: Arc::default(),
+        unavailable_once: Arc::new(AtomicBool::new(true)),
+        lose_ack_once: Arc::new(AtomicBool::new(true)),
+    };
+    let app = axum::Router::new()
+        .route("/events", axum::routing::post(receive_event))
+        .with_state(consumer.clone());
+    let (base, server) = support::serve(app).await?;
+    let http_route = format!(
+        "[routes.{ROUTE}]\nurl = {}\nsecrets = [{}]\nallow = [\"127.0.0.1/32\"]\n",
+        toml_str(&format!("{base}/events")),
+        toml_str(SECRET)
+    );
+    let tuesday = run_day(
+        &mut billing,
+        &config_text(&names.outbox, &http_route),
+        "tue",
+    )
+    .await;
+    server.abort();
+    let tuesday = tuesday?;
+    let http_view = std::mem::take(&mut *consumer.view.lock().expect("view"));
+    http_view.print(&format!("HTTP consumer ({base}/events)"));
+
+    let untenanted = redis_view.untenanted + http_view.untenanted;
+    if untenanted > 0 {
+        return Err(format!("{untenanted} events arrived without a tenant id").into());
+    }
+    let lost = monday
+        .iter()
+        .filter(|id| !redis_view.seen.contains(*id))
+        .count()
+        + tuesday
+            .iter()
+            .filter(|id| !http_view.seen.contains(*id))
+            .count();
+    Ok(Summary {
+        redis_events: redis_view.events.len() as u64,
+        http_events: http_view.events.len() as u64,
+        duplicates_dropped: redis_view.duplicates + http_view.duplicates,
+        out_of_order: redis_view.out_of_order + http_view.out_of_order,
+        lost: lost as u64,
+    })
+}
+
+/// One day: start the relay from `config`, do the day's business, wait until the relay
+/// published everything, stop it. The same code both days.
+async fn run_day(billing: &mut Billing, config: &str, day: &str) -> Result<Vec<String>, Error> {
+    let route: Vec<&str> = config
+        .split_once(&format!("[routes.{ROUTE}]"))
+        .map_or("", |(_, route)| route.trim())
+        .lines()
+        .map(|line| {
+            if line.starts_with("secrets") {
+                "secrets = […]"
+            } else {
+                line
+            }
+        })
+        .collect();
+    println!("{day}: [routes.{ROUTE}] {}", route.join("; "));
+    let relay = start_relay(config).await?;
+    let events = billing.business_day(day).await;
+    let settled = match &events {
+        Ok(_) => support::settle(
+            &billing.outbox,
+            billing.committed.len() as u64,
+            Duration::from_secs(60),
+        )
+        .await
+        .map(|_| ()),
+        Err(_) => Ok(()),
+    };
+    relay.running.stop().await?;
+    settled?;
+    events
+}

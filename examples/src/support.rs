@@ -1,0 +1,234 @@
+//! What the workload examples share: finding the servers, fresh table names, cleaning up,
+//! running a relay in the background and waiting for it to finish its work.
+
+use std::time::Duration;
+
+use outbox::redis::redis;
+use outbox::{DestinationStats, Relay, Store, StoreStats};
+use sqlx::PgPool;
+use sqlx::postgres::PgPoolOptions;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+/// The error type of the examples.
+pub(crate) type Error = Box<dyn std::error::Error + Send + Sync>;
+
+const POSTGRES_VAR: &str = "OUTBOX_TEST_POSTGRES_URL";
+const POSTGRES_DEFAULT: &str = "postgres://postgres@127.0.0.1:5432/test";
+const REDIS_VAR: &str = "OUTBOX_TEST_REDIS_URL";
+const REDIS_DEFAULT: &str = "redis://127.0.0.1:6379/";
+
+/// The SSRF guard of the HTTP sink refuses private and loopback addresses unless an
+/// endpoint allows them. Every example talks to servers on loopback, so it allows this.
+pub(crate) const LOOPBACK: &str = "127.0.0.1/32";
+
+/// The PostgreSQL URL: `OUTBOX_TEST_POSTGRES_URL`, or the one `scripts/services.sh` sets up.
+pub(crate) fn postgres_url() -> String {
+    std::env::var(POSTGRES_VAR).unwrap_or_else(|_| POSTGRES_DEFAULT.to_owned())
+}
+
+/// The Redis URL: `OUTBOX_TEST_REDIS_URL`, or the one `scripts/services.sh` sets up.
+pub(crate) fn redis_url() -> String {
+    std::env::var(REDIS_VAR).unwrap_or_else(|_| REDIS_DEFAULT.to_owned())
+}
+
+/// Connects to PostgreSQL, or fails with a message that says how to start it.
+pub(crate) async fn postgres() -> Result<PgPool, Error> {
+    let url = postgres_url();
+    PgPoolOptions::new()
+        .max_connections(8)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect(&url)
+        .await
+        .map_err(|e| {
+            format!(
+                "PostgreSQL is not reachable at {} ({e}). Start it with `scripts/services.sh`, \
+                 or point {POSTGRES_VAR} at a server.",
+                redact(&url)
+            )
+            .into()
+        })
+}
+
+/// Connects to Redis, or fails with a message that says how to start it.
+pub(crate) async fn redis() -> Result<redis::aio::MultiplexedConnection, Error> {
+    let url = redis_url();
+    let missing = |e: &dyn std::fmt::Display| -> Error {
+        format!(
+            "Redis is not reachable at {} ({e}). Start it with `scripts/services.sh`, \
+             or point {REDIS_VAR} at a server.",
+            redact(&url)
+        )
+        .into()
+    };
+    let client = redis::Client::open(url.as_str()).map_err(|e| missing(&e))?;
+    match tokio::time::timeout(
+        Duration::from_secs(5),
+        client.get_multiplexed_async_connection(),
+    )
+    .await
+    {
+        Ok(Ok(conn)) => Ok(conn),
+        Ok(Err(e)) => Err(missing(&e)),
+        Err(_) => Err(missing(&"no answer within 5 s")),
+    }
+}
+
+/// `prefix_<12 hex digits>`: a table, stream or key name no other run uses.
+pub(crate) fn fresh(prefix: &str) -> String {
+    let hex = uuid::Uuid::new_v4().simple().to_string();
+    format!("{prefix}_{}", &hex[..12])
+}
+
+/// `scheme://user:password@host/…` → `scheme://user:***@host/…`, for printing.
+pub(crate) fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let (authority, tail) = rest.split_once('/').unwrap_or((rest, ""));
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) if userinfo.contains(':') => {
+            let user = userinfo.split(':').next().unwrap_or("");
+            format!("{scheme}://{user}:***@{host}/{tail}")
+        }
+        _ => url.to_owned(),
+    }
+}
+
+/// Drops an outbox table created by `PgOutbox::migrate`, with what per-key ordering adds
+/// beside it (the key counter table and the numbering function), and forgets its
+/// migration records.
+pub(crate) async fn drop_outbox(pool: &PgPool, table: &str) -> Result<(), Error> {
+    for statement in [
+        format!("DROP TABLE IF EXISTS \"{table}\", \"{table}_keys\""),
+        format!("DROP FUNCTION IF EXISTS \"{table}_assign_seq\"()"),
+    ] {
+        sqlx::query(&statement).execute(pool).await?;
+    }
+    forget_migrations(pool, table).await
+}
+
+/// Drops an inbox table created by `PgInbox::migrate` and forgets its migration records.
+pub(crate) async fn drop_inbox(pool: &PgPool, table: &str) -> Result<(), Error> {
+    sqlx::query(&format!("DROP TABLE IF EXISTS \"{table}\""))
+        .execute(pool)
+        .await?;
+    forget_migrations(pool, table).await
+}
+
+async fn forget_migrations(pool: &PgPool, table: &str) -> Result<(), Error> {
+    sqlx::query("DELETE FROM outbox_migrations WHERE id LIKE $1")
+        .bind(format!("{table}/%"))
+        .execute(pool)
+        .await?;
+    Ok(())
+}
+
+/// Deletes a stream and the dedupe keys the Redis sink set for it (they would expire on
+/// their own after the dedupe window): `outbox:dedupe:<stream length>:<stream>:<key>`.
+pub(crate) async fn delete_stream(
+    conn: &mut redis::aio::MultiplexedConnection,
+    stream: &str,
+) -> Result<(), Error> {
+    let pattern = format!("outbox:dedupe:{}:{stream}:*", stream.len());
+    let mut keys = vec![stream.to_owned()];
+    let mut cursor = 0_u64;
+    loop {
+        let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(&pattern)
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(conn)
+            .await?;
+        keys.extend(batch);
+        if next == 0 {
+            break;
+        }
+        cursor = next;
+    }
+    let _: i64 = redis::cmd("DEL").arg(&keys).query_async(conn).await?;
+    Ok(())
+}
+
+/// Drops plain tables.
+pub(crate) async fn drop_tables(pool: &PgPool, tables: &[&str]) -> Result<(), Error> {
+    for table in tables {
+        sqlx::query(&format!("DROP TABLE IF EXISTS \"{table}\""))
+            .execute(pool)
+            .await?;
+    }
+    Ok(())
+}
+
+/// Waits until nothing is pending or leased and exactly `finished` rows are published or
+/// dead; returns the totals.
+pub(crate) async fn settle(
+    store: &impl StoreStats,
+    finished: u64,
+    limit: Duration,
+) -> Result<DestinationStats, Error> {
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        let total = store.stats().await?.total();
+        if total.backlog() == 0 && total.published + total.dead == finished {
+            return Ok(total);
+        }
+        if tokio::time::Instant::now() > deadline {
+            return Err(format!(
+                "the relay did not finish within {limit:?}: expected {finished} published or dead rows, have {total:?}"
+            )
+            .into());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A relay running in a background task until [`stop`](Self::stop).
+pub(crate) struct RunningRelay {
+    stop: oneshot::Sender<()>,
+    task: JoinHandle<()>,
+}
+
+impl RunningRelay {
+    /// Spawns `relay.run(..)`.
+    pub(crate) fn start<S: Store>(relay: Relay<S>) -> Self {
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(relay.run(async {
+            let _ = stopped.await;
+        }));
+        Self { stop, task }
+    }
+
+    /// Graceful shutdown: in-flight batches finish, then the workers end.
+    pub(crate) async fn stop(self) -> Result<(), Error> {
+        let _ = self.stop.send(());
+        self.task.await?;
+        Ok(())
+    }
+}
+
+/// Serves `router` on a fresh loopback port; returns `http://127.0.0.1:<port>` and the
+/// server task (abort it to stop the server).
+pub(crate) async fn serve(router: axum::Router) -> Result<(String, JoinHandle<()>), Error> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let base = format!("http://{}", listener.local_addr()?);
+    let task = tokio::spawn(async move {
+        if let Err(error) = axum::serve(listener, router).await {
+            eprintln!("server stopped: {error}");
+        }
+    });
+    Ok((base, task))
+}
+
+/// The first `n` characters of `text`, with `…` when cut.
+pub(crate) fn clip(text: &str, n: usize) -> String {
+    let mut chars = text.chars();
+    let head: String = chars.by_ref().take(n).collect();
+    if chars.next().is_some() {
+        format!("{head}…")
+    } else {
+        head
+    }
+}

@@ -1,0 +1,35 @@
+//! Webhook gateway: an axum API that answers 2xx only after the enqueue transaction
+//! committed, fan-out to several signed endpoints that verify and deduplicate with an
+//! inbox, a per-endpoint circuit breaker, and dead letters replayed once the broken
+//! endpoint is fixed.
+//!
+//! ```text
+//! scripts/services.sh          # PostgreSQL on loopback
+//! cargo run --example webhook_gateway
+//! ```
+//!
+//! The story is in `examples/src/webhook_gateway.rs`; the last line sums it up. The
+//! example replays in process and prints the equivalent `outbox dead replay` command;
+//! the test `examples/tests/webhook_gateway.rs` runs that command with the CLI binary.
+
+fn main() -> std::process::ExitCode {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let replay = outbox_examples::webhook_gateway::Replay::Api;
+    match runtime.block_on(outbox_examples::webhook_gateway::run(replay)) {
+        Ok(summary) => {
+            println!("{summary}");
+            if summary.lost == 0 {
+                std::process::ExitCode::SUCCESS
+            } else {
+                std::process::ExitCode::FAILURE
+            }
+        }
+        Err(error) => {
+            eprintln!("error: {error}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
