@@ -433,29 +433,38 @@ impl<S: Store> Inner<S> {
             );
         }
         let stale: HashSet<MessageId> = completed.stale.into_iter().collect();
+        // Metric handles are looked up once per destination per batch, not per message.
+        let mut published: HashMap<&str, (u64, metrics::Histogram)> = HashMap::new();
         for (((message, _), completion), class) in outcomes.iter().zip(&completions).zip(classes) {
             if stale.contains(&message.id) {
                 continue;
             }
-            let destination = message.destination.clone();
+            let destination = message.destination.as_str();
             let class = class.unwrap_or_default();
             match &completion.action {
                 CompleteAction::Published => {
                     report.published += 1;
                     let lag = (now - message.created_at).to_std().unwrap_or_default();
-                    metrics::counter!("outbox_messages_published_total", "destination" => destination.clone()).increment(1);
-                    metrics::histogram!("outbox_commit_to_publish_seconds", "destination" => destination).record(lag.as_secs_f64());
+                    let (count, lag_histogram) = published.entry(destination).or_insert_with(|| {
+                        let histogram = metrics::histogram!("outbox_commit_to_publish_seconds", "destination" => destination.to_owned());
+                        (0, histogram)
+                    });
+                    *count += 1;
+                    lag_histogram.record(lag.as_secs_f64());
                 }
                 CompleteAction::Retry { .. } => {
                     report.retried += 1;
-                    metrics::counter!("outbox_messages_retried_total", "destination" => destination, "class" => class).increment(1);
+                    metrics::counter!("outbox_messages_retried_total", "destination" => destination.to_owned(), "class" => class).increment(1);
                 }
                 CompleteAction::Dead { reason } => {
                     report.dead += 1;
                     warn!(id = %message.id, destination, %reason, "dead-lettered");
-                    metrics::counter!("outbox_messages_dead_total", "destination" => destination, "class" => class).increment(1);
+                    metrics::counter!("outbox_messages_dead_total", "destination" => destination.to_owned(), "class" => class).increment(1);
                 }
             }
+        }
+        for (destination, (count, _)) in published {
+            metrics::counter!("outbox_messages_published_total", "destination" => destination.to_owned()).increment(count);
         }
         debug!(?report, "batch done");
         Ok(report)
@@ -491,30 +500,30 @@ impl<S: Store> Inner<S> {
             }
         }
         // Each group runs as its own task so a panicking sink fails its messages, not the
-        // worker.
+        // worker. The batch is shared, not copied: the task returns only outcomes.
         let timeout = self.publish_timeout;
         let mut tasks = JoinSet::new();
-        let mut pending: HashMap<tokio::task::Id, Vec<Message>> = HashMap::new();
+        let mut pending: HashMap<tokio::task::Id, Arc<Vec<Message>>> = HashMap::new();
         for (sink, batch) in groups {
-            let copy = batch.clone();
-            let handle = tasks.spawn(publish_group(sink, batch, timeout));
-            pending.insert(handle.id(), copy);
+            let batch = Arc::new(batch);
+            let handle = tasks.spawn(publish_group(sink, Arc::clone(&batch), timeout));
+            pending.insert(handle.id(), batch);
         }
         while let Some(joined) = tasks.join_next_with_id().await {
-            match joined {
-                Ok((id, group)) => {
-                    pending.remove(&id);
-                    results.extend(group);
-                }
+            let (id, outcomes) = match joined {
+                Ok((id, outcomes)) => (id, outcomes),
                 Err(error) => {
-                    let batch = pending.remove(&error.id()).unwrap_or_default();
                     let failure = Failure::retryable(
                         FailureClass::Other,
                         format!("sink task failed: {error}"),
                     );
-                    results.extend(batch.into_iter().map(|m| (m, failure.clone().into())));
+                    let n = pending.get(&error.id()).map_or(0, |b| b.len());
+                    (error.id(), vec![failure.into(); n])
                 }
-            }
+            };
+            let batch = pending.remove(&id).expect("every task has its batch");
+            let batch = Arc::try_unwrap(batch).unwrap_or_else(|shared| (*shared).clone());
+            results.extend(batch.into_iter().zip(outcomes));
         }
         results
     }
@@ -562,10 +571,10 @@ impl<S: Store> Inner<S> {
 
 async fn publish_group(
     sink: Arc<dyn DynSink>,
-    batch: Vec<Message>,
+    batch: Arc<Vec<Message>>,
     timeout: Duration,
-) -> Vec<(Message, Outcome)> {
-    let outcomes = match tokio::time::timeout(timeout, sink.publish_dyn(&batch)).await {
+) -> Vec<Outcome> {
+    match tokio::time::timeout(timeout, sink.publish_dyn(&batch)).await {
         Ok(Ok(outcomes)) if outcomes.len() == batch.len() => outcomes,
         Ok(Ok(outcomes)) => {
             let failure = Failure::retryable(
@@ -586,8 +595,7 @@ async fn publish_group(
             );
             vec![failure.into(); batch.len()]
         }
-    };
-    batch.into_iter().zip(outcomes).collect()
+    }
 }
 
 fn unix_seconds(t: chrono::DateTime<chrono::Utc>) -> f64 {

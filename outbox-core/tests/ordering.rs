@@ -39,7 +39,7 @@ async fn keys_arrive_in_commit_order_through_failures_and_kills() {
     let delivered = RecordingSink::new();
     let sink = FlakySink::new(delivered.clone())
         .retryable_rate(0.1)
-        .delay(Duration::ZERO, Duration::from_millis(2))
+        .delay(Duration::ZERO, Duration::from_millis(5))
         .seed(5);
     let relay = |i: usize| {
         Relay::builder(store.clone())
@@ -66,7 +66,7 @@ async fn keys_arrive_in_commit_order_through_failures_and_kills() {
     let mut kills = 0;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
     loop {
-        tokio::time::sleep(Duration::from_millis(rng.u64(5..30))).await;
+        tokio::time::sleep(Duration::from_millis(rng.u64(2..15))).await;
         let total = store.stats().await.unwrap().total();
         if total.published == (KEYS * PER_KEY) as u64 {
             break;
@@ -98,7 +98,7 @@ async fn keys_arrive_in_commit_order_through_failures_and_kills() {
         }
     }
     assert!(
-        kills >= 5,
+        kills >= 3,
         "relays were killed while holding leases: {kills}"
     );
     assert!(sink.stats().retryable > 100, "failures happened");

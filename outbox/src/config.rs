@@ -29,7 +29,10 @@
 //! Every value can be overridden by an environment variable named `OUTBOX_` followed by the
 //! path in upper case, with `__` between parts: `OUTBOX_STORE__URL`,
 //! `OUTBOX_RELAY__BATCH_SIZE`, `OUTBOX_ROUTES__BILLING__URL` (route names are matched in
-//! lower case). Numbers and booleans are recognised; everything else is a string.
+//! lower case). Numbers and booleans are recognised; everything else is a string. Names
+//! without `__` (such as `OUTBOX_CONFIG`) are not overrides; a name with `__` whose first
+//! part is not a section (`store`, `relay`, `retry`, `routes`, `metrics`) is an error, so a
+//! typo does not go unnoticed.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -260,10 +263,22 @@ impl Config {
             .parse()
             .map_err(|e: toml::de::Error| Error::Config(one_line(&e.to_string())))?;
         for (name, value) in env {
+            // Only `OUTBOX_<SECTION>__…` names are overrides; `OUTBOX_CONFIG` and other
+            // single-segment names belong to other tools (or to the CLI itself).
             let Some(path) = name.strip_prefix("OUTBOX_") else {
                 continue;
             };
+            if !path.contains("__") {
+                continue;
+            }
             let parts: Vec<String> = path.split("__").map(str::to_lowercase).collect();
+            if !SECTIONS.contains(&parts[0].as_str()) {
+                return Err(Error::Config(format!(
+                    "environment variable {name}: unknown section {:?} (expected one of {})",
+                    parts[0],
+                    SECTIONS.join(", ")
+                )));
+            }
             if parts.iter().any(String::is_empty) {
                 return Err(Error::Config(format!(
                     "environment variable {name}: empty path segment"
@@ -286,6 +301,9 @@ impl Config {
         Self::from_toml(&text, std::env::vars())
     }
 }
+
+/// The top-level sections an `OUTBOX_<SECTION>__…` override may name.
+const SECTIONS: [&str; 5] = ["store", "relay", "retry", "routes", "metrics"];
 
 fn set_path(
     table: &mut toml::Table,
@@ -432,6 +450,11 @@ mod tests {
                 "https://example.com/hook".to_owned(),
             ),
             ("UNRELATED".to_owned(), "x".to_owned()),
+            ("OUTBOX_CONFIG".to_owned(), "/etc/outbox.toml".to_owned()),
+            (
+                "OUTBOX_TEST_POSTGRES_URL".to_owned(),
+                "postgres://elsewhere".to_owned(),
+            ),
         ];
         let c = Config::from_toml(MINIMAL, env).unwrap();
         assert_eq!(c.store.url, "postgres://u:secret@h/db");
@@ -470,6 +493,16 @@ mod tests {
                 "{needle}: {err}"
             );
         }
+    }
+
+    #[test]
+    fn a_misspelt_section_in_the_environment_is_an_error() {
+        let env = [("OUTBOX_STROE__URL".to_owned(), "x".to_owned())];
+        let err = Config::from_toml(MINIMAL, env).unwrap_err().to_string();
+        assert!(
+            err.contains("OUTBOX_STROE__URL") && err.contains("unknown section"),
+            "{err}"
+        );
     }
 
     #[test]
