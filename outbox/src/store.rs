@@ -136,6 +136,21 @@ impl AnyStore {
         }
     }
 
+    /// Wakes relays listening on this database, where it can (PostgreSQL NOTIFY); a no-op
+    /// on the other stores, whose relays poll.
+    ///
+    /// # Errors
+    ///
+    /// The NOTIFY failed; relays still find the rows on their next poll.
+    pub async fn notify(&self) -> Result<(), StoreError> {
+        match self {
+            #[cfg(feature = "postgres")]
+            Self::Postgres(s) => s.notify().await,
+            #[allow(unreachable_patterns)]
+            _ => Ok(()),
+        }
+    }
+
     /// A wakeup fed by the database, where it has one (PostgreSQL LISTEN/NOTIFY). Keep
     /// the returned guard alive as long as the wakeup is used.
     ///
