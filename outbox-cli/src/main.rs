@@ -327,6 +327,11 @@ async fn dead(store: &AnyStore, action: &DeadAction) -> Result<()> {
                     .replay_dead(&filter)
                     .await
                     .map_err(|e| e.to_string())?;
+                if n > 0 && store.notify().await.is_err() {
+                    eprintln!(
+                        "warning: could not wake relays; they pick the rows up at their next poll"
+                    );
+                }
                 println!("replayed {n} dead letter(s)");
             }
         }
