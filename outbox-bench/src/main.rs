@@ -36,7 +36,7 @@ pub(crate) struct Scale {
 
 const FULL: Scale = Scale {
     drain_rows: 100_000,
-    enqueue_time: Duration::from_secs(4),
+    enqueue_time: Duration::from_secs(2),
     latency_time: Duration::from_secs(6),
     rounds: 3,
     finished_rows: 10_000_000,
