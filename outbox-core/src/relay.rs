@@ -405,14 +405,24 @@ impl<S: Store> Inner<S> {
             let (completion, class) = match outcome {
                 Outcome::Published { .. } => (Completion::published(message.id), None),
                 Outcome::Failed(failure) => {
-                    let decision =
-                        self.retry
-                            .decide(failure, message.attempts, message.created_at, now);
-                    let completion = match decision {
-                        Decision::Retry(delay) => {
-                            Completion::retry(message.id, delay, failure.to_string())
+                    let completion = if failure.deferred && failure.retryable {
+                        // Never sent: wait as asked, and the attempt does not count.
+                        match self.retry.decide_deferred(failure, message.created_at, now) {
+                            Decision::Retry(delay) => {
+                                Completion::defer(message.id, delay, failure.to_string())
+                            }
+                            Decision::GiveUp(reason) => Completion::dead(message.id, reason),
                         }
-                        Decision::GiveUp(reason) => Completion::dead(message.id, reason),
+                    } else {
+                        let decision =
+                            self.retry
+                                .decide(failure, message.attempts, message.created_at, now);
+                        match decision {
+                            Decision::Retry(delay) => {
+                                Completion::retry(message.id, delay, failure.to_string())
+                            }
+                            Decision::GiveUp(reason) => Completion::dead(message.id, reason),
+                        }
                     };
                     (completion, Some(failure.class.as_str()))
                 }
@@ -452,7 +462,7 @@ impl<S: Store> Inner<S> {
                     *count += 1;
                     lag_histogram.record(lag.as_secs_f64());
                 }
-                CompleteAction::Retry { .. } => {
+                CompleteAction::Retry { .. } | CompleteAction::Defer { .. } => {
                     report.retried += 1;
                     metrics::counter!("outbox_messages_retried_total", "destination" => destination.to_owned(), "class" => class).increment(1);
                 }

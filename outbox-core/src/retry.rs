@@ -97,6 +97,27 @@ impl RetryPolicy {
         Duration::from_nanos(fastrand::u64(0..=ceiling))
     }
 
+    /// Decides what happens to a message that was not sent (a deferred failure): wait for
+    /// the receiver's `retry_after` (or the first backoff step), unless that would pass
+    /// `max_age`. Attempts are not counted.
+    pub fn decide_deferred(
+        &self,
+        failure: &Failure,
+        created_at: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Decision {
+        let delay = failure.retry_after.unwrap_or_else(|| self.backoff(1));
+        if let Some(max_age) = self.max_age {
+            let next = now + crate::message::chrono_duration(delay);
+            if next - created_at > crate::message::chrono_duration(max_age) {
+                return Decision::GiveUp(format!(
+                    "gave up: next attempt would exceed max age {max_age:?}; last error: {failure}"
+                ));
+            }
+        }
+        Decision::Retry(delay)
+    }
+
     /// Decides what happens to a message that failed on attempt number `attempts`.
     pub fn decide(
         &self,

@@ -71,6 +71,10 @@ pub struct Failure {
     pub retryable: bool,
     /// The receiver asked to wait at least this long (e.g. `Retry-After`).
     pub retry_after: Option<Duration>,
+    /// The message was never handed to the receiver (an open circuit, a rate limit, a
+    /// pause the receiver asked for): the relay schedules it again and gives the attempt
+    /// back, so waiting out an outage never exhausts `max_attempts`.
+    pub deferred: bool,
 }
 
 impl Failure {
@@ -81,6 +85,7 @@ impl Failure {
             message: message.into(),
             retryable: true,
             retry_after: None,
+            deferred: false,
         }
     }
 
@@ -91,7 +96,15 @@ impl Failure {
             message: message.into(),
             retryable: false,
             retry_after: None,
+            deferred: false,
         }
+    }
+
+    /// Marks the failure as *not sent*: retryable, and the attempt does not count.
+    pub fn deferred(mut self) -> Self {
+        self.retryable = true;
+        self.deferred = true;
+        self
     }
 
     /// Waits at least `delay` before the next attempt.

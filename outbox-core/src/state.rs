@@ -230,6 +230,13 @@ impl Row {
                 };
                 self.last_error = Some(error.clone());
             }
+            CompleteAction::Defer { delay, error } => {
+                self.state = RowState::Pending {
+                    available_at: now + chrono_duration(*delay),
+                };
+                self.attempts = self.attempts.saturating_sub(1);
+                self.last_error = Some(error.clone());
+            }
             CompleteAction::Dead { reason } => {
                 self.state = RowState::Dead {
                     at: now,

@@ -107,6 +107,14 @@ pub enum CompleteAction {
         /// The failure, kept in `last_error`.
         error: String,
     },
+    /// Try again after `delay` without counting this attempt: the message was never sent
+    /// (see [`Failure::deferred`](crate::Failure::deferred)).
+    Defer {
+        /// Wait before the next claim.
+        delay: Duration,
+        /// Why it was not sent, kept in `last_error`.
+        error: String,
+    },
     /// Give up; the row stays queryable as a dead letter.
     Dead {
         /// Why.
@@ -136,6 +144,16 @@ impl Completion {
         Self {
             id,
             action: CompleteAction::Retry {
+                delay,
+                error: error.into(),
+            },
+        }
+    }
+    /// Schedules `id` again after `delay`, giving the attempt back.
+    pub fn defer(id: MessageId, delay: Duration, error: impl Into<String>) -> Self {
+        Self {
+            id,
+            action: CompleteAction::Defer {
                 delay,
                 error: error.into(),
             },

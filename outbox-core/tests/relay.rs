@@ -418,3 +418,59 @@ fn bad_settings_are_named() {
     assert!(no_routes.to_string().contains("no routes"));
     let _ = FailureClass::Timeout;
 }
+
+struct NeverSent;
+impl Sink for NeverSent {
+    async fn publish(&self, batch: &[Message]) -> Result<Vec<Outcome>, Failure> {
+        let failure = Failure::retryable(FailureClass::Unavailable, "circuit open, not sent")
+            .with_retry_after(Duration::from_secs(60))
+            .deferred();
+        Ok(vec![failure.into(); batch.len()])
+    }
+}
+
+#[tokio::test]
+async fn deferred_failures_wait_without_using_up_attempts_until_max_age() {
+    let clock = ManualClock::new();
+    let store = MemoryStore::with_clock(clock.clone());
+    let id = store.enqueue(msg("hooks", "e")).unwrap();
+    let relay = Relay::builder(store.clone())
+        .route("hooks", NeverSent)
+        .clock(clock.clone())
+        .retry(
+            RetryPolicy::default()
+                .max_attempts(2)
+                .max_age(Some(Duration::from_secs(3600))),
+        )
+        .build()
+        .unwrap();
+    for _ in 0..10 {
+        assert_eq!(relay.run_once().await.unwrap().retried, 1);
+        let row = store.row(id).unwrap().row;
+        assert_eq!(
+            (row.status(), row.attempts),
+            (Status::Pending, 0),
+            "a deferral does not count"
+        );
+        assert_eq!(
+            row.due_at().unwrap() - clock.now(),
+            chrono::Duration::seconds(60)
+        );
+        clock.advance(Duration::from_secs(60));
+    }
+    clock.advance(Duration::from_secs(3000)); // past max_age
+    assert_eq!(
+        relay.run_once().await.unwrap().dead,
+        1,
+        "max_age still bounds waiting"
+    );
+    assert!(
+        store
+            .row(id)
+            .unwrap()
+            .row
+            .last_error
+            .unwrap()
+            .contains("max age")
+    );
+}

@@ -202,8 +202,10 @@ impl World {
                     .map(|(i, id)| {
                         if m.acked.contains(id) {
                             Completion::published(*id)
-                        } else if choices & (1 << (i % 8)) != 0 {
+                        } else if choices & (1 << (i % 8)) != 0 && i % 2 == 0 {
                             Completion::retry(*id, Duration::from_secs(delay_secs), "retryable")
+                        } else if choices & (1 << (i % 8)) != 0 {
+                            Completion::defer(*id, Duration::from_secs(delay_secs), "not sent")
                         } else {
                             Completion::dead(*id, "permanent")
                         }
@@ -223,6 +225,12 @@ impl World {
                         outbox_core::CompleteAction::Retry { delay, .. } => Expect::Pending {
                             due: m.now + delay.as_secs() as i64,
                         },
+                        outbox_core::CompleteAction::Defer { delay, .. } => {
+                            row.1 -= 1; // not sent: the attempt is given back
+                            Expect::Pending {
+                                due: m.now + delay.as_secs() as i64,
+                            }
+                        }
                         outbox_core::CompleteAction::Dead { .. } => Expect::Dead,
                     };
                 }

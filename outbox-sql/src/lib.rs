@@ -307,11 +307,14 @@ fn split_statements(sql: &str) -> Vec<String> {
     statements
 }
 
-/// The status a completion writes (`published`, `pending` for a retry, `dead`).
+/// The status token a completion is bound with: `published`, `pending` (retry),
+/// `deferred` (retry that gives the attempt back; stored as `pending`), `dead`.
 pub fn completion_status(action: &outbox_core::CompleteAction) -> &'static str {
     match action {
         outbox_core::CompleteAction::Published => outbox_core::Status::Published.as_str(),
         outbox_core::CompleteAction::Retry { .. } => outbox_core::Status::Pending.as_str(),
+        // A transport token, never stored: pending again, attempt given back.
+        outbox_core::CompleteAction::Defer { .. } => "deferred",
         outbox_core::CompleteAction::Dead { .. } => outbox_core::Status::Dead.as_str(),
     }
 }

@@ -152,6 +152,9 @@ pub struct Statements {
     pub insert: String,
     /// Schedules one leased row again.
     pub retry: String,
+    /// Schedules one leased row again and gives the attempt back (a deferred failure):
+    /// delay ms, error, id, token.
+    pub defer: String,
     /// Dead-letters one leased row.
     pub dead: String,
     /// Counts per destination and state.
@@ -214,6 +217,9 @@ impl Statements {
             insert: r(&format!("{INSERT_HEAD} {INSERT_ROW}")),
             retry: r(
                 "UPDATE {outbox} SET status = 'pending', available_at = {now} + INTERVAL (? * 1000) MICROSECOND, last_error = ?, {cleared} WHERE id = ? AND status = 'leased' AND lease_token = ?",
+            ),
+            defer: r(
+                "UPDATE {outbox} SET status = 'pending', available_at = {now} + INTERVAL (? * 1000) MICROSECOND, last_error = ?, attempts = GREATEST(attempts - 1, 0), {cleared} WHERE id = ? AND status = 'leased' AND lease_token = ?",
             ),
             dead: r(
                 "UPDATE {outbox} SET status = 'dead', available_at = NULL, dead_at = {now}, last_error = ?, {cleared} WHERE id = ? AND status = 'leased' AND lease_token = ?",

@@ -209,8 +209,9 @@ WHERE o.id = ANY(ARRAY(
 RETURNING o.id, o.destination, o.event_type, o.aggregate_type, o.aggregate_id, o.partition_key, o.tenant_id, o.idempotency_key, o.payload, o.content_type, o.headers::text AS headers, o.attempts, o.created_at";
 
 const COMPLETE: &str = "UPDATE {outbox} AS o
-SET status = c.status,
-    available_at = CASE WHEN c.status = 'pending' THEN now() + c.delay_ms * interval '1 millisecond' END,
+SET status = CASE WHEN c.status = 'deferred' THEN 'pending' ELSE c.status END,
+    available_at = CASE WHEN c.status IN ('pending', 'deferred') THEN now() + c.delay_ms * interval '1 millisecond' END,
+    attempts = CASE WHEN c.status = 'deferred' THEN GREATEST(o.attempts - 1, 0) ELSE o.attempts END,
     last_error = COALESCE(c.error, o.last_error),
     published_at = CASE WHEN c.status = 'published' THEN now() END,
     dead_at = CASE WHEN c.status = 'dead' THEN now() END,

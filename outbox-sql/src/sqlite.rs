@@ -213,8 +213,9 @@ RETURNING id, destination, event_type, aggregate_type, aggregate_id, partition_k
 // RETURNING names the updated table's columns unqualified: SQLite 3.46 rejects `o.id`
 // there ("no such column"). The batch's columns are named apart from the table's.
 const COMPLETE: &str = "UPDATE {outbox} AS o
-SET status = c.new_status,
-    available_at = CASE WHEN c.new_status = 'pending' THEN {now} + c.delay_ms END,
+SET status = CASE WHEN c.new_status = 'deferred' THEN 'pending' ELSE c.new_status END,
+    available_at = CASE WHEN c.new_status IN ('pending', 'deferred') THEN {now} + c.delay_ms END,
+    attempts = CASE WHEN c.new_status = 'deferred' THEN MAX(o.attempts - 1, 0) ELSE o.attempts END,
     last_error = COALESCE(c.error, o.last_error),
     published_at = CASE WHEN c.new_status = 'published' THEN {now} END,
     dead_at = CASE WHEN c.new_status = 'dead' THEN {now} END,

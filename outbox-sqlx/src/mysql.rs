@@ -831,6 +831,16 @@ impl Store for MySqlOutbox {
                         .await
                         .map_err(classify)?;
                 }
+                CompleteAction::Defer { delay, error } => {
+                    sqlx::query(&sql.defer)
+                        .bind(interval_ms(*delay))
+                        .bind(clip_bytes(error, MAX_ERROR_BYTES))
+                        .bind(c.id.to_string())
+                        .bind(&token_text)
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(classify)?;
+                }
                 CompleteAction::Dead { reason } => {
                     sqlx::query(&sql.dead)
                         .bind(clip_bytes(reason, MAX_ERROR_BYTES))

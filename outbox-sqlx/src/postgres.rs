@@ -459,7 +459,10 @@ impl Store for PgOutbox {
                 statuses.push(outbox_sql::completion_status(&c.action).to_owned());
                 let (delay, error) = match &c.action {
                     CompleteAction::Published => (0, None),
-                    CompleteAction::Retry { delay, error } => (millis(*delay), Some(error.clone())),
+                    CompleteAction::Retry { delay, error }
+                    | CompleteAction::Defer { delay, error } => {
+                        (millis(*delay), Some(error.clone()))
+                    }
                     CompleteAction::Dead { reason } => (0, Some(reason.clone())),
                 };
                 delays.push(delay);

@@ -524,7 +524,8 @@ impl Store for SqliteOutbox {
                 .map(|c| {
                     let (delay, error) = match &c.action {
                         CompleteAction::Published => (0, None),
-                        CompleteAction::Retry { delay, error } => {
+                        CompleteAction::Retry { delay, error }
+                        | CompleteAction::Defer { delay, error } => {
                             (millis(*delay), Some(error.as_str()))
                         }
                         CompleteAction::Dead { reason } => (0, Some(reason.as_str())),

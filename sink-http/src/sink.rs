@@ -207,13 +207,15 @@ impl HttpSink {
                     self.inner.deadline
                 ),
             ),
-            Err(_) => Outcome::retryable(
+            Err(_) => Failure::retryable(
                 FailureClass::Timeout,
                 format!(
                     "not sent: the sink's publish deadline ({:?}) passed while waiting for a concurrency slot",
                     self.inner.deadline
                 ),
-            ),
+            )
+            .deferred()
+            .into(),
         }
     }
 
@@ -249,6 +251,7 @@ impl HttpSink {
                         ),
                     )
                     .with_retry_after(wait)
+                    .deferred()
                     .into();
                 }
             }
@@ -256,13 +259,15 @@ impl HttpSink {
         // The waits above can end exactly at the deadline (another message's cut-off
         // frees a slot); never start a request then.
         if Instant::now() >= deadline {
-            return Outcome::retryable(
+            return Failure::retryable(
                 FailureClass::Timeout,
                 format!(
                     "not sent: the sink's publish deadline ({:?}) passed while waiting for a slot",
                     self.inner.deadline
                 ),
-            );
+            )
+            .deferred()
+            .into();
         }
         let admission = match endpoint.circuit.admit(Instant::now()) {
             Ok(admission) => admission,
@@ -602,12 +607,14 @@ impl Endpoint {
                 ),
             )
             .with_retry_after(retry_after)
+            .deferred()
             .into(),
             Refusal::Paused { retry_after } => Failure::retryable(
                 FailureClass::RateLimited,
                 format!("not sent: the endpoint asked to wait (Retry-After) another {retry_after:?}"),
             )
             .with_retry_after(retry_after)
+            .deferred()
             .into(),
         }
     }

@@ -114,6 +114,7 @@ where
         retry_respects_available_at,
         completion_is_batched,
         release_does_not_count_an_attempt,
+        deferral_waits_and_gives_the_attempt_back,
         max_attempts_dead_letters,
         dead_letters_list_replay_discard,
         stats_count_each_state,
@@ -456,6 +457,46 @@ pub async fn release_does_not_count_an_attempt<H: StoreHarness>(h: &H) {
     assert!(
         again.messages.iter().all(|m| m.attempts == 1),
         "a release gives the attempt back"
+    );
+}
+
+/// A deferred completion (the message was never sent) waits like a retry but gives the
+/// attempt back.
+pub async fn deferral_waits_and_gives_the_attempt_back<H: StoreHarness>(h: &H) {
+    let ids = enqueue_n(h, "orders", 2).await;
+    let store = h.store();
+    let claim = store.claim(&request(10)).await.expect("claim");
+    let completions = [
+        Completion::defer(ids[0], Duration::from_secs(30), "circuit open, not sent"),
+        Completion::retry(ids[1], Duration::from_secs(30), "503"),
+    ];
+    assert_eq!(
+        store
+            .complete(claim.lease.token, &completions)
+            .await
+            .expect("complete")
+            .applied,
+        2
+    );
+    assert_eq!(counts(h, "orders").await, (2, 0, 0, 0));
+    h.advance(Duration::from_secs(25)).await;
+    assert!(
+        store
+            .claim(&request(10))
+            .await
+            .expect("claim")
+            .messages
+            .is_empty(),
+        "a deferral waits"
+    );
+    h.advance(Duration::from_secs(6)).await;
+    let again = store.claim(&request(10)).await.expect("claim");
+    let attempts: Vec<(MessageId, u32)> =
+        again.messages.iter().map(|m| (m.id, m.attempts)).collect();
+    assert_eq!(
+        attempts,
+        vec![(ids[0], 1), (ids[1], 2)],
+        "the deferred claim did not count"
     );
 }
 
