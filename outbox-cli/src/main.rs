@@ -278,6 +278,23 @@ async fn status(store: &AnyStore, json: bool) -> Result<()> {
     Ok(())
 }
 
+/// Dry runs stop counting at this many, so a huge dead-letter table is never loaded whole.
+const DRY_RUN_CAP: usize = 100_000;
+
+/// "N dead letter(s)", or "more than 100000 dead letters".
+async fn count_dead(store: &AnyStore, filter: &DeadLetterFilter) -> Result<String> {
+    let n = store
+        .list_dead(filter, DRY_RUN_CAP + 1)
+        .await
+        .map_err(|e| e.to_string())?
+        .len();
+    Ok(if n > DRY_RUN_CAP {
+        format!("more than {DRY_RUN_CAP} dead letters")
+    } else {
+        format!("{n} dead letter(s)")
+    })
+}
+
 async fn dead(store: &AnyStore, action: &DeadAction) -> Result<()> {
     match action {
         DeadAction::List {
@@ -316,12 +333,7 @@ async fn dead(store: &AnyStore, action: &DeadAction) -> Result<()> {
         DeadAction::Replay { filter, dry_run } => {
             let filter = filter.filter();
             if *dry_run {
-                let n = store
-                    .list_dead(&filter, usize::MAX >> 1)
-                    .await
-                    .map_err(|e| e.to_string())?
-                    .len();
-                println!("would replay {n} dead letter(s)");
+                println!("would replay {}", count_dead(store, &filter).await?);
             } else {
                 let n = store
                     .replay_dead(&filter)
@@ -338,12 +350,7 @@ async fn dead(store: &AnyStore, action: &DeadAction) -> Result<()> {
         DeadAction::Discard { filter, dry_run } => {
             let filter = filter.filter();
             if *dry_run {
-                let n = store
-                    .list_dead(&filter, usize::MAX >> 1)
-                    .await
-                    .map_err(|e| e.to_string())?
-                    .len();
-                println!("would discard {n} dead letter(s)");
+                println!("would discard {}", count_dead(store, &filter).await?);
             } else {
                 let n = store
                     .discard_dead(&filter)
