@@ -125,6 +125,69 @@ pub(crate) async fn run(
     Ok(())
 }
 
+/// `scale`: the same backlog drained by 1, 2 and 4 independent relays (each its own
+/// pool, one worker, batch 500) sharing one table with no coordinator.
+pub(crate) async fn scale(
+    bench: &Bench,
+    scale: Scale,
+    report: &mut Report,
+) -> Result<(), BoxError> {
+    let n = scale.drain_rows;
+    let mut rows = Vec::new();
+    let mut json = serde_json::Map::new();
+    let mut single = 0.0;
+    for relays in [1usize, 2, 4] {
+        let outbox = bench
+            .fresh_outbox("bench_scale_outbox", PublishedRows::Delete)
+            .await?;
+        preload(&outbox, &bench.pool, n, false).await?;
+        let sink = NoopSink::default();
+        let mut running = Vec::new();
+        for i in 0..relays {
+            let pool = sqlx::postgres::PgPoolOptions::new()
+                .max_connections(3)
+                .connect(&bench.url)
+                .await?;
+            let own = outbox_sqlx::postgres::PgOutbox::with_names(pool, outbox.names().clone())
+                .published_rows(PublishedRows::Delete);
+            let relay = Relay::builder(own)
+                .owner(format!("bench-scale-{i}"))
+                .route("bench", sink.clone())
+                .batch_size(500)
+                .poll_interval(Duration::from_millis(20))
+                .build()?;
+            let count = sink.count.clone();
+            running.push(tokio::spawn(relay.run(async move {
+                while count.load(Atomic::Relaxed) < n {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            })));
+        }
+        let started = Instant::now();
+        for r in running {
+            r.await?;
+        }
+        let rate = n as f64 / started.elapsed().as_secs_f64();
+        if relays == 1 {
+            single = rate;
+        }
+        rows.push(vec![
+            relays.to_string(),
+            format!("{rate:.0}"),
+            format!("{:.2}", rate / single),
+        ]);
+        json.insert(format!("relays_{relays}"), rate.into());
+    }
+    report.section(
+        "scale",
+        &format!("{n} messages drained by independent relays sharing one table (no coordinator), each with its own pool, one worker, batch 500, no-op sink; messages/s. The database runs on the same 2 cores."),
+        &["relays", "messages/s", "vs one relay"],
+        rows,
+        serde_json::Value::Object(json),
+    );
+    Ok(())
+}
+
 async fn preload(outbox: &PgOutbox, pool: &PgPool, n: usize, keyed: bool) -> Result<(), BoxError> {
     for start in (0..n).step_by(1000) {
         let messages: Vec<NewMessage> = (start..(start + 1000).min(n))

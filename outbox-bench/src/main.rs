@@ -1,7 +1,7 @@
 //! `outbox-bench`: every figure is a ratio against a baseline measured in the same run.
 //!
 //! ```text
-//! cargo run --release -p outbox-bench -- [all|enqueue|drain|ordered|latency|backlog] [--quick] [--write BENCHMARKS.md]
+//! cargo run --release -p outbox-bench -- [all|enqueue|drain|scale|ordered|latency|backlog] [--quick] [--write BENCHMARKS.md]
 //! ```
 //!
 //! Each scenario prints a table and, as its last line, one JSON object with its figures.
@@ -69,14 +69,14 @@ fn main() {
         .map(String::as_str)
         .collect();
     let scenarios = if scenarios.is_empty() || scenarios == ["all"] {
-        vec!["enqueue", "drain", "ordered", "latency", "backlog"]
+        vec!["enqueue", "drain", "scale", "ordered", "latency", "backlog"]
     } else {
         scenarios
     };
     for s in &scenarios {
-        if !["enqueue", "drain", "ordered", "latency", "backlog"].contains(s) {
+        if !["enqueue", "drain", "scale", "ordered", "latency", "backlog"].contains(s) {
             eprintln!(
-                "error: unknown scenario {s:?} (enqueue, drain, ordered, latency, backlog, all)"
+                "error: unknown scenario {s:?} (enqueue, drain, scale, ordered, latency, backlog, all)"
             );
             std::process::exit(2);
         }
@@ -94,6 +94,7 @@ fn main() {
                 "enqueue" => enqueue::run(&bench, scale, &mut report).await?,
                 "drain" => drain::run(&bench, scale, &mut report, false).await?,
                 "ordered" => drain::run(&bench, scale, &mut report, true).await?,
+                "scale" => drain::scale(&bench, scale, &mut report).await?,
                 "latency" => latency::run(&bench, scale, &mut report).await?,
                 "backlog" => backlog::run(&bench, scale, &mut report).await?,
                 _ => unreachable!("checked above"),
