@@ -11,22 +11,7 @@
 //! The story is in `examples/src/commerce_notifications.rs`; the last line sums it up.
 
 fn main() -> std::process::ExitCode {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    match runtime.block_on(outbox_examples::commerce_notifications::run()) {
-        Ok(summary) => {
-            println!("{summary}");
-            if summary.lost == 0 && summary.billed_twice == 0 {
-                std::process::ExitCode::SUCCESS
-            } else {
-                std::process::ExitCode::FAILURE
-            }
-        }
-        Err(error) => {
-            eprintln!("error: {error}");
-            std::process::ExitCode::FAILURE
-        }
-    }
+    outbox_examples::run_example(outbox_examples::commerce_notifications::run(), |s| {
+        s.lost == 0 && s.billed_twice == 0
+    })
 }

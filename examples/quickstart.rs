@@ -12,24 +12,6 @@
 //! for good (a dead letter). The last line sums up what the receiver saw.
 
 fn main() -> std::process::ExitCode {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    match runtime.block_on(outbox_examples::quickstart::run(
-        std::env::temp_dir().join("outbox-quickstart"),
-    )) {
-        Ok(summary) => {
-            println!("{summary}");
-            if summary.lost == 0 {
-                std::process::ExitCode::SUCCESS
-            } else {
-                std::process::ExitCode::FAILURE
-            }
-        }
-        Err(error) => {
-            eprintln!("error: {error}");
-            std::process::ExitCode::FAILURE
-        }
-    }
+    let dir = std::env::temp_dir().join("outbox-quickstart");
+    outbox_examples::run_example(outbox_examples::quickstart::run(dir), |s| s.lost == 0)
 }

@@ -10,22 +10,7 @@
 //! The story is in `examples/src/saas_event_bus.rs`; the last line sums it up.
 
 fn main() -> std::process::ExitCode {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    match runtime.block_on(outbox_examples::saas_event_bus::run()) {
-        Ok(summary) => {
-            println!("{summary}");
-            if summary.lost == 0 && summary.out_of_order == 0 {
-                std::process::ExitCode::SUCCESS
-            } else {
-                std::process::ExitCode::FAILURE
-            }
-        }
-        Err(error) => {
-            eprintln!("error: {error}");
-            std::process::ExitCode::FAILURE
-        }
-    }
+    outbox_examples::run_example(outbox_examples::saas_event_bus::run(), |s| {
+        s.lost == 0 && s.out_of_order == 0
+    })
 }

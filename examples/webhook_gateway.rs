@@ -13,23 +13,8 @@
 //! the test `examples/tests/webhook_gateway.rs` runs that command with the CLI binary.
 
 fn main() -> std::process::ExitCode {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
     let replay = outbox_examples::webhook_gateway::Replay::Api;
-    match runtime.block_on(outbox_examples::webhook_gateway::run(replay)) {
-        Ok(summary) => {
-            println!("{summary}");
-            if summary.lost == 0 {
-                std::process::ExitCode::SUCCESS
-            } else {
-                std::process::ExitCode::FAILURE
-            }
-        }
-        Err(error) => {
-            eprintln!("error: {error}");
-            std::process::ExitCode::FAILURE
-        }
-    }
+    outbox_examples::run_example(outbox_examples::webhook_gateway::run(replay), |s| {
+        s.lost == 0
+    })
 }

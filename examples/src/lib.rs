@@ -6,3 +6,33 @@ pub mod saas_event_bus;
 pub mod webhook_gateway;
 
 mod support;
+
+/// Runs an example's story on a fresh runtime, prints its summary line, and exits with
+/// success only when `healthy` approves the summary.
+pub fn run_example<S, E>(
+    story: impl std::future::Future<Output = Result<S, E>>,
+    healthy: impl FnOnce(&S) -> bool,
+) -> std::process::ExitCode
+where
+    S: std::fmt::Display,
+    E: std::fmt::Display,
+{
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    match runtime.block_on(story) {
+        Ok(summary) => {
+            println!("{summary}");
+            if healthy(&summary) {
+                std::process::ExitCode::SUCCESS
+            } else {
+                std::process::ExitCode::FAILURE
+            }
+        }
+        Err(error) => {
+            eprintln!("error: {error}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

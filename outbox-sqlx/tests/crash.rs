@@ -190,18 +190,5 @@ fn main() {
         runtime.block_on(child(table.to_owned(), received.to_owned()));
         return;
     }
-    // Honour a name filter like libtest does, so `cargo test other_test` skips this.
-    let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
-    if filter.is_some_and(|f| !"crash_recovery_after_sigkill".contains(&f)) {
-        println!("test result: ok. 0 passed; 0 failed; 0 ignored; 0 measured; 1 filtered out");
-        return;
-    }
-    let started = Instant::now();
-    println!("running 1 test");
-    runtime.block_on(parent());
-    println!("test crash_recovery_after_sigkill ... ok");
-    println!(
-        "\ntest result: ok. 1 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out; finished in {:.2}s\n",
-        started.elapsed().as_secs_f64()
-    );
+    common::run_single_test("crash_recovery_after_sigkill", &runtime, parent());
 }

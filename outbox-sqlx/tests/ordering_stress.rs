@@ -262,17 +262,5 @@ fn main() {
         ));
         return;
     }
-    let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
-    if filter.is_some_and(|f| !"per_key_order_under_stress".contains(&f)) {
-        println!("test result: ok. 0 passed; 0 failed; 0 ignored; 0 measured; 1 filtered out");
-        return;
-    }
-    let started = Instant::now();
-    println!("running 1 test");
-    runtime.block_on(parent());
-    println!("test per_key_order_under_stress ... ok");
-    println!(
-        "\ntest result: ok. 1 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out; finished in {:.2}s\n",
-        started.elapsed().as_secs_f64()
-    );
+    common::run_single_test("per_key_order_under_stress", &runtime, parent());
 }

@@ -29,3 +29,25 @@ pub fn message(destination: &str, n: u64) -> NewMessage {
         .build()
         .expect("valid message")
 }
+
+/// The body of a `harness = false` test file holding one test: honours a name filter the
+/// way libtest does, runs `test`, and prints libtest's lines so runners can read them.
+pub fn run_single_test(
+    name: &str,
+    runtime: &tokio::runtime::Runtime,
+    test: impl std::future::Future<Output = ()>,
+) {
+    let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
+    if filter.is_some_and(|f| !name.contains(&f)) {
+        println!("test result: ok. 0 passed; 0 failed; 0 ignored; 0 measured; 1 filtered out");
+        return;
+    }
+    let started = std::time::Instant::now();
+    println!("running 1 test");
+    runtime.block_on(test);
+    println!("test {name} ... ok");
+    println!(
+        "\ntest result: ok. 1 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out; finished in {:.2}s\n",
+        started.elapsed().as_secs_f64()
+    );
+}
