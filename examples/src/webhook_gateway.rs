@@ -744,8 +744,10 @@ async fn replay_with_cli(
             command.arg("--dry-run");
         }
         // The CLI reads OUTBOX_CONFIG; this run names its store on the command line.
-        command.env_remove("OUTBOX_CONFIG");
-        let output = command.output().await?;
+        command.env_remove("OUTBOX_CONFIG").kill_on_drop(true);
+        let output = tokio::time::timeout(Duration::from_secs(60), command.output())
+            .await
+            .map_err(|_| "`outbox dead replay` did not finish within 60 s")??;
         let stdout = String::from_utf8_lossy(&output.stdout).trim().to_owned();
         if !output.status.success() {
             return Err(format!(

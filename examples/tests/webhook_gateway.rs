@@ -8,8 +8,8 @@ use outbox_examples::webhook_gateway::{GLOBEX_COOL_DOWN, Replay, run};
 
 const SUMMARY: &str = "accepted=5 retried_posts=1 rejected=1 committed_before_ack=5 deliveries=13 dead=5 replayed=5 delivered=13 circuit_opened=true lost=0";
 
-/// The `outbox` binary of `outbox-cli`: `$OUTBOX_CLI`, or built now into this test's
-/// target directory (a no-op when it is up to date).
+/// The `outbox` binary of `outbox-cli`: `$OUTBOX_CLI` (`scripts/test.sh` sets it to the
+/// binary its test build made), or built now into this test's target directory.
 fn outbox_cli() -> PathBuf {
     if let Some(path) = std::env::var_os("OUTBOX_CLI") {
         return path.into();
@@ -28,8 +28,17 @@ fn outbox_cli() -> PathBuf {
     if profile_dir.ends_with("release") {
         build.arg("--release");
     }
-    let status = build.status().expect("run cargo to build the outbox CLI");
-    assert!(status.success(), "building the outbox CLI failed: {status}");
+    let output = outbox_test_support::output_within(
+        "cargo build -p outbox-cli",
+        std::time::Duration::from_secs(600),
+        &mut build,
+    );
+    assert!(
+        output.status.success(),
+        "building the outbox CLI failed: {}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
     let binary = profile_dir.join(format!("outbox{}", std::env::consts::EXE_SUFFIX));
     assert!(binary.exists(), "{} was not built", binary.display());
     binary

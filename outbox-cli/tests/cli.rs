@@ -15,11 +15,13 @@ fn url() -> String {
 }
 
 fn outbox_cmd(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_outbox"))
-        .args(args)
-        .env_remove("OUTBOX_CONFIG")
-        .output()
-        .expect("run outbox")
+    outbox_test_support::output_within(
+        &format!("outbox {}", args.join(" ")),
+        Duration::from_secs(60),
+        Command::new(env!("CARGO_BIN_EXE_outbox"))
+            .args(args)
+            .env_remove("OUTBOX_CONFIG"),
+    )
 }
 
 fn stdout(o: &Output) -> String {

@@ -2,13 +2,14 @@
 //! route's configuration changed; it serves `/metrics` and `/healthz` meanwhile and stops
 //! gracefully on SIGTERM.
 
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use outbox::NewMessage;
 use outbox::sqlx_store::TableNames;
 use outbox::sqlx_store::postgres::PgOutbox;
+use outbox_test_support::{ChildGuard, wait_for, wait_until};
 
 /// A stream entry as XRANGE returns it: entry id and field/value pairs.
 type StreamEntry = (String, Vec<(String, Vec<u8>)>);
@@ -17,48 +18,50 @@ fn env_or(var: &str, default: &str) -> String {
     std::env::var(var).unwrap_or_else(|_| default.to_owned())
 }
 
-fn start_relay(config: &std::path::Path) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_outbox"))
-        .args(["--config", config.to_str().unwrap(), "relay"])
-        .env_remove("OUTBOX_CONFIG")
-        .stdin(Stdio::null())
-        .spawn()
-        .expect("start outbox relay")
+const LIMIT: Duration = Duration::from_secs(30);
+
+fn start_relay(config: &std::path::Path) -> ChildGuard {
+    ChildGuard::spawn(
+        "outbox relay",
+        Command::new(env!("CARGO_BIN_EXE_outbox"))
+            .args(["--config", config.to_str().unwrap(), "relay"])
+            .env_remove("OUTBOX_CONFIG"),
+    )
 }
 
-fn stop_gracefully(mut relay: Child) {
-    let status = Command::new("kill")
-        .args(["-TERM", &relay.id().to_string()])
-        .status()
-        .expect("kill");
-    assert!(status.success());
-    let exit = relay.wait().expect("wait");
+fn stop_gracefully(mut relay: ChildGuard) {
+    let exit = relay.terminate(LIMIT);
     assert!(
-        exit.success(),
+        exit.is_some_and(|e| e.success()),
         "the relay exits cleanly on SIGTERM: {exit:?}"
     );
 }
 
-async fn wait_until(what: &str, mut done: impl AsyncFnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !done().await {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
+/// The whole response, or an empty string when the relay does not answer (yet).
+async fn http_get(addr: &str, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let exchange = async {
+        let mut socket = tokio::net::TcpStream::connect(addr).await?;
+        let request = format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n");
+        socket.write_all(request.as_bytes()).await?;
+        let mut response = String::new();
+        socket.read_to_string(&mut response).await?;
+        std::io::Result::Ok(response)
+    };
+    match tokio::time::timeout(Duration::from_secs(5), exchange).await {
+        Ok(Ok(response)) => response,
+        _ => String::new(),
     }
 }
 
-async fn http_get(addr: &str, path: &str) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut socket = tokio::net::TcpStream::connect(addr)
-        .await
-        .expect("connect metrics");
-    socket
-        .write_all(format!("GET {path} HTTP/1.1\r\nhost: x\r\n\r\n").as_bytes())
-        .await
-        .unwrap();
-    let mut response = String::new();
-    socket.read_to_string(&mut response).await.unwrap();
-    response
+/// The sum of `outbox_messages_published_total` over its labels, once the counter exists.
+fn published_total(metrics: &str) -> Option<f64> {
+    let values: Vec<f64> = metrics
+        .lines()
+        .filter(|l| l.starts_with("outbox_messages_published_total"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+        .collect();
+    (!values.is_empty()).then(|| values.iter().sum())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -137,12 +140,16 @@ async fn one_relay_binary_publishes_to_http_then_redis_by_config_only() {
     .unwrap();
     let first = enqueue(5).await;
     let relay = start_relay(&config);
-    wait_until("5 HTTP deliveries", async || got.lock().unwrap().len() >= 5).await;
-    let metrics = http_get(&metrics_addr, "/metrics").await;
-    assert!(
-        metrics.contains("outbox_messages_published_total"),
-        "{metrics}"
-    );
+    wait_until("5 HTTP deliveries", LIMIT, || async {
+        got.lock().unwrap().len() >= 5
+    })
+    .await;
+    // The receiver has every message before the relay records the completion: wait for
+    // the completion, as /metrics reports it.
+    wait_for("5 publications on /metrics", LIMIT, || async {
+        published_total(&http_get(&metrics_addr, "/metrics").await).filter(|n| *n >= 5.0)
+    })
+    .await;
     assert!(
         http_get(&metrics_addr, "/healthz")
             .await
@@ -170,13 +177,17 @@ async fn one_relay_binary_publishes_to_http_then_redis_by_config_only() {
         .unwrap_or_else(|e| {
             panic!("Redis is not reachable at {redis_url} ({e}); run scripts/services.sh")
         });
-    wait_until("5 stream entries", async || {
-        let len: usize = redis::cmd("XLEN")
-            .arg(&stream)
-            .query_async(&mut redis)
-            .await
-            .unwrap_or(0);
-        len >= 5
+    wait_until("5 stream entries", LIMIT, || {
+        let mut redis = redis.clone();
+        let stream = stream.clone();
+        async move {
+            let len: usize = redis::cmd("XLEN")
+                .arg(&stream)
+                .query_async(&mut redis)
+                .await
+                .unwrap_or(0);
+            len >= 5
+        }
     })
     .await;
     stop_gracefully(relay);

@@ -5,12 +5,13 @@
 //! This file is its own test harness (`harness = false`): run without arguments it is the
 //! test; with `OUTBOX_CRASH_CHILD` set it is the child relay that gets killed.
 
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use outbox_core::{Failure, Message, Outcome, Relay, RetryPolicy, Sink, StoreStats};
 use outbox_sqlx::TableNames;
 use outbox_sqlx::postgres::PgOutbox;
+use outbox_test_support::ChildGuard;
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 
@@ -109,11 +110,11 @@ async fn parent() {
     outbox.enqueue_all(&mut tx, &messages).await.unwrap();
     tx.commit().await.unwrap();
 
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .env("OUTBOX_CRASH_CHILD", format!("{table} {received}"))
-        .stdin(Stdio::null())
-        .spawn()
-        .expect("spawn child relay");
+    let mut child = ChildGuard::spawn(
+        "child relay",
+        Command::new(std::env::current_exe().unwrap())
+            .env("OUTBOX_CRASH_CHILD", format!("{table} {received}")),
+    );
     // Wait until the child has published some rows and holds leases on others.
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
@@ -127,8 +128,7 @@ async fn parent() {
         assert!(Instant::now() < deadline, "child relay made no progress");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    child.kill().expect("SIGKILL the child"); // std sends SIGKILL on Unix
-    let status = child.wait().unwrap();
+    let status = child.kill(); // SIGKILL
     assert!(!status.success(), "the child died by the signal");
     let leased_at_kill = leased_by(&pool, &table, "doomed-child").await;
     assert!(
@@ -186,9 +186,12 @@ fn main() {
         .build()
         .unwrap();
     if let Ok(tables) = std::env::var("OUTBOX_CRASH_CHILD") {
+        outbox_test_support::exit_with_parent();
         let (table, received) = tables.split_once(' ').expect("two table names");
         runtime.block_on(child(table.to_owned(), received.to_owned()));
         return;
     }
-    common::run_single_test("crash_recovery_after_sigkill", &runtime, parent());
+    outbox_test_support::run_single_test("crash_recovery_after_sigkill", move || {
+        runtime.block_on(parent())
+    });
 }

@@ -9,7 +9,7 @@
 //!
 //! Its own harness (`harness = false`): with `OUTBOX_ORDER_CHILD` set it is a relay child.
 
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use outbox_core::{
@@ -18,6 +18,7 @@ use outbox_core::{
 };
 use outbox_sqlx::TableNames;
 use outbox_sqlx::postgres::PgOutbox;
+use outbox_test_support::ChildGuard;
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 
@@ -98,15 +99,14 @@ async fn child(table: String, received: String, owner: String) {
         .await; // never outlive a failed parent
 }
 
-fn spawn_relay(table: &str, received: &str, n: usize) -> Child {
-    Command::new(std::env::current_exe().unwrap())
-        .env(
+fn spawn_relay(table: &str, received: &str, n: usize) -> ChildGuard {
+    ChildGuard::spawn(
+        format!("relay-{n}"),
+        Command::new(std::env::current_exe().unwrap()).env(
             "OUTBOX_ORDER_CHILD",
             format!("{table} {received} relay-{n}"),
-        )
-        .stdin(Stdio::null())
-        .spawn()
-        .expect("spawn relay process")
+        ),
+    )
 }
 
 async fn produce(pool: PgPool, outbox: PgOutbox, versions: String, mut keys: Vec<usize>) {
@@ -161,7 +161,7 @@ async fn parent() {
     .await
     .unwrap();
 
-    let mut relays: Vec<Child> = (0..RELAYS)
+    let mut relays: Vec<ChildGuard> = (0..RELAYS)
         .map(|n| spawn_relay(&table, &received, n))
         .collect();
     // Each producer owns a share of the work: every key appears PER_KEY times overall.
@@ -194,8 +194,7 @@ async fn parent() {
         );
         if stats.leased > 0 && kills < 12 {
             let victim = fastrand::usize(..RELAYS);
-            relays[victim].kill().expect("SIGKILL");
-            relays[victim].wait().unwrap();
+            relays[victim].kill();
             kills += 1;
             relays[victim] = spawn_relay(&table, &received, spawned);
             spawned += 1;
@@ -204,10 +203,7 @@ async fn parent() {
     while let Some(done) = producers.join_next().await {
         done.expect("producer");
     }
-    for mut relay in relays {
-        let _ = relay.kill();
-        let _ = relay.wait();
-    }
+    drop(relays); // kills and reaps every relay process
 
     // First delivery of each id, in arrival order, grouped by key.
     let rows: Vec<(serde_json::Value,)> = sqlx::query_as(&format!(
@@ -254,6 +250,7 @@ fn main() {
         .build()
         .unwrap();
     if let Ok(args) = std::env::var("OUTBOX_ORDER_CHILD") {
+        outbox_test_support::exit_with_parent();
         let parts: Vec<&str> = args.split(' ').collect();
         runtime.block_on(child(
             parts[0].to_owned(),
@@ -262,5 +259,7 @@ fn main() {
         ));
         return;
     }
-    common::run_single_test("per_key_order_under_stress", &runtime, parent());
+    outbox_test_support::run_single_test("per_key_order_under_stress", move || {
+        runtime.block_on(parent())
+    });
 }

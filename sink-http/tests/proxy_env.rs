@@ -8,8 +8,6 @@
 
 mod common;
 
-use std::time::Instant;
-
 use common::{Canary, TestServer, message};
 use outbox_core::Sink;
 use outbox_sink_http::EndpointConfig;
@@ -23,14 +21,16 @@ async fn parent() {
     let canary = Canary::start().await;
     let server = TestServer::start().await;
     let proxy = format!("http://127.0.0.1:{}", canary.port);
-    let output = std::process::Command::new(std::env::current_exe().unwrap())
-        .env("HTTP_PROXY", &proxy)
-        .env("http_proxy", &proxy)
-        .env("HTTPS_PROXY", &proxy)
-        .env("ALL_PROXY", &proxy)
-        .env("OUTBOX_PROXY_TEST_URL", server.url("/via-direct"))
-        .output()
-        .unwrap();
+    let output = outbox_test_support::output_within(
+        "the publishing child",
+        std::time::Duration::from_secs(60),
+        std::process::Command::new(std::env::current_exe().unwrap())
+            .env("HTTP_PROXY", &proxy)
+            .env("http_proxy", &proxy)
+            .env("HTTPS_PROXY", &proxy)
+            .env("ALL_PROXY", &proxy)
+            .env("OUTBOX_PROXY_TEST_URL", server.url("/via-direct")),
+    );
     assert!(
         output.status.success(),
         "child failed:\n{}{}",
@@ -51,17 +51,7 @@ fn main() {
         runtime.block_on(child(url));
         return;
     }
-    let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
-    if filter.is_some_and(|f| !"proxies_from_the_environment_are_ignored".contains(&f)) {
-        println!("test result: ok. 0 passed; 0 failed; 0 ignored; 0 measured; 1 filtered out");
-        return;
-    }
-    let started = Instant::now();
-    println!("running 1 test");
-    runtime.block_on(parent());
-    println!("test proxies_from_the_environment_are_ignored ... ok");
-    println!(
-        "\ntest result: ok. 1 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out; finished in {:.2}s\n",
-        started.elapsed().as_secs_f64()
-    );
+    outbox_test_support::run_single_test("proxies_from_the_environment_are_ignored", move || {
+        runtime.block_on(parent())
+    });
 }

@@ -5,12 +5,13 @@
 use std::collections::BTreeMap;
 use std::net::TcpListener;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use outbox_core::testkit::Delivered;
 use outbox_sink_redis::redis::{self, Value, aio::MultiplexedConnection};
 use outbox_sink_redis::{RedisSink, RedisSinkConfig, RedisSinkError};
+use outbox_test_support::ChildGuard;
 
 pub const URL_VAR: &str = "OUTBOX_TEST_REDIS_URL";
 pub const DEFAULT_URL: &str = "redis://127.0.0.1:6379/";
@@ -170,16 +171,12 @@ pub async fn del(conn: &mut MultiplexedConnection, keys: &[String]) {
 }
 
 /// Waits until `check` is true, polling, or panics after `limit` with `what`.
-pub async fn eventually<F, Fut>(limit: Duration, what: &str, mut check: F)
+pub async fn eventually<F, Fut>(limit: Duration, what: &str, check: F)
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
-    let start = Instant::now();
-    while !check().await {
-        assert!(start.elapsed() < limit, "timed out after {limit:?}: {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    outbox_test_support::wait_until(what, limit, check).await
 }
 
 /// A `redis-server` of this test's own on a free loopback port, with the AOF in a private
@@ -190,7 +187,7 @@ pub struct OwnRedis {
     pub dir: PathBuf,
     extra: Vec<String>,
     tls: bool,
-    child: Option<Child>,
+    child: Option<ChildGuard>,
 }
 
 impl OwnRedis {
@@ -258,17 +255,18 @@ impl OwnRedis {
         } else {
             command.args(["--port", &self.port.to_string()]);
         }
-        let child = command
-            .args(["--bind", "127.0.0.1"])
-            .args(["--save", ""])
-            .args(["--appendonly", "yes"])
-            .args(["--appendfsync", "always"])
-            .args(["--dir", self.dir.to_str().unwrap()])
-            .args(&self.extra)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start redis-server");
+        let child = ChildGuard::spawn(
+            format!("redis-server on port {}", self.port),
+            command
+                .args(["--bind", "127.0.0.1"])
+                .args(["--save", ""])
+                .args(["--appendonly", "yes"])
+                .args(["--appendfsync", "always"])
+                .args(["--dir", self.dir.to_str().unwrap()])
+                .args(&self.extra)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null()),
+        );
         self.child = Some(child);
         if self.tls {
             // Listening is enough: an empty server is ready as soon as it accepts.
@@ -312,8 +310,7 @@ impl OwnRedis {
     /// SIGKILL: no shutdown, no final save.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
+            child.kill();
         }
     }
 
