@@ -1,6 +1,6 @@
 //! A complete in-memory [`Store`], for tests and examples.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use chrono::{DateTime, Utc};
@@ -207,7 +207,10 @@ impl MemoryStore {
             }
             let entry = rows.get_mut(id).expect("active ids have rows");
             let is_head = match (&heads, &entry.message.partition_key, entry.seq) {
-                (Some(heads), Some(key), Some(seq)) => heads.get(key) == Some(&seq),
+                (Some(heads), Some(key), Some(seq)) => {
+                    let scoped = (entry.message.destination.clone(), key.clone());
+                    heads.get(&scoped) == Some(&seq)
+                }
                 _ => true,
             };
             if is_head
@@ -254,10 +257,11 @@ impl MemoryStore {
 }
 
 impl Inner {
-    /// The lowest sequence number per key among rows that hold the key back: pending and
-    /// leased rows, and dead ones under [`DeadHead::Halt`].
-    fn key_heads(&self, policy: DeadHead) -> HashMap<String, u64> {
-        let mut heads: HashMap<String, u64> = HashMap::new();
+    /// The lowest sequence number per (destination, key) among rows that hold the key
+    /// back: pending and leased rows, and dead ones under [`DeadHead::Halt`]. Keys are
+    /// scoped per destination: one key fanned out to two destinations is two sequences.
+    fn key_heads(&self, policy: DeadHead) -> HashMap<(String, String), u64> {
+        let mut heads: HashMap<(String, String), u64> = HashMap::new();
         let blocking = self.rows.values().filter(|e| match e.row.status() {
             Status::Pending | Status::Leased => true,
             Status::Dead => policy == DeadHead::Halt,
@@ -265,41 +269,41 @@ impl Inner {
         });
         for entry in blocking {
             if let (Some(key), Some(seq)) = (&entry.message.partition_key, entry.seq) {
-                let head = heads.entry(key.clone()).or_insert(seq);
+                let head = heads
+                    .entry((entry.message.destination.clone(), key.clone()))
+                    .or_insert(seq);
                 *head = (*head).min(seq);
             }
         }
         heads
     }
 
-    /// Keys with a dead row followed by an unfinished one, counted under the destination
-    /// of the (first) dead row, as the SQL stores do.
+    /// Per destination, its keys with a dead row followed by an unfinished one.
     fn halted_keys(&self) -> HashMap<String, u64> {
-        let mut first_dead: HashMap<&str, (u64, &str)> = HashMap::new();
+        let mut first_dead: HashMap<(&str, &str), u64> = HashMap::new();
         for e in self.rows.values() {
             if let (Status::Dead, Some(key), Some(seq)) =
                 (e.row.status(), &e.message.partition_key, e.seq)
             {
-                let entry = first_dead
-                    .entry(key)
-                    .or_insert((seq, &e.message.destination));
-                if seq < entry.0 {
-                    *entry = (seq, &e.message.destination);
-                }
+                let first = first_dead
+                    .entry((e.message.destination.as_str(), key.as_str()))
+                    .or_insert(seq);
+                *first = (*first).min(seq);
             }
         }
-        let mut halted: HashMap<&str, &str> = HashMap::new();
+        let mut halted: HashSet<(&str, &str)> = HashSet::new();
         for e in self.rows.values() {
             if let (Status::Pending | Status::Leased, Some(key), Some(seq)) =
                 (e.row.status(), &e.message.partition_key, e.seq)
-                && let Some((dead_seq, destination)) = first_dead.get(key.as_str())
-                && *dead_seq < seq
             {
-                halted.insert(key, destination);
+                let scoped = (e.message.destination.as_str(), key.as_str());
+                if first_dead.get(&scoped).is_some_and(|dead| *dead < seq) {
+                    halted.insert(scoped);
+                }
             }
         }
         let mut per_destination = HashMap::new();
-        for destination in halted.into_values() {
+        for (destination, _) in halted {
             *per_destination.entry(destination.to_owned()).or_default() += 1;
         }
         per_destination

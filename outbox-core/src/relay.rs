@@ -48,7 +48,7 @@ pub struct RelayBuilder<S> {
     publish_timeout: Option<Duration>,
     poll_interval: Duration,
     shutdown_grace: Duration,
-    claim_only_routed: bool,
+    dead_letter_unrouted: bool,
     wakeup: Option<Wakeup>,
     retry: RetryPolicy,
     ordering: Ordering,
@@ -67,7 +67,7 @@ impl<S: Store> RelayBuilder<S> {
             publish_timeout: None,
             poll_interval: Duration::from_secs(1),
             shutdown_grace: Duration::from_secs(10),
-            claim_only_routed: false,
+            dead_letter_unrouted: false,
             wakeup: None,
             retry: RetryPolicy::default(),
             ordering: Ordering::Unordered,
@@ -132,10 +132,15 @@ impl<S: Store> RelayBuilder<S> {
         self
     }
 
-    /// Claims only destinations that have a route, leaving the others to other relays.
-    /// Off by default: an unrouted destination is then dead-lettered as a permanent error.
-    pub fn claim_only_routed(mut self, enabled: bool) -> Self {
-        self.claim_only_routed = enabled;
+    /// Claims every destination, and dead-letters the messages of destinations that have
+    /// no route as a permanent `unknown_destination` failure.
+    ///
+    /// Off by default: a relay claims only the destinations it routes and leaves the
+    /// others to the relays that route them, so several relays with different routes can
+    /// share one table. Turn it on only for a relay that is the table's sole reader, to
+    /// surface messages written for a destination nobody serves.
+    pub fn dead_letter_unrouted(mut self, enabled: bool) -> Self {
+        self.dead_letter_unrouted = enabled;
         self
     }
 
@@ -155,8 +160,8 @@ impl<S: Store> RelayBuilder<S> {
     /// The ordering mode (default [`Ordering::Unordered`]). With
     /// [`Ordering::PerKey`] the store hands out only the oldest unfinished message of
     /// each key, so a key never has two messages in flight and a failing message holds
-    /// back only its own key. Per route: run one relay per ordering mode, each with
-    /// [`claim_only_routed`](Self::claim_only_routed).
+    /// back only its own key. Per route: run one relay per ordering mode, each routing
+    /// its own destinations.
     pub fn ordering(mut self, ordering: Ordering) -> Self {
         self.ordering = ordering;
         self
@@ -207,7 +212,7 @@ impl<S: Store> RelayBuilder<S> {
         destinations.sort();
         let mut claim =
             ClaimRequest::new(self.owner, self.batch_size, self.lease).ordering(self.ordering);
-        if self.claim_only_routed {
+        if !self.dead_letter_unrouted {
             claim = claim.destinations(destinations);
         }
         Ok(Relay {

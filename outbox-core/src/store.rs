@@ -21,9 +21,12 @@ pub enum Ordering {
     /// No ordering: any message may be published as soon as it is due. Highest throughput.
     #[default]
     Unordered,
-    /// Messages with the same partition key are published one at a time, in commit order:
-    /// a message is claimed only when every earlier message of its key is finished.
-    /// Messages without a partition key are unordered. Different keys run in parallel.
+    /// Messages with the same partition key and the same destination are published one at
+    /// a time, in commit order: a message is claimed only when every earlier message of
+    /// its key on its destination is finished. Messages without a partition key are
+    /// unordered. Different keys run in parallel, and so does one key on two
+    /// destinations (one aggregate's events fanned out to two endpoints are two
+    /// independent sequences).
     PerKey(DeadHead),
 }
 
@@ -190,7 +193,7 @@ pub struct CompleteReport {
 /// - [`complete`](Store::complete) and [`release`](Store::release) change a row only if
 ///   it is still leased with the given token, and report every other row as stale.
 /// - With [`Ordering::PerKey`], a row with a partition key is claimed only when every row
-///   of the same key committed before it is finished (published, or dead under
+///   of the same key and destination committed before it is finished (published, or dead under
 ///   [`DeadHead::Skip`]); the store defines "committed before" so that it equals commit
 ///   order, whatever order the ids were assigned in.
 /// - Time (due, lease deadlines, backoff) is measured by the store's clock, so relays on

@@ -46,13 +46,14 @@ async fn publishes_and_marks_only_after_ack() {
 }
 
 #[tokio::test]
-async fn unknown_destination_is_dead_lettered_not_a_crash() {
+async fn unknown_destination_is_dead_lettered_when_asked() {
     let store = MemoryStore::new();
     let lost = store.enqueue(msg("nowhere", "x")).unwrap();
     let fine = store.enqueue(msg("orders", "y")).unwrap();
     let sink = RecordingSink::new();
     let relay = Relay::builder(store.clone())
         .route("orders", sink.clone())
+        .dead_letter_unrouted(true)
         .build()
         .unwrap();
     let report = relay.drain().await.unwrap();
@@ -68,17 +69,67 @@ async fn unknown_destination_is_dead_lettered_not_a_crash() {
 }
 
 #[tokio::test]
-async fn claim_only_routed_leaves_other_destinations_alone() {
+async fn a_relay_leaves_destinations_it_does_not_route_alone_by_default() {
     let store = MemoryStore::new();
     let other = store.enqueue(msg("someone-else", "x")).unwrap();
     store.enqueue(msg("orders", "y")).unwrap();
     let relay = Relay::builder(store.clone())
         .route("orders", RecordingSink::new())
-        .claim_only_routed(true)
         .build()
         .unwrap();
-    assert_eq!(relay.drain().await.unwrap().published, 1);
+    let report = relay.drain().await.unwrap();
+    assert_eq!((report.claimed, report.published, report.dead), (1, 1, 0));
     assert_eq!(status(&store, other), Status::Pending);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_running_relays_with_disjoint_routes_share_a_table() {
+    let store = MemoryStore::new();
+    let ids: Vec<_> = (0..200)
+        .map(|n| {
+            let destination = if n % 2 == 0 { "sms" } else { "email" };
+            store.enqueue(msg(destination, "x")).unwrap()
+        })
+        .collect();
+    let (sms, email) = (RecordingSink::new(), RecordingSink::new());
+    let relay = |destination: &str, sink: &RecordingSink| {
+        Relay::builder(store.clone())
+            .route(destination, sink.clone())
+            .batch_size(7)
+            .concurrency(2)
+            .poll_interval(Duration::from_millis(5))
+            .build()
+            .unwrap()
+    };
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let until_stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|stop| *stop).await;
+    };
+    let a = tokio::spawn(relay("sms", &sms).run(until_stopped(stopped.clone())));
+    let b = tokio::spawn(relay("email", &email).run(until_stopped(stopped)));
+    assert!(
+        sms.wait_for(100, Duration::from_secs(20)).await,
+        "sms got its 100"
+    );
+    assert!(
+        email.wait_for(100, Duration::from_secs(20)).await,
+        "email got its 100"
+    );
+    outbox_test_support::wait_until("every row published", Duration::from_secs(20), || async {
+        ids.iter()
+            .all(|id| status(&store, *id) == Status::Published)
+    })
+    .await;
+    stop.send(true).unwrap();
+    a.await.unwrap();
+    b.await.unwrap();
+    assert!(sms.messages().iter().all(|m| m.destination == "sms"));
+    assert!(email.messages().iter().all(|m| m.destination == "email"));
+    assert_eq!(
+        store.ids_with_status(Status::Dead).len(),
+        0,
+        "no relay dead-lettered the other's rows"
+    );
 }
 
 #[tokio::test]

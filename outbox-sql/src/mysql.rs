@@ -61,10 +61,10 @@
 //! must number keyed rows the same way, or they are unordered.
 //!
 //! An ordered claim (`claim_select_ordered`) takes a keyed row only if no row of its key
-//! with a lower `seq` is pending or leased (or dead, under `halt`): its `seq` is at most
-//! the lowest `seq` of its key in each of those states, each found by one dive into the
-//! `(partition_key, status, seq)` index, so the check costs the same however long the
-//! key's history or backlog. Those subqueries are plain consistent reads: the
+//! and destination with a lower `seq` is pending or leased (or dead, under `halt`): its
+//! `seq` is at most the lowest `seq` of its key and destination in each of those states,
+//! each found by one dive into the `(partition_key, status, seq)` index, so the check
+//! costs the same however long the key's history or backlog. Those subqueries are plain consistent reads: the
 //! statement's `FOR UPDATE SKIP LOCKED` applies to the outer rows only, so a head another
 //! relay is claiming right now is skipped but still seen by the subqueries (checked on
 //! MariaDB 10.11; MySQL documents that a locking clause does not reach nested
@@ -270,7 +270,7 @@ impl Statements {
         self.select_due(destinations, &format!("AND {} ", self.head_condition(halt)))
     }
 
-    /// `d` has no key, or no row of its key with a lower `seq` holds the key back: `d.seq`
+    /// `d` has no key, or no row of its key and destination with a lower `seq` holds the key back: `d.seq`
     /// is at most the lowest `seq` of the key in each holding status (pending, leased, and
     /// dead when `halt`). Each lowest `seq` is one dive into the key index, `(partition_key,
     /// status, seq)`, by `ORDER BY seq LIMIT 1`; a `NOT EXISTS (… p.seq < d.seq)` would
@@ -425,7 +425,7 @@ fn qualified_columns() -> String {
 /// The `seq` of one end of a key's rows in one status: `{status}` and `{order}` are filled
 /// in. The key index is forced: with few rows in a status, the optimizer would rather
 /// read that status off the `(status, published_at)` index and sort.
-const KEY_SEQ: &str = "(SELECT p.seq FROM {outbox} AS p FORCE INDEX ({outbox_key_idx}) WHERE p.partition_key = d.partition_key AND p.status = '{status}' ORDER BY p.seq {order} LIMIT 1)";
+const KEY_SEQ: &str = "(SELECT p.seq FROM {outbox} AS p FORCE INDEX ({outbox_key_idx}) WHERE p.partition_key = d.partition_key AND p.destination = d.destination AND p.status = '{status}' ORDER BY p.seq {order} LIMIT 1)";
 
 // A dead row halts its key when the key's highest pending or leased `seq` is above it
 // (one dive into the key index per status, as in `head_condition`).

@@ -163,18 +163,18 @@ fn claim(filter: &str, ordering: &str) -> String {
         .replace("{ordering}", ordering)
 }
 
-/// A row is claimable only when no row of its key with a lower `seq` still holds the key:
+/// A row is claimable only when no row of its key and destination with a lower `seq` still holds the key:
 /// pending or leased, and dead too when `dead` is `, 'dead'`.
 fn ordered(dead: &str) -> String {
     format!(
-        "AND (d.seq IS NULL OR NOT EXISTS (SELECT 1 FROM {{outbox}} p WHERE p.partition_key = d.partition_key AND p.seq < d.seq AND p.status IN ('pending', 'leased'{dead})))"
+        "AND (d.seq IS NULL OR NOT EXISTS (SELECT 1 FROM {{outbox}} p WHERE p.partition_key = d.partition_key AND p.destination = d.destination AND p.seq < d.seq AND p.status IN ('pending', 'leased'{dead})))"
     )
 }
 
 const HALTED_KEYS: &str = "SELECT d.destination, count(DISTINCT d.partition_key) AS halted
 FROM {outbox} d
 WHERE d.status = 'dead' AND d.seq IS NOT NULL
-  AND EXISTS (SELECT 1 FROM {outbox} p WHERE p.partition_key = d.partition_key AND p.seq > d.seq AND p.status IN ('pending', 'leased'))
+  AND EXISTS (SELECT 1 FROM {outbox} p WHERE p.partition_key = d.partition_key AND p.destination = d.destination AND p.seq > d.seq AND p.status IN ('pending', 'leased'))
 GROUP BY d.destination";
 
 const RELEASE: &str = "UPDATE {outbox}

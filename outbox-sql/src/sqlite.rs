@@ -38,7 +38,7 @@
 //! matters. Anything else that writes the table must number keyed rows the same way, or
 //! they are unordered.
 //!
-//! [`Statements::claim_ordered`] takes a keyed row only if no row of its key with a lower
+//! [`Statements::claim_ordered`] takes a keyed row only if no row of its key and destination with a lower
 //! `seq` is pending or leased (or dead, under [`DeadHead::Halt`](outbox_core::DeadHead)).
 //! The claim is one statement, so it sees one consistent state of the table.
 
@@ -179,17 +179,17 @@ fn claim(filter: &str, ordering: &str) -> String {
 const SKIP: &str = "p.status IN ('pending', 'leased', 'dead') AND p.status <> 'dead'";
 const HALT: &str = "p.status IN ('pending', 'leased', 'dead')";
 
-/// A row is claimable only when no row of its key with a lower `seq` holds the key back.
+/// A row is claimable only when no row of its key and destination with a lower `seq` holds the key back.
 fn ordered(holding: &str) -> String {
     format!(
-        "AND (d.seq IS NULL OR NOT EXISTS (SELECT 1 FROM {{outbox}} AS p WHERE p.partition_key = d.partition_key AND p.seq < d.seq AND {holding}))"
+        "AND (d.seq IS NULL OR NOT EXISTS (SELECT 1 FROM {{outbox}} AS p WHERE p.partition_key = d.partition_key AND p.destination = d.destination AND p.seq < d.seq AND {holding}))"
     )
 }
 
 const HALTED_KEYS: &str = "SELECT d.destination, count(DISTINCT d.partition_key) AS halted
 FROM {outbox} AS d
 WHERE d.status = 'dead' AND d.seq IS NOT NULL
-  AND EXISTS (SELECT 1 FROM {outbox} AS p WHERE p.partition_key = d.partition_key AND p.seq > d.seq AND p.status IN ('pending', 'leased', 'dead') AND p.status <> 'dead')
+  AND EXISTS (SELECT 1 FROM {outbox} AS p WHERE p.partition_key = d.partition_key AND p.destination = d.destination AND p.seq > d.seq AND p.status IN ('pending', 'leased', 'dead') AND p.status <> 'dead')
 GROUP BY d.destination";
 
 const NEXT_SEQ: &str = "INSERT INTO {outbox_keys} (partition_key, last_seq) VALUES (?1, ?2)

@@ -279,7 +279,6 @@ async fn delete_on_publish_removes_rows() {
         .unwrap();
     let relay = Relay::builder(h.outbox.clone())
         .route("orders", RecordingSink::new())
-        .claim_only_routed(true)
         .build()
         .unwrap();
     let claim =

@@ -139,8 +139,9 @@ pub struct RelayConfig {
     /// How long shutdown waits for in-flight batches.
     #[serde(with = "duration")]
     pub shutdown_grace: Duration,
-    /// Claim only routed destinations.
-    pub claim_only_routed: bool,
+    /// Claim every destination and dead-letter those without a route (default: claim
+    /// only routed destinations, leaving the rest to other relays).
+    pub dead_letter_unrouted: bool,
     /// `unordered` or `per-key`.
     pub ordering: OrderingSetting,
     /// With `per-key`: `skip` or `halt` on a dead head.
@@ -159,7 +160,7 @@ impl Default for RelayConfig {
             publish_timeout: None,
             poll_interval: Duration::from_secs(1),
             shutdown_grace: Duration::from_secs(10),
-            claim_only_routed: false,
+            dead_letter_unrouted: false,
             ordering: OrderingSetting::Unordered,
             dead_head: DeadHeadSetting::Skip,
             wakeups: true,

@@ -82,7 +82,7 @@ pub async fn build_relay_with<S: Store>(
         .lease(relay.lease)
         .poll_interval(relay.poll_interval)
         .shutdown_grace(relay.shutdown_grace)
-        .claim_only_routed(relay.claim_only_routed)
+        .dead_letter_unrouted(relay.dead_letter_unrouted)
         .ordering(relay.ordering())
         .retry(config.retry.policy());
     if let Some(owner) = &relay.owner {

@@ -725,6 +725,7 @@ where
         dead_heads_skip_or_halt,
         order_is_commit_order_not_id_order,
         unordered_claims_ignore_keys,
+        keys_are_scoped_per_destination,
     );
 }
 
@@ -923,4 +924,55 @@ pub async fn unordered_claims_ignore_keys<H: StoreHarness>(h: &H) {
     let ids: Vec<_> = a.iter().map(NewMessage::id).collect();
     h.enqueue(a).await.expect("enqueue");
     assert_eq!(sorted(claim_ids(h, &request(100)).await.1), sorted(ids));
+}
+
+/// A key's order is owed per destination: the same key on another destination is another
+/// sequence, so a row of a destination nobody serves, or a dead one, holds back only its
+/// own destination's rows of that key.
+pub async fn keys_are_scoped_per_destination<H: StoreHarness>(h: &H) {
+    let on = |destination: &str, n: usize| {
+        NewMessage::builder(destination, "suite.keyed")
+            .json(&serde_json::json!({ "n": n }))
+            .partition_key("shared-key")
+            .build()
+            .expect("valid message")
+    };
+    let (a1, b1, a2, b2) = (on("a", 1), on("b", 1), on("a", 2), on("b", 2));
+    h.enqueue(vec![a1.clone(), b1.clone(), a2.clone(), b2.clone()])
+        .await
+        .expect("enqueue");
+    let only_b = per_key(100, DeadHead::Halt).destinations(vec!["b".into()]);
+    let (token, got) = claim_ids(h, &only_b).await;
+    assert_eq!(
+        got,
+        vec![b1.id()],
+        "b's head is claimable while a's older row of the same key waits"
+    );
+    h.store()
+        .complete(token, &[Completion::published(b1.id())])
+        .await
+        .expect("complete");
+    let everything = per_key(100, DeadHead::Halt);
+    let (token, got) = claim_ids(h, &everything).await;
+    assert_eq!(
+        sorted(got),
+        sorted(vec![a1.id(), b2.id()]),
+        "one head per destination"
+    );
+    let done = [
+        Completion::dead(a1.id(), "400"),
+        Completion::published(b2.id()),
+    ];
+    h.store().complete(token, &done).await.expect("complete");
+    let stats = h.store().stats().await.expect("stats");
+    let halted = |d: &str| stats.destination(d).map_or(0, |d| d.halted_keys);
+    assert_eq!(
+        (halted("a"), halted("b")),
+        (1, 0),
+        "a's dead head halts a's key only"
+    );
+    assert!(
+        claim_ids(h, &everything).await.1.is_empty(),
+        "halt: a2 waits behind the dead a1"
+    );
 }
