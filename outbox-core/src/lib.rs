@@ -60,7 +60,7 @@ pub use sink::{BoxFuture, DynSink, Failure, FailureClass, Outcome, Sink};
 pub use state::{Lease, LeaseToken, Status};
 pub use store::{
     Claim, ClaimRequest, CompleteAction, CompleteReport, Completion, DeadHead, DeadLetter,
-    DeadLetterFilter, DeadLetters, DestinationStats, Ordering, Purge, PurgeRequest, Stats, Store,
-    StoreStats, Wakeups, purge_all,
+    DeadLetterFilter, DeadLetters, DestinationStats, Ordering, Purge, PurgeRequest, Rejected,
+    Stats, Store, StoreStats, Wakeups, purge_all,
 };
 pub use wakeup::{Wakeup, WakeupListener};

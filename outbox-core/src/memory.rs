@@ -221,7 +221,7 @@ impl MemoryStore {
                 messages.push(entry.message.clone());
             }
         }
-        Claim { lease, messages }
+        Claim::new(lease, messages)
     }
 
     fn fenced<F>(&self, ids: impl Iterator<Item = (MessageId, F)>) -> CompleteReport

@@ -392,9 +392,15 @@ impl<S: Store> Inner<S> {
     async fn process_batch(&self) -> Result<BatchReport, StoreError> {
         let claim = self.store.claim(&self.claim).await?;
         let mut report = BatchReport {
-            claimed: claim.messages.len(),
+            claimed: claim.messages.len() + claim.rejected.len(),
+            dead: claim.rejected.len(),
             ..BatchReport::default()
         };
+        for rejected in &claim.rejected {
+            let destination = rejected.destination.as_deref().unwrap_or("");
+            warn!(id = %rejected.id, destination, reason = %rejected.reason, "dead-lettered a row that could not be read as a message");
+            metrics::counter!("outbox_messages_dead_total", "destination" => destination.to_owned(), "class" => FailureClass::Undecodable.as_str()).increment(1);
+        }
         if claim.messages.is_empty() {
             return Ok(report);
         }

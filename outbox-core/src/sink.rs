@@ -29,6 +29,8 @@ pub enum FailureClass {
     Serialization,
     /// The relay has no route for the message's destination.
     UnknownDestination,
+    /// The stored row could not be read as a message (a column has the wrong shape).
+    Undecodable,
     /// The sink is misconfigured.
     Config,
     /// Anything else.
@@ -48,6 +50,7 @@ impl FailureClass {
             Self::Unroutable => "unroutable",
             Self::Serialization => "serialization",
             Self::UnknownDestination => "unknown_destination",
+            Self::Undecodable => "undecodable",
             Self::Config => "config",
             Self::Other => "other",
         }

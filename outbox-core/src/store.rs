@@ -96,6 +96,31 @@ pub struct Claim {
     pub lease: Lease,
     /// The leased messages, oldest first.
     pub messages: Vec<Message>,
+    /// Rows the claim took but could not read as messages (written by another program,
+    /// say); the store dead-lettered each of them with its reason.
+    pub rejected: Vec<Rejected>,
+}
+
+impl Claim {
+    /// A claim of `messages` under `lease`, with nothing rejected.
+    pub fn new(lease: Lease, messages: Vec<Message>) -> Self {
+        Self {
+            lease,
+            messages,
+            rejected: Vec::new(),
+        }
+    }
+}
+
+/// A claimed row that could not be decoded into a [`Message`]; the store dead-lettered it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejected {
+    /// The row's id as stored (it may be the value that could not be decoded).
+    pub id: String,
+    /// The row's destination, when it could be read.
+    pub destination: Option<String>,
+    /// What could not be decoded, naming the column; also the dead letter's reason.
+    pub reason: String,
 }
 
 /// How a leased row ends its attempt.
@@ -190,6 +215,10 @@ pub struct CompleteReport {
 /// - [`claim`](Store::claim) leases up to `batch_size` rows that are pending and due, or
 ///   leased with a lapsed lease, in one atomic step; two concurrent claims never return
 ///   the same row. Each claimed row's `attempts` grows by one. Rows come oldest first.
+/// - A claimed row that cannot be decoded into a [`Message`] (a column another program
+///   wrote with the wrong shape) never fails the claim: the store dead-letters that row
+///   alone, with a reason naming the column, reports it in [`Claim::rejected`], and
+///   returns the rest of the batch.
 /// - [`complete`](Store::complete) and [`release`](Store::release) change a row only if
 ///   it is still leased with the given token, and report every other row as stale.
 /// - With [`Ordering::PerKey`], a row with a partition key is claimed only when every row

@@ -181,6 +181,22 @@ impl TableNames {
                 "{outbox_status_check}",
                 self.outbox.derived("_status_check").quoted(dialect),
             ),
+            (
+                "{outbox_headers_check}",
+                self.outbox.derived("_headers_check").quoted(dialect),
+            ),
+            (
+                "{outbox_id_check}",
+                self.outbox.derived("_id_check").quoted(dialect),
+            ),
+            (
+                "{outbox_check_insert_trg}",
+                self.index(dialect, &self.outbox, "_check_insert"),
+            ),
+            (
+                "{outbox_check_update_trg}",
+                self.index(dialect, &self.outbox, "_check_update"),
+            ),
             ("{inbox}", self.qualified(dialect, &self.inbox)),
             ("{inbox_table}", self.inbox.quoted(dialect)),
             (

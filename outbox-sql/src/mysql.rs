@@ -31,6 +31,7 @@
 //! | [`Statements::publish`], [`Statements::delete_published`], [`Statements::release`] | ids…, token |
 //! | `retry` | delay ms, error, id, token |
 //! | `dead` | reason, id, token |
+//! | `reject` | reason, id: dead-letters a row the claim has locked but cannot read as a message |
 //! | `stats` | none → destination, pending, leased, dead, published, oldest |
 //! | `halted_keys` | none → destination, halted |
 //! | [`Statements::dead_filter`] users | ids…, destinations…, event types…, after?, before?, error? (each only when set in the [`DeadFilterShape`]); `list_dead` adds limit and yields [`MESSAGE_COLUMNS`], `last_error`, `dead_at` |
@@ -157,6 +158,9 @@ pub struct Statements {
     pub defer: String,
     /// Dead-letters one leased row.
     pub dead: String,
+    /// Dead-letters one row locked by a claim (not yet leased) that cannot be read as a
+    /// message; the claim counts as an attempt.
+    pub reject: String,
     /// Counts per destination and state.
     pub stats: String,
     /// Counts halted keys per destination: keys with a dead row followed by unfinished
@@ -223,6 +227,9 @@ impl Statements {
             ),
             dead: r(
                 "UPDATE {outbox} SET status = 'dead', available_at = NULL, dead_at = {now}, last_error = ?, {cleared} WHERE id = ? AND status = 'leased' AND lease_token = ?",
+            ),
+            reject: r(
+                "UPDATE {outbox} SET status = 'dead', available_at = NULL, dead_at = {now}, last_error = ?, attempts = attempts + 1, {cleared} WHERE id = ?",
             ),
             stats: r(STATS),
             halted_keys: r(&HALTED_KEYS

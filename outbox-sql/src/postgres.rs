@@ -33,6 +33,10 @@ pub const OUTBOX_MIGRATIONS: &[(&str, &str)] = &[
         "002_ordering",
         include_str!("../sql/postgres/002_ordering.sql"),
     ),
+    (
+        "003_row_checks",
+        include_str!("../sql/postgres/003_row_checks.sql"),
+    ),
 ];
 /// Migration files of the inbox table.
 pub const INBOX_MIGRATIONS: &[(&str, &str)] =

@@ -15,6 +15,7 @@
 //! | [`Statements::claim_ordered`] | as `claim` / `claim_filtered` |
 //! | `halted_keys` | none → destination, halted |
 //! | `complete` | 1 token, 2 JSON array of `{"id","status","delay_ms","error"}` → returns applied ids |
+//! | `reject` | 1 token, 2 rowid (from the claim), 3 reason: dead-letters a claimed row that cannot be read as a message |
 //! | `delete_published`, `release` | 1 token, 2 ids JSON array → returns affected ids |
 //! | `stats` | none → destination, pending, leased, dead, published, oldest created_at ms |
 //! | dead-letter filter (`list_dead`, `replay_dead`, `discard_dead`) | 1 ids JSON?, 2 destinations JSON?, 3 event types JSON?, 4 created after ms?, 5 created before ms?, 6 error text?; `list_dead` adds 7 limit |
@@ -24,7 +25,8 @@
 //! | `migration_applied`, `record_migration` | 1 migration id |
 //!
 //! Rows read back (claim, `list_dead`) have the columns of [`MESSAGE_COLUMNS`] in order,
-//! `list_dead` followed by `last_error` and `dead_at`.
+//! the claim followed by `rowid` (the handle `reject` needs when `id` itself is
+//! unreadable), `list_dead` by `last_error` and `dead_at`.
 //!
 //! # Per-key ordering
 //!
@@ -50,6 +52,10 @@ pub const OUTBOX_MIGRATIONS: &[(&str, &str)] = &[
     (
         "002_ordering",
         include_str!("../sql/sqlite/002_ordering.sql"),
+    ),
+    (
+        "003_row_checks",
+        include_str!("../sql/sqlite/003_row_checks.sql"),
     ),
 ];
 /// Migration files of the inbox table.
@@ -91,6 +97,8 @@ pub struct Statements {
     pub halted_keys: String,
     /// Completes leased rows.
     pub complete: String,
+    /// Dead-letters one claimed row that cannot be read as a message, by `rowid`.
+    pub reject: String,
     /// Deletes leased rows on publish (delete-on-publish mode).
     pub delete_published: String,
     /// Gives leased rows back.
@@ -136,6 +144,7 @@ impl Statements {
             ],
             halted_keys: r(HALTED_KEYS),
             complete: r(COMPLETE),
+            reject: r(REJECT),
             delete_published: r(
                 "DELETE FROM {outbox} WHERE id IN (SELECT value FROM json_each(?2)) AND status = 'leased' AND lease_token = ?1 RETURNING id",
             ),
@@ -208,7 +217,12 @@ WHERE id IN (
     ORDER BY d.available_at, d.id
     LIMIT ?1
 )
-RETURNING id, destination, event_type, aggregate_type, aggregate_id, partition_key, tenant_id, idempotency_key, payload, content_type, headers, attempts, created_at";
+RETURNING id, destination, event_type, aggregate_type, aggregate_id, partition_key, tenant_id, idempotency_key, payload, content_type, headers, attempts, created_at, rowid";
+
+const REJECT: &str = "UPDATE {outbox}
+SET status = 'dead', available_at = NULL, dead_at = {now}, last_error = ?3,
+    lease_owner = NULL, lease_token = NULL, lease_until = NULL
+WHERE rowid = ?2 AND status = 'leased' AND lease_token = ?1";
 
 // RETURNING names the updated table's columns unqualified: SQLite 3.46 rejects `o.id`
 // there ("no such column"). The batch's columns are named apart from the table's.

@@ -27,13 +27,28 @@ pub(crate) fn headers_json(headers: &Headers) -> String {
     serde_json::to_string(headers).expect("string maps always serialize")
 }
 
-pub(crate) fn headers_from_json(json: &str) -> Result<Headers, StoreError> {
-    serde_json::from_str(json).map_err(|e| {
-        StoreError::new(
-            StoreErrorKind::Schema,
-            format!("headers column is not a JSON object of strings: {e}"),
-        )
-    })
+/// Reads the `headers` column; the error is a dead-letter reason naming the column.
+pub(crate) fn headers_from_json(json: &str) -> Result<Headers, String> {
+    serde_json::from_str(json)
+        .map_err(|e| undecodable("headers", format!("not a JSON object of strings ({e})")))
+}
+
+/// The reason a claimed row that cannot be read as a message is dead-lettered with.
+pub(crate) fn undecodable(column: &str, problem: impl std::fmt::Display) -> String {
+    format!("undecodable row: column {column}: {problem}")
+}
+
+/// Reads a message id stored as text: only the lowercase hyphenated form the library
+/// writes is accepted, because completions find rows by comparing that text.
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+pub(crate) fn stored_id(text: &str) -> Result<outbox_core::MessageId, String> {
+    match uuid::Uuid::parse_str(text) {
+        Ok(id) if id.hyphenated().to_string() == text => Ok(outbox_core::MessageId::from_uuid(id)),
+        _ => Err(undecodable(
+            "id",
+            format!("{text:?} is not a lowercase hyphenated UUID"),
+        )),
+    }
 }
 
 pub(crate) fn attempts(value: i64) -> u32 {

@@ -73,7 +73,7 @@ use chrono::{DateTime, NaiveDate, NaiveDateTime, Utc};
 use outbox_core::{
     Claim, ClaimRequest, CompleteAction, CompleteReport, Completion, DeadHead, DeadLetter,
     DeadLetterFilter, DeadLetters, DestinationStats, Lease, LeaseToken, Message, MessageId,
-    NewMessage, Ordering, Purge, PurgeRequest, Stats, Store, StoreError, StoreErrorKind,
+    NewMessage, Ordering, Purge, PurgeRequest, Rejected, Stats, Store, StoreError, StoreErrorKind,
     StoreStats,
 };
 use outbox_sql::mysql::{
@@ -83,10 +83,11 @@ use outbox_sql::{Dialect, TableNames};
 use sqlx::mysql::{MySql, MySqlArguments, MySqlConnection, MySqlPool, MySqlRow};
 use sqlx::query::Query;
 use sqlx::{Row, Transaction};
-use uuid::Uuid;
+use tracing::warn;
 
 use crate::common::{
     attempts, availability, check_inbox_key, count, headers_from_json, headers_json, limit, millis,
+    stored_id, undecodable,
 };
 use crate::error::classify;
 use crate::{Delivery, PublishedRows};
@@ -577,34 +578,40 @@ fn time(row: &MySqlRow, column: &str) -> Result<DateTime<Utc>, StoreError> {
 }
 
 fn message_id(text: &str) -> Result<MessageId, StoreError> {
-    Uuid::parse_str(text)
-        .map(MessageId::from_uuid)
-        .map_err(|e| {
-            StoreError::new(
-                StoreErrorKind::Schema,
-                format!("id column holds {text:?}, not a UUID: {e}"),
-            )
-        })
+    stored_id(text).map_err(|reason| StoreError::new(StoreErrorKind::Schema, reason))
 }
 
-fn message(row: &MySqlRow) -> Result<Message, StoreError> {
+/// Reads a claimed or dead row; the error names the column that could not be read. With
+/// `strict_headers` off, headers that cannot be read are left empty (for listing the dead
+/// letters such rows became).
+fn message(row: &MySqlRow, strict_headers: bool) -> Result<Message, String> {
+    fn get<T>(column: &str, value: Result<T, StoreError>) -> Result<T, String> {
+        value.map_err(|e| undecodable(column, e))
+    }
+    let text = |column: &str| get(column, text(row, column));
+    let optional = |column: &str| get(column, optional_text(row, column));
     let mut m = Message::from_parts(
-        message_id(&text(row, "id")?)?,
-        text(row, "destination")?,
-        text(row, "event_type")?,
-        row.try_get("payload").map_err(classify)?,
-        text(row, "content_type")?,
-        text(row, "idempotency_key")?,
-        attempts(i64::from(
-            row.try_get::<i32, _>("attempts").map_err(classify)?,
-        )),
-        time(row, "created_at")?,
+        stored_id(&text("id")?)?,
+        text("destination")?,
+        text("event_type")?,
+        get("payload", row.try_get("payload").map_err(classify))?,
+        text("content_type")?,
+        text("idempotency_key")?,
+        attempts(i64::from(get(
+            "attempts",
+            row.try_get::<i32, _>("attempts").map_err(classify),
+        )?)),
+        get("created_at", time(row, "created_at"))?,
     );
-    m.aggregate_type = optional_text(row, "aggregate_type")?;
-    m.aggregate_id = optional_text(row, "aggregate_id")?;
-    m.partition_key = optional_text(row, "partition_key")?;
-    m.tenant_id = optional_text(row, "tenant_id")?;
-    m.headers = headers_from_json(&text(row, "headers")?)?;
+    m.aggregate_type = optional("aggregate_type")?;
+    m.aggregate_id = optional("aggregate_id")?;
+    m.partition_key = optional("partition_key")?;
+    m.tenant_id = optional("tenant_id")?;
+    match headers_from_json(&text("headers")?) {
+        Ok(headers) => m.headers = headers,
+        Err(reason) if strict_headers => return Err(reason),
+        Err(_) => {}
+    }
     Ok(m)
 }
 
@@ -721,10 +728,7 @@ impl Store for MySqlOutbox {
         };
         let destinations = request.destinations.as_deref().unwrap_or_default();
         if request.batch_size == 0 || request.destinations.as_ref().is_some_and(Vec::is_empty) {
-            return Ok(Claim {
-                lease,
-                messages: Vec::new(),
-            });
+            return Ok(Claim::new(lease, Vec::new()));
         }
         let sql = &self.inner.sql;
         let halt = match request.ordering {
@@ -747,17 +751,39 @@ impl Store for MySqlOutbox {
             .map_err(classify)?;
         if rows.is_empty() {
             tx.commit().await.map_err(classify)?;
-            return Ok(Claim {
-                lease,
-                messages: Vec::new(),
-            });
+            return Ok(Claim::new(lease, Vec::new()));
         }
-        let mut messages = rows.iter().map(message).collect::<Result<Vec<_>, _>>()?;
+        let mut messages = Vec::with_capacity(rows.len());
+        let mut rejected = Vec::new();
+        for row in &rows {
+            match message(row, true) {
+                Ok(m) => messages.push(m),
+                Err(reason) => {
+                    // The row is locked by this transaction: dead-letter it in place.
+                    let id = text(row, "id")?;
+                    sqlx::query(&sql.reject)
+                        .bind(clip_bytes(&reason, MAX_ERROR_BYTES))
+                        .bind(&id)
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(classify)?;
+                    rejected.push(Rejected {
+                        id,
+                        destination: optional_text(row, "destination").ok().flatten(),
+                        reason,
+                    });
+                }
+            }
+        }
         if let Some(halt) = halt {
             self.keep_heads(&mut tx, &mut messages, halt).await?;
             if messages.is_empty() {
                 tx.commit().await.map_err(classify)?;
-                return Ok(Claim { lease, messages });
+                return Ok(Claim {
+                    lease,
+                    messages,
+                    rejected,
+                });
             }
         }
         let ids: Vec<MessageId> = messages.iter().map(|m| m.id).collect();
@@ -793,7 +819,11 @@ impl Store for MySqlOutbox {
             m.attempts = m.attempts.saturating_add(1);
         }
         messages.sort_by_key(|m| m.id);
-        Ok(Claim { lease, messages })
+        Ok(Claim {
+            lease,
+            messages,
+            rejected,
+        })
     }
 
     async fn complete(
@@ -945,15 +975,18 @@ impl DeadLetters for MySqlOutbox {
             .fetch_all(&self.pool)
             .await
             .map_err(classify)?;
-        rows.iter()
-            .map(|row| {
-                Ok(DeadLetter {
-                    message: message(row)?,
+        let mut dead = Vec::with_capacity(rows.len());
+        for row in &rows {
+            match message(row, false) {
+                Ok(message) => dead.push(DeadLetter {
+                    message,
                     reason: optional_text(row, "last_error")?.unwrap_or_default(),
                     dead_at: time(row, "dead_at")?,
-                })
-            })
-            .collect()
+                }),
+                Err(reason) => warn!(%reason, "a dead letter cannot be listed"),
+            }
+        }
+        Ok(dead)
     }
 
     async fn replay_dead(&self, filter: &DeadLetterFilter) -> Result<u64, StoreError> {

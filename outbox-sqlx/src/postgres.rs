@@ -26,7 +26,8 @@ use chrono::{DateTime, Utc};
 use outbox_core::{
     Claim, ClaimRequest, CompleteAction, CompleteReport, Completion, DeadHead, DeadLetter,
     DeadLetterFilter, DeadLetters, DestinationStats, Lease, LeaseToken, Message, MessageId,
-    NewMessage, Ordering, Purge, PurgeRequest, Stats, Store, StoreError, StoreStats, Wakeup,
+    NewMessage, Ordering, Purge, PurgeRequest, Rejected, Stats, Store, StoreError, StoreStats,
+    Wakeup,
 };
 use outbox_sql::postgres::{NOTIFY_CHANNEL, Statements};
 use outbox_sql::{Dialect, TableNames};
@@ -37,6 +38,7 @@ use uuid::Uuid;
 
 use crate::common::{
     attempts, availability, check_inbox_key, count, headers_from_json, headers_json, limit, millis,
+    undecodable,
 };
 use crate::error::classify;
 use crate::{Delivery, PublishedRows};
@@ -286,25 +288,35 @@ impl PgOutbox {
         })
     }
 
-    fn message(row: &PgRow) -> Result<Message, StoreError> {
-        let headers: String = row.try_get("headers").map_err(classify)?;
+    /// Reads a claimed or dead row; the error names the column that could not be read.
+    /// With `strict_headers` off, headers that cannot be read are left empty (for listing
+    /// the dead letters such rows became).
+    fn message(row: &PgRow, strict_headers: bool) -> Result<Message, String> {
+        fn get<'r, T: sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres>>(
+            row: &'r PgRow,
+            column: &str,
+        ) -> Result<T, String> {
+            row.try_get(column).map_err(|e| undecodable(column, e))
+        }
         let mut m = Message::from_parts(
-            MessageId::from_uuid(row.try_get::<Uuid, _>("id").map_err(classify)?),
-            row.try_get("destination").map_err(classify)?,
-            row.try_get("event_type").map_err(classify)?,
-            row.try_get("payload").map_err(classify)?,
-            row.try_get("content_type").map_err(classify)?,
-            row.try_get("idempotency_key").map_err(classify)?,
-            attempts(i64::from(
-                row.try_get::<i32, _>("attempts").map_err(classify)?,
-            )),
-            row.try_get("created_at").map_err(classify)?,
+            MessageId::from_uuid(get(row, "id")?),
+            get(row, "destination")?,
+            get(row, "event_type")?,
+            get(row, "payload")?,
+            get(row, "content_type")?,
+            get(row, "idempotency_key")?,
+            attempts(i64::from(get::<i32>(row, "attempts")?)),
+            get(row, "created_at")?,
         );
-        m.aggregate_type = row.try_get("aggregate_type").map_err(classify)?;
-        m.aggregate_id = row.try_get("aggregate_id").map_err(classify)?;
-        m.partition_key = row.try_get("partition_key").map_err(classify)?;
-        m.tenant_id = row.try_get("tenant_id").map_err(classify)?;
-        m.headers = headers_from_json(&headers)?;
+        m.aggregate_type = get(row, "aggregate_type")?;
+        m.aggregate_id = get(row, "aggregate_id")?;
+        m.partition_key = get(row, "partition_key")?;
+        m.tenant_id = get(row, "tenant_id")?;
+        match headers_from_json(&get::<String>(row, "headers")?) {
+            Ok(headers) => m.headers = headers,
+            Err(reason) if strict_headers => return Err(reason),
+            Err(_) => {}
+        }
         Ok(m)
     }
 
@@ -419,12 +431,28 @@ impl Store for PgOutbox {
             Some(destinations) => query.bind(destinations),
         };
         let rows = query.fetch_all(&self.pool).await.map_err(classify)?;
-        let mut messages = rows
-            .iter()
-            .map(Self::message)
-            .collect::<Result<Vec<_>, _>>()?;
-        messages.sort_by_key(|m| m.id);
-        Ok(Claim { lease, messages })
+        let mut claim = Claim::new(lease, Vec::with_capacity(rows.len()));
+        let mut deaths = Vec::new();
+        for row in &rows {
+            match Self::message(row, true) {
+                Ok(message) => claim.messages.push(message),
+                Err(reason) => {
+                    let id: Uuid = row.try_get("id").map_err(classify)?;
+                    deaths.push(Completion::dead(MessageId::from_uuid(id), reason.clone()));
+                    claim.rejected.push(Rejected {
+                        id: id.to_string(),
+                        destination: row.try_get("destination").ok(),
+                        reason,
+                    });
+                }
+            }
+        }
+        if !deaths.is_empty() {
+            // Fenced by this claim's own token: the rows are ours until it completes them.
+            self.complete(token, &deaths).await?;
+        }
+        claim.messages.sort_by_key(|m| m.id);
+        Ok(claim)
     }
 
     async fn complete(
@@ -546,18 +574,21 @@ impl DeadLetters for PgOutbox {
             .fetch_all(&self.pool)
             .await
             .map_err(classify)?;
-        rows.iter()
-            .map(|row| {
-                Ok(DeadLetter {
-                    message: Self::message(row)?,
+        let mut dead = Vec::with_capacity(rows.len());
+        for row in &rows {
+            match Self::message(row, false) {
+                Ok(message) => dead.push(DeadLetter {
+                    message,
                     reason: row
                         .try_get::<Option<String>, _>("last_error")
                         .map_err(classify)?
                         .unwrap_or_default(),
                     dead_at: row.try_get("dead_at").map_err(classify)?,
-                })
-            })
-            .collect()
+                }),
+                Err(reason) => warn!(%reason, "a dead letter cannot be listed"),
+            }
+        }
+        Ok(dead)
     }
 
     async fn replay_dead(&self, filter: &DeadLetterFilter) -> Result<u64, StoreError> {

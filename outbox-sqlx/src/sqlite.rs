@@ -101,17 +101,19 @@ use chrono::{DateTime, Utc};
 use outbox_core::{
     Availability, Claim, ClaimRequest, CompleteAction, CompleteReport, Completion, DeadHead,
     DeadLetter, DeadLetterFilter, DeadLetters, DestinationStats, Lease, LeaseToken, Message,
-    MessageId, NewMessage, Ordering, Purge, PurgeRequest, Stats, Store, StoreError, StoreErrorKind,
-    StoreStats,
+    MessageId, NewMessage, Ordering, Purge, PurgeRequest, Rejected, Stats, Store, StoreError,
+    StoreErrorKind, StoreStats,
 };
 use outbox_sql::sqlite::Statements;
 use outbox_sql::{Dialect, TableNames};
 use sqlx::Row;
 use sqlx::sqlite::{SqliteArguments, SqliteConnection, SqlitePool, SqliteRow};
+use tracing::warn;
 use uuid::Uuid;
 
 use crate::common::{
-    attempts, check_inbox_key, count, headers_from_json, headers_json, limit, millis,
+    attempts, check_inbox_key, count, headers_from_json, headers_json, limit, millis, stored_id,
+    undecodable,
 };
 use crate::error::classify;
 use crate::{Delivery, PublishedRows};
@@ -321,23 +323,41 @@ impl SqliteOutbox {
         Ok(())
     }
 
-    fn message(row: &SqliteRow) -> Result<Message, StoreError> {
-        let headers: String = row.try_get("headers").map_err(classify)?;
+    /// Reads a claimed or dead row; the error names the column that could not be read.
+    /// With `strict_headers` off, headers that cannot be read are left empty (for listing
+    /// the dead letters such rows became).
+    fn message(row: &SqliteRow, strict_headers: bool) -> Result<Message, String> {
+        fn get<'r, T: sqlx::Decode<'r, sqlx::Sqlite> + sqlx::Type<sqlx::Sqlite>>(
+            row: &'r SqliteRow,
+            column: &str,
+        ) -> Result<T, String> {
+            row.try_get(column).map_err(|e| undecodable(column, e))
+        }
+        let created_at = get(row, "created_at")?;
         let mut m = Message::from_parts(
-            message_id(&row.try_get::<String, _>("id").map_err(classify)?)?,
-            row.try_get("destination").map_err(classify)?,
-            row.try_get("event_type").map_err(classify)?,
-            row.try_get("payload").map_err(classify)?,
-            row.try_get("content_type").map_err(classify)?,
-            row.try_get("idempotency_key").map_err(classify)?,
-            attempts(row.try_get("attempts").map_err(classify)?),
-            from_ms(row.try_get("created_at").map_err(classify)?)?,
+            stored_id(&get::<String>(row, "id")?)?,
+            get(row, "destination")?,
+            get(row, "event_type")?,
+            get(row, "payload")?,
+            get(row, "content_type")?,
+            get(row, "idempotency_key")?,
+            attempts(get(row, "attempts")?),
+            DateTime::from_timestamp_millis(created_at).ok_or_else(|| {
+                undecodable(
+                    "created_at",
+                    format!("{created_at} is not unix milliseconds in range"),
+                )
+            })?,
         );
-        m.aggregate_type = row.try_get("aggregate_type").map_err(classify)?;
-        m.aggregate_id = row.try_get("aggregate_id").map_err(classify)?;
-        m.partition_key = row.try_get("partition_key").map_err(classify)?;
-        m.tenant_id = row.try_get("tenant_id").map_err(classify)?;
-        m.headers = headers_from_json(&headers)?;
+        m.aggregate_type = get(row, "aggregate_type")?;
+        m.aggregate_id = get(row, "aggregate_id")?;
+        m.partition_key = get(row, "partition_key")?;
+        m.tenant_id = get(row, "tenant_id")?;
+        match headers_from_json(&get::<String>(row, "headers")?) {
+            Ok(headers) => m.headers = headers,
+            Err(reason) if strict_headers => return Err(reason),
+            Err(_) => {}
+        }
         Ok(m)
     }
 
@@ -401,8 +421,12 @@ fn uuid(text: &str) -> Result<Uuid, StoreError> {
     })
 }
 
-fn message_id(text: &str) -> Result<MessageId, StoreError> {
-    uuid(text).map(MessageId::from_uuid)
+/// A text column as far as it can be read, for naming a row that cannot be decoded.
+fn raw_text(row: &SqliteRow, column: &str) -> String {
+    match row.try_get_unchecked::<Vec<u8>, _>(column) {
+        Ok(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
+        Err(_) => format!("<unreadable {column}>"),
+    }
 }
 
 /// A JSON array of strings, as the statements read it with `json_each`.
@@ -487,12 +511,30 @@ impl Store for SqliteOutbox {
             Some(destinations) => query.bind(json_list(destinations)),
         };
         let rows = query.fetch_all(&self.pool).await.map_err(classify)?;
-        let mut messages = rows
-            .iter()
-            .map(Self::message)
-            .collect::<Result<Vec<_>, _>>()?;
-        messages.sort_by_key(|m| m.id);
-        Ok(Claim { lease, messages })
+        let mut claim = Claim::new(lease, Vec::with_capacity(rows.len()));
+        for row in &rows {
+            match Self::message(row, true) {
+                Ok(message) => claim.messages.push(message),
+                Err(reason) => {
+                    // By rowid, fenced by this claim's token: the id may be what is unreadable.
+                    let rowid: i64 = row.try_get("rowid").map_err(classify)?;
+                    sqlx::query(&sql.reject)
+                        .bind(token.as_uuid().to_string())
+                        .bind(rowid)
+                        .bind(&reason)
+                        .execute(&self.pool)
+                        .await
+                        .map_err(classify)?;
+                    claim.rejected.push(Rejected {
+                        id: raw_text(row, "id"),
+                        destination: row.try_get("destination").ok(),
+                        reason,
+                    });
+                }
+            }
+        }
+        claim.messages.sort_by_key(|m| m.id);
+        Ok(claim)
     }
 
     async fn complete(
@@ -616,18 +658,21 @@ impl DeadLetters for SqliteOutbox {
             .fetch_all(&self.pool)
             .await
             .map_err(classify)?;
-        rows.iter()
-            .map(|row| {
-                Ok(DeadLetter {
-                    message: Self::message(row)?,
+        let mut dead = Vec::with_capacity(rows.len());
+        for row in &rows {
+            match Self::message(row, false) {
+                Ok(message) => dead.push(DeadLetter {
+                    message,
                     reason: row
                         .try_get::<Option<String>, _>("last_error")
                         .map_err(classify)?
                         .unwrap_or_default(),
                     dead_at: from_ms(row.try_get("dead_at").map_err(classify)?)?,
-                })
-            })
-            .collect()
+                }),
+                Err(reason) => warn!(%reason, "a dead letter cannot be listed"),
+            }
+        }
+        Ok(dead)
     }
 
     async fn replay_dead(&self, filter: &DeadLetterFilter) -> Result<u64, StoreError> {

@@ -1563,3 +1563,83 @@ async fn a_head_committed_during_the_claim_scan_still_holds_its_key() {
         "the claim scan ({scan:?}) outlasted the commits only {conclusive} times"
     );
 }
+
+/// Inserts `rows` as another program would, in one transaction, straight into the table.
+async fn insert_foreign(h: &MySqlHarness, rows: &[common::ForeignRow]) -> Result<(), sqlx::Error> {
+    let mut tx = h.outbox.pool().begin().await?;
+    for row in rows {
+        sqlx::query(&format!(
+            "INSERT INTO {} (id, destination, event_type, idempotency_key, payload, content_type, headers, available_at, created_at) \
+             VALUES (?, 'orders', 'foreign.event', ?, X'7b7d', 'application/json', ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))",
+            h.table()
+        ))
+        .bind(&row.id)
+        .bind(&row.id)
+        .bind(&row.headers)
+        .execute(&mut *tx)
+        .await?;
+    }
+    tx.commit().await
+}
+
+/// The 200-row poison case on MySQL: rows whose headers are not a JSON object of strings
+/// are dead-lettered one by one, naming the column; the rest of their batches is
+/// published. The table refuses such rows, so the checks are dropped first, as on a table
+/// created by an older version.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreadable_rows_dead_letter_their_row_not_the_batch() {
+    let h = MySqlHarness::new().await;
+    for check in ["{outbox_headers_check}", "{outbox_id_check}"] {
+        let name = h.outbox.names().render(outbox_sql::Dialect::MySql, check);
+        sqlx::query(&format!("ALTER TABLE {} DROP CONSTRAINT {name}", h.table()))
+            .execute(h.outbox.pool())
+            .await
+            .unwrap();
+    }
+    let rows = common::foreign_rows(200, &[(0, r#"{"x-n": 1}"#), (57, "[1,2]"), (150, "null")]);
+    insert_foreign(&h, &rows).await.unwrap();
+    let poisoned = [0, 57, 150].map(|i| rows[i].id.clone());
+    common::unreadable_rows_are_dead_lettered_alone(h.outbox.clone(), 200, &poisoned, "headers")
+        .await;
+
+    let h = MySqlHarness::new().await;
+    let name = h
+        .outbox
+        .names()
+        .render(outbox_sql::Dialect::MySql, "{outbox_id_check}");
+    sqlx::query(&format!("ALTER TABLE {} DROP CONSTRAINT {name}", h.table()))
+        .execute(h.outbox.pool())
+        .await
+        .unwrap();
+    let mut rows = common::foreign_rows(120, &[]);
+    rows[5].id = rows[5].id.to_uppercase();
+    rows[6].id = "order-42".to_owned();
+    insert_foreign(&h, &rows).await.unwrap();
+    let poisoned = [rows[5].id.clone(), rows[6].id.clone()];
+    common::unreadable_rows_are_dead_lettered_alone(h.outbox.clone(), 120, &poisoned, "id").await;
+}
+
+/// A new table refuses what the relay could not read, naming the check.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_table_refuses_unreadable_ids_and_headers() {
+    let h = MySqlHarness::new().await;
+    for headers in ["[1,2]", "null", "not json", r#""text""#] {
+        let rows = common::foreign_rows(1, &[(0, headers)]);
+        let error = insert_foreign(&h, &rows)
+            .await
+            .expect_err(headers)
+            .to_string();
+        assert!(error.contains("headers_check"), "{headers}: {error}");
+    }
+    let mut upper = common::foreign_rows(1, &[]);
+    upper[0].id = upper[0].id.to_uppercase();
+    let error = insert_foreign(&h, &upper)
+        .await
+        .expect_err("upper case id")
+        .to_string();
+    assert!(error.contains("id_check"), "{error}");
+    let fine = common::foreign_rows(1, &[(0, r#"{"x-trace": "abc"}"#)]);
+    insert_foreign(&h, &fine)
+        .await
+        .expect("a readable row is accepted");
+}

@@ -576,3 +576,73 @@ async fn out_of_order_commits_publish_in_commit_order() {
         "published in commit order, not id order"
     );
 }
+
+/// Inserts `rows` as another program would, in one transaction, straight into the table.
+async fn insert_foreign(h: &PgHarness, rows: &[common::ForeignRow]) -> Result<(), sqlx::Error> {
+    let mut tx = h.outbox.pool().begin().await?;
+    for row in rows {
+        sqlx::query(&format!(
+            "INSERT INTO {} (id, destination, event_type, idempotency_key, payload, content_type, headers, available_at) \
+             VALUES ($1::uuid, 'orders', 'foreign.event', $1, '\\x7b7d'::bytea, 'application/json', $2::jsonb, now())",
+            h.table()
+        ))
+        .bind(&row.id)
+        .bind(&row.headers)
+        .execute(&mut *tx)
+        .await?;
+    }
+    tx.commit().await
+}
+
+/// The 200-row poison case: rows whose headers are valid JSON but not an object of
+/// strings are dead-lettered one by one, naming the column, and the rest of their batches
+/// is published. The table refuses such rows once migrated, so the check is dropped
+/// first, as on a table migrated by an older version or by the user's own tool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreadable_headers_dead_letter_their_row_not_the_batch() {
+    let h = PgHarness::new().await;
+    let check = h
+        .outbox
+        .names()
+        .render(outbox_sql::Dialect::Postgres, "{outbox_headers_check}");
+    sqlx::query(&format!(
+        "ALTER TABLE {} DROP CONSTRAINT {check}",
+        h.table()
+    ))
+    .execute(h.outbox.pool())
+    .await
+    .unwrap();
+    let rows = common::foreign_rows(200, &[(0, r#"{"x-n": 1}"#), (57, "[1,2]"), (150, "null")]);
+    insert_foreign(&h, &rows).await.unwrap();
+    let poisoned = [
+        rows[0].id.clone(),
+        rows[57].id.clone(),
+        rows[150].id.clone(),
+    ];
+    common::unreadable_rows_are_dead_lettered_alone(h.outbox.clone(), 200, &poisoned, "headers")
+        .await;
+}
+
+/// Once migrated, the table refuses headers the relay could not read, naming the check.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_table_refuses_headers_that_are_not_an_object_of_strings() {
+    let h = PgHarness::new().await;
+    for headers in [
+        r#"{"x-n": 1}"#,
+        "[1,2]",
+        "null",
+        r#""text""#,
+        r#"{"a": {"b": "c"}}"#,
+    ] {
+        let rows = common::foreign_rows(1, &[(0, headers)]);
+        let error = insert_foreign(&h, &rows)
+            .await
+            .expect_err(headers)
+            .to_string();
+        assert!(error.contains("headers_check"), "{headers}: {error}");
+    }
+    let fine = common::foreign_rows(1, &[(0, r#"{"x-trace": "abc"}"#)]);
+    insert_foreign(&h, &fine)
+        .await
+        .expect("an object of strings is accepted");
+}

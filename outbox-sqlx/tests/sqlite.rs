@@ -778,7 +778,8 @@ async fn schema_qualified_names_work() {
         applied,
         vec![
             "Billing Events/001_outbox".to_owned(),
-            "Billing Events/002_ordering".to_owned()
+            "Billing Events/002_ordering".to_owned(),
+            "Billing Events/003_row_checks".to_owned()
         ]
     );
     let indexes: Vec<String> = sqlx::query_scalar(
@@ -1020,6 +1021,7 @@ async fn concurrent_migrations_are_safe() {
             format!("{}/001_inbox", names.inbox_name().name()),
             format!("{}/001_outbox", names.outbox_name().name()),
             format!("{}/002_ordering", names.outbox_name().name()),
+            format!("{}/003_row_checks", names.outbox_name().name()),
         ]
     );
 }
@@ -1376,4 +1378,118 @@ async fn concurrent_writers_and_relays_keep_every_key_in_commit_order() {
         flaky.stats().retryable > 0,
         "the sink did fail some attempts"
     );
+}
+
+/// Inserts `rows` as another program would, in one transaction, straight into the table.
+async fn insert_foreign(h: &SqliteHarness, rows: &[common::ForeignRow]) -> Result<(), sqlx::Error> {
+    let mut tx = h.outbox.pool().begin().await?;
+    for row in rows {
+        sqlx::query(&format!(
+            "INSERT INTO {} (id, destination, event_type, idempotency_key, payload, content_type, headers, available_at, created_at) \
+             VALUES (?1, 'orders', 'foreign.event', ?1, X'7b7d', 'application/json', ?2, 0, 0)",
+            h.table()
+        ))
+        .bind(&row.id)
+        .bind(&row.headers)
+        .execute(&mut *tx)
+        .await?;
+    }
+    tx.commit().await
+}
+
+/// Drops the triggers that refuse unreadable rows, as on a table from an older version.
+async fn drop_row_checks(h: &SqliteHarness) {
+    for trigger in ["{outbox_check_insert_trg}", "{outbox_check_update_trg}"] {
+        let name = h.outbox.names().render(Dialect::Sqlite, trigger);
+        sqlx::query(&format!("DROP TRIGGER {name}"))
+            .execute(h.outbox.pool())
+            .await
+            .unwrap();
+    }
+}
+
+/// The 200-row poison case on SQLite: rows whose headers are not a JSON object of strings
+/// are dead-lettered one by one, naming the column; the rest of their batches is published.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreadable_headers_dead_letter_their_row_not_the_batch() {
+    let db = TestDb::new().await;
+    let h = SqliteHarness::new(db.pool.clone()).await;
+    drop_row_checks(&h).await;
+    let rows = common::foreign_rows(
+        200,
+        &[
+            (0, r#"{"x-n": 1}"#),
+            (57, "[1,2]"),
+            (150, "null"),
+            (151, "not json"),
+        ],
+    );
+    insert_foreign(&h, &rows).await.unwrap();
+    let poisoned = [0, 57, 150, 151].map(|i| rows[i].id.clone());
+    common::unreadable_rows_are_dead_lettered_alone(h.outbox.clone(), 200, &poisoned, "headers")
+        .await;
+}
+
+/// Ids that are not the lowercase hyphenated UUID text the library writes (completions
+/// find rows by that text) are dead-lettered alone, found by rowid; a BLOB id too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreadable_ids_dead_letter_their_row_not_the_batch() {
+    let db = TestDb::new().await;
+    let h = SqliteHarness::new(db.pool.clone()).await;
+    drop_row_checks(&h).await;
+    let mut rows = common::foreign_rows(150, &[]);
+    rows[3].id = rows[3].id.to_uppercase();
+    rows[90].id = "order-42".to_owned();
+    insert_foreign(&h, &rows).await.unwrap();
+    sqlx::query(&format!(
+        "INSERT INTO {} (id, destination, event_type, idempotency_key, payload, content_type, available_at, created_at) \
+         VALUES (randomblob(16), 'orders', 'foreign.event', 'k', X'7b7d', 'application/json', 0, 0)",
+        h.table()
+    ))
+    .execute(h.outbox.pool())
+    .await
+    .unwrap();
+    let poisoned = [
+        rows[3].id.clone(),
+        rows[90].id.clone(),
+        "the BLOB id".to_owned(),
+    ];
+    common::unreadable_rows_are_dead_lettered_alone(h.outbox.clone(), 151, &poisoned, "id").await;
+    let dead: i64 = sqlx::query_scalar(&format!(
+        "SELECT count(*) FROM {} WHERE status = 'dead' AND last_error LIKE '%column id%'",
+        h.table()
+    ))
+    .fetch_one(h.outbox.pool())
+    .await
+    .unwrap();
+    assert_eq!(
+        dead, 3,
+        "each unreadable id is a dead letter with the reason"
+    );
+}
+
+/// Once migrated, the table refuses what the relay could not read, naming the columns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_table_refuses_unreadable_ids_and_headers() {
+    let db = TestDb::new().await;
+    let h = SqliteHarness::new(db.pool.clone()).await;
+    for headers in [r#"{"x-n": 1}"#, "[1,2]", "null", "not json"] {
+        let rows = common::foreign_rows(1, &[(0, headers)]);
+        let error = insert_foreign(&h, &rows)
+            .await
+            .expect_err(headers)
+            .to_string();
+        assert!(error.contains("column headers"), "{headers}: {error}");
+    }
+    let mut upper = common::foreign_rows(1, &[]);
+    upper[0].id = upper[0].id.to_uppercase();
+    let error = insert_foreign(&h, &upper)
+        .await
+        .expect_err("upper case id")
+        .to_string();
+    assert!(error.contains("column id"), "{error}");
+    let fine = common::foreign_rows(1, &[(0, r#"{"x-trace": "abc"}"#)]);
+    insert_foreign(&h, &fine)
+        .await
+        .expect("a readable row is accepted");
 }

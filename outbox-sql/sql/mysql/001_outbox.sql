@@ -33,5 +33,10 @@ CREATE TABLE IF NOT EXISTS {outbox} (
     INDEX {outbox_published_idx} (status, published_at),
     INDEX {outbox_dead_idx} (status, dead_at),
     INDEX {outbox_key_idx} (partition_key, status, seq),
-    CONSTRAINT {outbox_status_check} CHECK (status IN ('pending', 'leased', 'published', 'dead'))
+    CONSTRAINT {outbox_status_check} CHECK (status IN ('pending', 'leased', 'published', 'dead')),
+    -- Rows the relay could not read are refused (on tables created by this version; MySQL
+    -- cannot add a constraint idempotently to an older table, whose unreadable rows the
+    -- relay dead-letters one by one). Completions find rows by the id's exact text.
+    CONSTRAINT {outbox_id_check} CHECK (id LIKE '________-____-____-____-____________' AND id REGEXP '^[0-9a-f-]+$'),
+    CONSTRAINT {outbox_headers_check} CHECK (JSON_VALID(headers) AND JSON_TYPE(headers) = 'OBJECT')
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;

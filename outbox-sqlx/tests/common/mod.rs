@@ -17,3 +17,89 @@ pub fn message(destination: &str, n: u64) -> NewMessage {
         .build()
         .expect("valid message")
 }
+
+/// A row as another program writes it, straight into the table: its id and its `headers`
+/// column text.
+pub struct ForeignRow {
+    pub id: String,
+    pub headers: String,
+}
+
+/// `n` rows for destination `orders` with empty headers, except `poison` (index → headers
+/// text) which the relay cannot read.
+pub fn foreign_rows(n: usize, poison: &[(usize, &str)]) -> Vec<ForeignRow> {
+    (0..n)
+        .map(|i| ForeignRow {
+            id: outbox_core::MessageId::new().to_string(),
+            headers: poison
+                .iter()
+                .find(|(at, _)| *at == i)
+                .map_or("{}", |(_, headers)| headers)
+                .to_owned(),
+        })
+        .collect()
+}
+
+/// The relay publishes every readable row and dead-letters each unreadable one alone, with
+/// a reason naming `column`; nothing stays leased. `poisoned` are the unreadable rows' ids
+/// as stored.
+pub async fn unreadable_rows_are_dead_lettered_alone<S>(
+    store: S,
+    total: usize,
+    poisoned: &[String],
+    column: &str,
+) where
+    S: outbox_core::Store + outbox_core::StoreStats + outbox_core::DeadLetters + Clone,
+{
+    use outbox_core::{DeadLetterFilter, Relay, testkit::RecordingSink};
+    let sink = RecordingSink::new();
+    let relay = Relay::builder(store.clone())
+        .route("orders", sink.clone())
+        .batch_size(100)
+        .concurrency(1)
+        .build()
+        .expect("relay");
+    let report = tokio::time::timeout(std::time::Duration::from_secs(60), relay.drain())
+        .await
+        .expect("drain within 60 s")
+        .expect("drain");
+    let good = total - poisoned.len();
+    assert_eq!(
+        (report.published, report.dead),
+        (good, poisoned.len()),
+        "every readable row published, each unreadable one dead: {report:?}"
+    );
+    let stats = store.stats().await.expect("stats").total();
+    assert_eq!(
+        (stats.published, stats.dead, stats.leased, stats.pending),
+        (good as u64, poisoned.len() as u64, 0, 0),
+        "nothing left leased or pending"
+    );
+    let delivered: std::collections::HashSet<String> =
+        sink.messages().iter().map(|m| m.id.to_string()).collect();
+    assert_eq!(delivered.len(), good, "each readable row delivered once");
+    assert!(
+        poisoned.iter().all(|id| !delivered.contains(id)),
+        "no unreadable row was sent"
+    );
+    let dead = store
+        .list_dead(&DeadLetterFilter::all(), 100)
+        .await
+        .expect("list dead letters");
+    let listed: Vec<String> = dead.iter().map(|d| d.message.id.to_string()).collect();
+    for d in &dead {
+        assert!(
+            d.reason.contains(&format!("column {column}")),
+            "the reason names the column: {:?}",
+            d.reason
+        );
+    }
+    // A dead letter whose headers were unreadable is still listed (without headers).
+    if column == "headers" {
+        let mut want = poisoned.to_vec();
+        want.sort();
+        let mut listed = listed;
+        listed.sort();
+        assert_eq!(listed, want, "the dead letters are listed");
+    }
+}
