@@ -209,6 +209,12 @@ fn bad_configuration_gives_one_line_errors_and_a_failure_code() {
         "[store]\nurl = \"sqlite::memory:\"\n[routes.x]\nurl = \"gopher://example.com\"\n",
     )
     .unwrap();
+    let loopback_route = dir.join("loopback.toml");
+    std::fs::write(
+        &loopback_route,
+        "[store]\nurl = \"sqlite::memory:\"\n[routes.hooks]\nurl = \"http://127.0.0.1:9/hook\"\n",
+    )
+    .unwrap();
     let cases: Vec<(Vec<String>, &str)> = vec![
         (
             vec![
@@ -224,7 +230,25 @@ fn bad_configuration_gives_one_line_errors_and_a_failure_code() {
                 "postgres://u:hunter2@127.0.0.1:1/x".into(),
                 "status".into(),
             ],
-            "cannot connect",
+            "Connection refused",
+        ),
+        (
+            vec![
+                "--store".into(),
+                url(),
+                "--table".into(),
+                "never_migrated_table".into(),
+                "status".into(),
+            ],
+            "`outbox migrate`",
+        ),
+        (
+            vec![
+                "--config".into(),
+                loopback_route.display().to_string(),
+                "relay".into(),
+            ],
+            r#"route "hooks": invalid url: SSRF guard refused 127.0.0.1 (loopback); if this endpoint is meant to be internal, allow it for this route: `allow = ["127.0.0.1"]`"#,
         ),
         (
             vec![

@@ -56,7 +56,7 @@ pub use message::{
 };
 pub use relay::{BatchReport, Relay, RelayBuilder};
 pub use retry::{Decision, RetryPolicy};
-pub use sink::{BoxFuture, DynSink, Failure, FailureClass, Outcome, Sink};
+pub use sink::{BoxFuture, DynSink, Failure, FailureClass, Outcome, Outcomes, Sink, gather};
 pub use state::{Lease, LeaseToken, Status};
 pub use store::{
     Claim, ClaimRequest, CompleteAction, CompleteReport, Completion, DeadHead, DeadLetter,

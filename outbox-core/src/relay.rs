@@ -6,7 +6,8 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::watch;
+use chrono::{DateTime, Utc};
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use tracing::{Instrument, debug, info_span, warn};
 
@@ -14,7 +15,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::error::{ConfigError, StoreError};
 use crate::message::{Message, MessageId};
 use crate::retry::{Decision, RetryPolicy};
-use crate::sink::{DynSink, Failure, FailureClass, Outcome, Sink};
+use crate::sink::{DynSink, Failure, FailureClass, Outcome, Outcomes, Sink};
 use crate::state::LeaseToken;
 use crate::store::{ClaimRequest, CompleteAction, Completion, Ordering, Store};
 use crate::wakeup::Wakeup;
@@ -255,7 +256,7 @@ struct Inner<S> {
     retry: RetryPolicy,
     clock: Arc<dyn Clock>,
     /// Leases held by batches in progress, released on a forced shutdown.
-    in_flight: Mutex<HashMap<LeaseToken, Vec<MessageId>>>,
+    in_flight: Mutex<HashMap<LeaseToken, HashSet<MessageId>>>,
 }
 
 /// What one batch did.
@@ -405,58 +406,70 @@ impl<S: Store> Inner<S> {
             return Ok(report);
         }
         let token = claim.lease.token;
-        let ids: Vec<MessageId> = claim.messages.iter().map(|m| m.id).collect();
+        let ids: HashSet<MessageId> = claim.messages.iter().map(|m| m.id).collect();
         self.lock_in_flight().insert(token, ids);
-        let outcomes = self.publish(claim.messages).await;
 
-        let now = self.clock.now();
-        let mut completions = Vec::with_capacity(outcomes.len());
-        let mut classes = Vec::with_capacity(outcomes.len());
-        for (message, outcome) in &outcomes {
-            let (completion, class) = match outcome {
-                Outcome::Published { .. } => (Completion::published(message.id), None),
-                Outcome::Failed(failure) => {
-                    let completion = if failure.deferred && failure.retryable {
-                        // Never sent: wait as asked, and the attempt does not count.
-                        match self.retry.decide_deferred(failure, message.created_at, now) {
-                            Decision::Retry(delay) => {
-                                Completion::defer(message.id, delay, failure.to_string())
-                            }
-                            Decision::GiveUp(reason) => Completion::dead(message.id, reason),
-                        }
-                    } else {
-                        let decision =
-                            self.retry
-                                .decide(failure, message.attempts, message.created_at, now);
-                        match decision {
-                            Decision::Retry(delay) => {
-                                Completion::retry(message.id, delay, failure.to_string())
-                            }
-                            Decision::GiveUp(reason) => Completion::dead(message.id, reason),
-                        }
-                    };
-                    (completion, Some(failure.class.as_str()))
+        // Outcomes arrive one by one (each sink group reports as its receiver answers) and
+        // are completed as they come: while one completion call runs, the next outcomes
+        // queue up and go in the following call.
+        let mut publication = Publication::start(self, claim.messages);
+        let mut result = Ok(());
+        while let Some(ready) = publication.next_outcomes().await {
+            if let Err(error) = self.complete_outcomes(token, &ready, &mut report).await {
+                if result.is_ok() {
+                    result = Err(error);
                 }
+            }
+        }
+        self.lock_in_flight().remove(&token);
+        debug!(?report, "batch done");
+        result.map(|()| report)
+    }
+
+    /// Decides and records the completion of `ready` messages, fenced by `token`, and
+    /// counts what was applied in `report` and the metrics.
+    async fn complete_outcomes(
+        &self,
+        token: LeaseToken,
+        ready: &[Done],
+        report: &mut BatchReport,
+    ) -> Result<(), StoreError> {
+        let now = self.clock.now();
+        let mut completions = Vec::with_capacity(ready.len());
+        let mut classes = Vec::with_capacity(ready.len());
+        for done in ready {
+            let message = done.message();
+            let (completion, class) = match &done.outcome {
+                Outcome::Published { .. } => (Completion::published(message.id), None),
+                Outcome::Failed(failure) => (
+                    self.failed(message, failure, now),
+                    Some(failure.class.as_str()),
+                ),
             };
             completions.push(completion);
             classes.push(class);
         }
-        let result = self.complete(token, &completions).await;
-        self.lock_in_flight().remove(&token);
-        let completed = result?;
-        report.stale = completed.stale.len();
-        if report.stale > 0 {
-            metrics::counter!("outbox_lease_conflicts_total").increment(report.stale as u64);
+        let completed = self.complete(token, &completions).await?;
+        if let Some(held) = self.lock_in_flight().get_mut(&token) {
+            for done in ready {
+                held.remove(&done.message().id);
+            }
+        }
+        report.stale += completed.stale.len();
+        if !completed.stale.is_empty() {
+            metrics::counter!("outbox_lease_conflicts_total")
+                .increment(completed.stale.len() as u64);
             warn!(
-                stale = report.stale,
+                stale = completed.stale.len(),
                 token = %token.as_uuid(),
                 "lease lost before completion: another relay owns these rows now, nothing changed"
             );
         }
         let stale: HashSet<MessageId> = completed.stale.into_iter().collect();
-        // Metric handles are looked up once per destination per batch, not per message.
+        // Metric handles are looked up once per destination per call, not per message.
         let mut published: HashMap<&str, (u64, metrics::Histogram)> = HashMap::new();
-        for (((message, _), completion), class) in outcomes.iter().zip(&completions).zip(classes) {
+        for ((done, completion), class) in ready.iter().zip(&completions).zip(classes) {
+            let message = done.message();
             if stale.contains(&message.id) {
                 continue;
             }
@@ -487,66 +500,26 @@ impl<S: Store> Inner<S> {
         for (destination, (count, _)) in published {
             metrics::counter!("outbox_messages_published_total", "destination" => destination.to_owned()).increment(count);
         }
-        debug!(?report, "batch done");
-        Ok(report)
+        Ok(())
     }
 
-    /// Publishes a claimed batch, one sink call per destination, destinations in parallel.
-    /// Every message gets exactly one outcome; a crashed or confused sink gives failures.
-    async fn publish(&self, messages: Vec<Message>) -> Vec<(Message, Outcome)> {
-        let mut results = Vec::with_capacity(messages.len());
-        let mut groups: Vec<(Arc<dyn DynSink>, Vec<Message>)> = Vec::new();
-        for message in messages {
-            if message.attempts > self.retry.attempt_limit() {
-                // Claimed again and again without a completion: it crashes or hangs relays.
-                let reason = format!(
-                    "claimed {} times without completing (relay crash or lease loss each time)",
-                    message.attempts
-                );
-                results.push((message, Outcome::permanent(FailureClass::Other, reason)));
-                continue;
+    /// The completion of a failed attempt: retry after a backoff, defer a message that was
+    /// never sent, or give up.
+    fn failed(&self, message: &Message, failure: &Failure, now: DateTime<Utc>) -> Completion {
+        let decision = if failure.deferred && failure.retryable {
+            // Never sent: wait as asked, and the attempt does not count.
+            self.retry.decide_deferred(failure, message.created_at, now)
+        } else {
+            self.retry
+                .decide(failure, message.attempts, message.created_at, now)
+        };
+        match decision {
+            Decision::Retry(delay) if failure.deferred && failure.retryable => {
+                Completion::defer(message.id, delay, failure.to_string())
             }
-            match self.routes.get(&message.destination) {
-                Some(sink) => match groups.iter_mut().find(|(s, _)| Arc::ptr_eq(s, sink)) {
-                    Some((_, group)) => group.push(message),
-                    None => groups.push((Arc::clone(sink), vec![message])),
-                },
-                None => {
-                    let reason = format!("no route for destination {:?}", message.destination);
-                    results.push((
-                        message,
-                        Outcome::permanent(FailureClass::UnknownDestination, reason),
-                    ));
-                }
-            }
+            Decision::Retry(delay) => Completion::retry(message.id, delay, failure.to_string()),
+            Decision::GiveUp(reason) => Completion::dead(message.id, reason),
         }
-        // Each group runs as its own task so a panicking sink fails its messages, not the
-        // worker. The batch is shared, not copied: the task returns only outcomes.
-        let timeout = self.publish_timeout;
-        let mut tasks = JoinSet::new();
-        let mut pending: HashMap<tokio::task::Id, Arc<Vec<Message>>> = HashMap::new();
-        for (sink, batch) in groups {
-            let batch = Arc::new(batch);
-            let handle = tasks.spawn(publish_group(sink, Arc::clone(&batch), timeout));
-            pending.insert(handle.id(), batch);
-        }
-        while let Some(joined) = tasks.join_next_with_id().await {
-            let (id, outcomes) = match joined {
-                Ok((id, outcomes)) => (id, outcomes),
-                Err(error) => {
-                    let failure = Failure::retryable(
-                        FailureClass::Other,
-                        format!("sink task failed: {error}"),
-                    );
-                    let n = pending.get(&error.id()).map_or(0, |b| b.len());
-                    (error.id(), vec![failure.into(); n])
-                }
-            };
-            let batch = pending.remove(&id).expect("every task has its batch");
-            let batch = Arc::try_unwrap(batch).unwrap_or_else(|shared| (*shared).clone());
-            results.extend(batch.into_iter().zip(outcomes));
-        }
-        results
     }
 
     /// Records completions, retrying a retryable store failure three times with backoff:
@@ -576,6 +549,7 @@ impl<S: Store> Inner<S> {
     async fn release_in_flight(&self) {
         let held: Vec<_> = self.lock_in_flight().drain().collect();
         for (token, ids) in held {
+            let ids: Vec<MessageId> = ids.into_iter().collect();
             match self.store.release(token, &ids).await {
                 Ok(report) => debug!(released = report.applied, "released in-flight lease"),
                 Err(error) => {
@@ -585,36 +559,180 @@ impl<S: Store> Inner<S> {
         }
     }
 
-    fn lock_in_flight(&self) -> std::sync::MutexGuard<'_, HashMap<LeaseToken, Vec<MessageId>>> {
+    fn lock_in_flight(&self) -> std::sync::MutexGuard<'_, HashMap<LeaseToken, HashSet<MessageId>>> {
         self.in_flight.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
-async fn publish_group(
-    sink: Arc<dyn DynSink>,
-    batch: Arc<Vec<Message>>,
+/// A message of a claimed batch with its outcome.
+struct Done {
+    batch: Arc<[Message]>,
+    index: usize,
+    outcome: Outcome,
+}
+
+impl Done {
+    fn message(&self) -> &Message {
+        &self.batch[self.index]
+    }
+}
+
+/// One claimed batch on its way through the sinks: one task per sink group, each
+/// reporting outcomes as they arrive, plus the relay's own verdicts (no route, claimed
+/// too often), known at once.
+struct Publication {
+    /// Each group's messages, as its sink sees them (shared with the task, not copied).
+    groups: Vec<Arc<[Message]>>,
+    /// Which messages of each group have an outcome.
+    reported: Vec<Vec<bool>>,
+    /// Each task ends with whether the publish timeout cut it short.
+    tasks: JoinSet<bool>,
+    task_group: HashMap<tokio::task::Id, usize>,
+    /// `(group, index, outcome)` as the sinks report them.
+    receiver: mpsc::UnboundedReceiver<(usize, usize, Outcome)>,
+    verdicts: Vec<Done>,
     timeout: Duration,
-) -> Vec<Outcome> {
-    match tokio::time::timeout(timeout, sink.publish_dyn(&batch)).await {
-        Ok(Ok(outcomes)) if outcomes.len() == batch.len() => outcomes,
-        Ok(Ok(outcomes)) => {
-            let failure = Failure::retryable(
-                FailureClass::Other,
-                format!(
-                    "sink returned {} outcomes for {} messages",
-                    outcomes.len(),
-                    batch.len()
-                ),
-            );
-            vec![failure.into(); batch.len()]
+}
+
+impl Publication {
+    fn start<S: Store>(relay: &Inner<S>, messages: Vec<Message>) -> Self {
+        let mut verdicts = (Vec::new(), Vec::new());
+        let mut by_sink: Vec<(Arc<dyn DynSink>, Vec<Message>)> = Vec::new();
+        for message in messages {
+            if message.attempts > relay.retry.attempt_limit() {
+                // Claimed again and again without a completion: it crashes or hangs relays.
+                let reason = format!(
+                    "claimed {} times without completing (relay crash or lease loss each time)",
+                    message.attempts
+                );
+                verdicts.0.push(message);
+                verdicts
+                    .1
+                    .push(Outcome::permanent(FailureClass::Other, reason));
+                continue;
+            }
+            match relay.routes.get(&message.destination) {
+                Some(sink) => match by_sink.iter_mut().find(|(s, _)| Arc::ptr_eq(s, sink)) {
+                    Some((_, group)) => group.push(message),
+                    None => by_sink.push((Arc::clone(sink), vec![message])),
+                },
+                None => {
+                    let reason = format!("no route for destination {:?}", message.destination);
+                    verdicts.0.push(message);
+                    verdicts
+                        .1
+                        .push(Outcome::permanent(FailureClass::UnknownDestination, reason));
+                }
+            }
         }
-        Ok(Err(failure)) => vec![failure.into(); batch.len()],
-        Err(_) => {
-            let failure = Failure::retryable(
-                FailureClass::Timeout,
-                format!("publish timed out after {timeout:?}"),
-            );
-            vec![failure.into(); batch.len()]
+        let judged: Arc<[Message]> = verdicts.0.into();
+        let verdicts = verdicts
+            .1
+            .into_iter()
+            .enumerate()
+            .map(|(index, outcome)| Done {
+                batch: Arc::clone(&judged),
+                index,
+                outcome,
+            })
+            .collect();
+        let (sender, receiver) = mpsc::unbounded_channel();
+        let mut publication = Self {
+            groups: Vec::with_capacity(by_sink.len()),
+            reported: Vec::with_capacity(by_sink.len()),
+            tasks: JoinSet::new(),
+            task_group: HashMap::new(),
+            receiver,
+            verdicts,
+            timeout: relay.publish_timeout,
+        };
+        // Each group runs as its own task, so a panicking sink fails its own messages, not
+        // the worker, and a slow sink holds back only its own messages.
+        for (group, (sink, members)) in by_sink.into_iter().enumerate() {
+            let batch: Arc<[Message]> = members.into();
+            let sender = sender.clone();
+            let outcomes = Outcomes::new(move |index, outcome| {
+                let _ = sender.send((group, index, outcome));
+            });
+            let (shared, timeout) = (Arc::clone(&batch), publication.timeout);
+            let handle = publication.tasks.spawn(async move {
+                let publish = sink.publish_reporting_dyn(&shared, &outcomes);
+                tokio::time::timeout(timeout, publish).await.is_err()
+            });
+            publication.task_group.insert(handle.id(), group);
+            publication.reported.push(vec![false; batch.len()]);
+            publication.groups.push(batch);
+        }
+        publication
+    }
+
+    /// The outcomes that arrived since the last call, waiting for at least one; `None`
+    /// once every message has its outcome.
+    async fn next_outcomes(&mut self) -> Option<Vec<Done>> {
+        let mut ready = std::mem::take(&mut self.verdicts);
+        loop {
+            self.take_reported(&mut ready);
+            if !ready.is_empty() {
+                return Some(ready);
+            }
+            if self.tasks.is_empty() {
+                return None;
+            }
+            tokio::select! {
+                Some((group, index, outcome)) = self.receiver.recv() => {
+                    self.accept(group, index, outcome, &mut ready);
+                }
+                Some(joined) = self.tasks.join_next_with_id() => {
+                    // Whatever the task reported before it ended is already queued.
+                    self.take_reported(&mut ready);
+                    let (id, failure) = match joined {
+                        Ok((id, true)) => (id, Failure::retryable(
+                            FailureClass::Timeout,
+                            format!("publish timed out after {:?}", self.timeout),
+                        )),
+                        Ok((id, false)) => (id, Failure::retryable(
+                            FailureClass::Other,
+                            "the sink reported no outcome for this message",
+                        )),
+                        Err(error) => (error.id(), Failure::retryable(
+                            FailureClass::Other,
+                            format!("sink task failed: {error}"),
+                        )),
+                    };
+                    let group = self.task_group[&id];
+                    self.finish(group, failure, &mut ready);
+                }
+            }
+        }
+    }
+
+    /// Moves every queued report into `ready`.
+    fn take_reported(&mut self, ready: &mut Vec<Done>) {
+        while let Ok((group, index, outcome)) = self.receiver.try_recv() {
+            self.accept(group, index, outcome, ready);
+        }
+    }
+
+    /// Keeps the first outcome reported for a message; later ones and bad indexes are
+    /// ignored.
+    fn accept(&mut self, group: usize, index: usize, outcome: Outcome, ready: &mut Vec<Done>) {
+        if let Some(reported) = self.reported[group].get_mut(index)
+            && !*reported
+        {
+            *reported = true;
+            ready.push(Done {
+                batch: Arc::clone(&self.groups[group]),
+                index,
+                outcome,
+            });
+        }
+    }
+
+    /// A group's task ended (returned, timed out or panicked): every message it left
+    /// without an outcome gets `failure`.
+    fn finish(&mut self, group: usize, failure: Failure, ready: &mut Vec<Done>) {
+        for index in 0..self.groups[group].len() {
+            self.accept(group, index, failure.clone().into(), ready);
         }
     }
 }

@@ -3,6 +3,7 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::message::Message;
@@ -212,6 +213,125 @@ pub trait Sink: Send + Sync + 'static {
         &self,
         batch: &[Message],
     ) -> impl Future<Output = Result<Vec<Outcome>, Failure>> + Send;
+
+    /// Publishes `batch`, reporting each message's outcome through `outcomes` as soon as
+    /// it is known (`outcomes.report(index, outcome)`, `index` into `batch`).
+    ///
+    /// The relay records each reported outcome at once, so a message the receiver
+    /// acknowledged is marked published without waiting for the batch's slowest message:
+    /// a relay killed mid-batch re-sends fewer messages, and when the relay's publish
+    /// timeout cuts the call short, what was already reported is kept. A message with no
+    /// report when the call ends gets a retryable failure; only the first report for an
+    /// index counts.
+    ///
+    /// The default calls [`publish`](Sink::publish) and reports every outcome when it
+    /// returns. Sinks that finish messages at different times (one request per message,
+    /// say) override it and implement `publish` with [`gather`].
+    fn publish_reporting(
+        &self,
+        batch: &[Message],
+        outcomes: &Outcomes,
+    ) -> impl Future<Output = ()> + Send {
+        async move {
+            match self.publish(batch).await {
+                Ok(list) if list.len() == batch.len() => {
+                    for (index, outcome) in list.into_iter().enumerate() {
+                        outcomes.report(index, outcome);
+                    }
+                }
+                Ok(list) => {
+                    let failure = Failure::retryable(
+                        FailureClass::Other,
+                        format!(
+                            "sink returned {} outcomes for {} messages",
+                            list.len(),
+                            batch.len()
+                        ),
+                    );
+                    for index in 0..batch.len() {
+                        outcomes.report(index, failure.clone().into());
+                    }
+                }
+                Err(failure) => {
+                    for index in 0..batch.len() {
+                        outcomes.report(index, failure.clone().into());
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Where a sink reports outcomes one message at a time (see [`Sink::publish_reporting`]).
+/// Cheap to clone; every clone reports to the same place.
+#[derive(Clone)]
+pub struct Outcomes {
+    report: Arc<dyn Fn(usize, Outcome) + Send + Sync>,
+}
+
+impl Outcomes {
+    /// Outcomes that go to `report(index, outcome)`.
+    pub fn new(report: impl Fn(usize, Outcome) + Send + Sync + 'static) -> Self {
+        Self {
+            report: Arc::new(report),
+        }
+    }
+
+    /// Reports the outcome of message `index` of the batch.
+    pub fn report(&self, index: usize, outcome: Outcome) {
+        (self.report)(index, outcome);
+    }
+}
+
+impl fmt::Debug for Outcomes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Outcomes")
+    }
+}
+
+/// Runs `publish` with an [`Outcomes`] that collects into one outcome per message of a
+/// batch of `len`, in batch order: the first report for an index counts, and an index
+/// with no report gets a retryable failure. It lets a sink that overrides
+/// [`Sink::publish_reporting`] implement [`Sink::publish`] with it.
+///
+/// ```
+/// use outbox_core::{Outcome, gather};
+///
+/// # tokio_test_block_on(async {
+/// let outcomes = gather(2, |outcomes| async move {
+///     outcomes.report(1, Outcome::published());
+/// })
+/// .await;
+/// assert!(outcomes[1].is_published());
+/// assert!(!outcomes[0].is_published(), "no report: a retryable failure");
+/// # });
+/// # fn tokio_test_block_on(f: impl std::future::Future<Output = ()>) {
+/// #     tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(f)
+/// # }
+/// ```
+pub async fn gather<F, Fut>(len: usize, publish: F) -> Vec<Outcome>
+where
+    F: FnOnce(Outcomes) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let slots: Arc<Mutex<Vec<Option<Outcome>>>> = Arc::new(Mutex::new(vec![None; len]));
+    let sink = Arc::clone(&slots);
+    publish(Outcomes::new(move |index, outcome| {
+        let mut slots = sink.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(slot @ None) = slots.get_mut(index) {
+            *slot = Some(outcome);
+        }
+    }))
+    .await;
+    let mut slots = slots.lock().unwrap_or_else(|e| e.into_inner());
+    slots
+        .drain(..)
+        .map(|slot| {
+            slot.unwrap_or_else(|| {
+                Outcome::retryable(FailureClass::Other, "the sink reported no outcome")
+            })
+        })
+        .collect()
 }
 
 /// A boxed future, as [`DynSink`] returns.
@@ -225,6 +345,13 @@ pub trait DynSink: Send + Sync + 'static {
         &'a self,
         batch: &'a [Message],
     ) -> BoxFuture<'a, Result<Vec<Outcome>, Failure>>;
+
+    /// Publishes `batch`, reporting as outcomes arrive; see [`Sink::publish_reporting`].
+    fn publish_reporting_dyn<'a>(
+        &'a self,
+        batch: &'a [Message],
+        outcomes: &'a Outcomes,
+    ) -> BoxFuture<'a, ()>;
 }
 
 impl<S: Sink> DynSink for S {
@@ -233,5 +360,13 @@ impl<S: Sink> DynSink for S {
         batch: &'a [Message],
     ) -> BoxFuture<'a, Result<Vec<Outcome>, Failure>> {
         Box::pin(self.publish(batch))
+    }
+
+    fn publish_reporting_dyn<'a>(
+        &'a self,
+        batch: &'a [Message],
+        outcomes: &'a Outcomes,
+    ) -> BoxFuture<'a, ()> {
+        Box::pin(self.publish_reporting(batch, outcomes))
     }
 }

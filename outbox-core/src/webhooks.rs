@@ -102,10 +102,14 @@ impl Secret {
         Self::from_bytes(&key)
     }
 
-    /// Wraps a raw key. An empty key is rejected.
+    /// Wraps a raw key. An empty key, or one shorter than [`MIN_SECRET_BYTES`], is
+    /// rejected.
     pub fn from_bytes(key: &[u8]) -> Result<Self, SecretError> {
         if key.is_empty() {
             return Err(SecretError::Empty);
+        }
+        if key.len() < MIN_SECRET_BYTES {
+            return Err(SecretError::TooShort);
         }
         Ok(Self { key: key.to_vec() })
     }
@@ -149,9 +153,23 @@ pub enum SecretError {
     /// The key is empty.
     #[error("webhook secret is empty")]
     Empty,
+    /// The key is shorter than [`MIN_SECRET_BYTES`]; such a key can be guessed.
+    #[error(
+        "webhook secret is too short: the key must be at least {MIN_SECRET_BYTES} bytes (generate 24 or more random bytes)"
+    )]
+    TooShort,
+    /// No secret was given where at least one is needed.
+    #[error("no webhook secrets: at least one is needed to verify requests")]
+    NoSecrets,
 }
 
+/// The shortest key [`Secret`] accepts, in bytes (128 bits). Standard Webhooks providers
+/// issue 24 to 64 random bytes.
+pub const MIN_SECRET_BYTES: usize = 16;
+
 /// Signs one message, returning `v1,<base64 HMAC-SHA256 of "{msg_id}.{timestamp}.{body}">`.
+///
+/// `msg_id` must pass [`is_signable_id`] (no `.`); verifiers refuse other ids.
 pub fn sign(secret: &Secret, msg_id: &str, timestamp: i64, body: &[u8]) -> String {
     let tag = secret.mac(msg_id, timestamp, body);
     format!("v1,{}", BASE64.encode(tag))
@@ -196,6 +214,11 @@ pub enum VerifyError {
     /// The timestamp is further in the future than the tolerance allows.
     #[error("webhook timestamp is too far in the future")]
     TimestampInFuture,
+    /// `webhook-id` contains a `.`. The signed content is `{id}.{timestamp}.{body}`, so a
+    /// dot in the id would let one signature verify for a different split of id,
+    /// timestamp and body; ids with dots are refused when signing too.
+    #[error("invalid `webhook-id` header: it must not contain `.`")]
+    InvalidId,
     /// `webhook-signature` exceeds [`MAX_SIGNATURE_HEADER_LEN`] bytes or
     /// [`MAX_SIGNATURES`] entries.
     #[error("`webhook-signature` header is too large")]
@@ -257,6 +280,9 @@ impl Verifier {
                 .ok_or(VerifyError::MissingHeader(name))
         };
         let id = required(HEADER_ID)?;
+        if !is_signable_id(id) {
+            return Err(VerifyError::InvalidId);
+        }
         let raw_timestamp = required(HEADER_TIMESTAMP)?;
         let signatures = required(HEADER_SIGNATURE)?;
 
@@ -290,6 +316,18 @@ impl Verifier {
             Err(VerifyError::NoMatchingSignature)
         }
     }
+}
+
+/// Whether `id` can be a `webhook-id`: it must not contain `.`, the separator of the
+/// signed content `{id}.{timestamp}.{body}`. [`Verifier::verify`] refuses other ids, and
+/// senders must not sign them.
+///
+/// ```
+/// assert!(outbox_core::webhooks::is_signable_id("0190f0a4-6b1c-7cc2-9a55-1f0e1d2c3b4a"));
+/// assert!(!outbox_core::webhooks::is_signable_id("order.42"));
+/// ```
+pub fn is_signable_id(id: &str) -> bool {
+    !id.contains('.')
 }
 
 /// Accepts only plain ASCII digits that fit in an `i64`.

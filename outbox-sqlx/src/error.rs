@@ -5,7 +5,26 @@ use outbox_core::{StoreError, StoreErrorKind};
 /// Maps a sqlx error to a [`StoreError`] with the right kind.
 pub(crate) fn classify(error: sqlx::Error) -> StoreError {
     let kind = kind_of(&error);
-    StoreError::new(kind, error.to_string()).with_source(error)
+    let message = if missing_table(&error) {
+        format!(
+            "{error}: the table does not exist; run the migrations (`migrate()`, or `outbox migrate`) or check the configured table name"
+        )
+    } else {
+        error.to_string()
+    };
+    StoreError::new(kind, message).with_source(error)
+}
+
+/// PostgreSQL's undefined table, MySQL's "table doesn't exist", SQLite's "no such table".
+fn missing_table(error: &sqlx::Error) -> bool {
+    let sqlx::Error::Database(db) = error else {
+        return false;
+    };
+    #[cfg(feature = "mysql")]
+    if let Some(mysql) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
+        return mysql.number() == 1146;
+    }
+    db.code().as_deref() == Some("42P01") || db.message().contains("no such table")
 }
 
 fn kind_of(error: &sqlx::Error) -> StoreErrorKind {

@@ -344,20 +344,42 @@ fn one_line(message: &str) -> String {
     message.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
-/// `scheme://user:password@host` → `scheme://user:***@host`.
+/// `url` with its secrets replaced by `***`: the password in the user info and the values
+/// of query parameters that carry credentials (`password`, `sslpassword`, tokens,
+/// signatures). A URL that does not parse is not shown at all.
 pub(crate) fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
+    const SECRET_PARAMS: &[&str] = &[
+        "password",
+        "sslpassword",
+        "pass",
+        "secret",
+        "token",
+        "access_token",
+        "auth",
+        "x-amz-security-token",
+        "x-amz-signature",
+        "x-amz-credential",
+        "sig",
+        "signature",
+    ];
+    let Ok(mut parsed) = url::Url::parse(url) else {
+        return "<a URL that does not parse>".to_owned();
     };
-    let (authority, tail) = rest.split_once('/').map_or((rest, ""), |(a, t)| (a, t));
-    match authority.rsplit_once('@') {
-        Some((userinfo, host)) => {
-            let user = userinfo.split(':').next().unwrap_or("");
-            let slash = if rest.contains('/') { "/" } else { "" };
-            format!("{scheme}://{user}:***@{host}{slash}{tail}")
-        }
-        None => url.to_owned(),
+    if parsed.password().is_some() {
+        let _ = parsed.set_password(Some("***"));
     }
+    if parsed.query().is_some() {
+        let pairs: Vec<(String, String)> = parsed
+            .query_pairs()
+            .map(|(k, v)| {
+                let secret = SECRET_PARAMS.contains(&k.to_ascii_lowercase().as_str());
+                let v = if secret { "***".into() } else { v.into_owned() };
+                (k.into_owned(), v)
+            })
+            .collect();
+        parsed.query_pairs_mut().clear().extend_pairs(pairs);
+    }
+    parsed.to_string()
 }
 
 /// Parses `500ms`, `30s`, `5m`, `2h`, `3d` (one unit, whole numbers).
@@ -421,6 +443,33 @@ mod tests {
     use super::*;
 
     const MINIMAL: &str = "[store]\nurl = \"sqlite:outbox.db\"\n";
+
+    #[test]
+    fn urls_are_shown_without_their_secrets() {
+        for (url, shown) in [
+            (
+                "postgres://app@db.internal/app",
+                "postgres://app@db.internal/app",
+            ),
+            ("postgres://app:hunter2@db/app", "postgres://app:***@db/app"),
+            (
+                "postgres://db/app?password=hunter2&application_name=relay",
+                "postgres://db/app?password=***&application_name=relay",
+            ),
+            (
+                "postgres://u@db/app?sslpassword=hunter2",
+                "postgres://u@db/app?sslpassword=***",
+            ),
+            (
+                "https://sqs.example.com/q?X-Amz-Security-Token=hunter2",
+                "https://sqs.example.com/q?X-Amz-Security-Token=***",
+            ),
+            ("sqlite:outbox.db", "sqlite:outbox.db"),
+        ] {
+            assert_eq!(redact_url(url), shown);
+        }
+        assert!(!redact_url("postgres://u:hunter2@[bad").contains("hunter2"));
+    }
 
     #[test]
     fn defaults_and_durations() {

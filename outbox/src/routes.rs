@@ -102,10 +102,11 @@ fn http_sink(route: &str, settings: &toml::Table) -> Result<Arc<dyn DynSink>, St
     let endpoint: outbox_sink_http::EndpointConfig = toml::Value::Table(settings.clone())
         .try_into()
         .map_err(|e: toml::de::Error| one_line(&e.to_string()))?;
+    // The caller names the route; the sink's own message would name it a second time.
     let sink = outbox_sink_http::HttpSinkConfig::new()
         .route(route, endpoint)
         .build()
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| format!("invalid {}: {}", e.setting(), e.reason()))?;
     Ok(Arc::new(sink))
 }
 

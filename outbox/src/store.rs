@@ -72,6 +72,7 @@ impl AnyStore {
             #[cfg(feature = "postgres")]
             "postgres" => {
                 let url = config.url.replacen("postgresql://", "postgres://", 1);
+                probe::<sqlx::PgConnection>(config, &url).await?;
                 let pool = sqlx::postgres::PgPoolOptions::new()
                     .max_connections(config.max_connections)
                     .acquire_timeout(Duration::from_secs(10))
@@ -102,6 +103,7 @@ impl AnyStore {
             #[cfg(feature = "mysql")]
             "mysql" => {
                 let url = config.url.replacen("mariadb://", "mysql://", 1);
+                probe::<sqlx::MySqlConnection>(config, &url).await?;
                 let pool = sqlx::mysql::MySqlPoolOptions::new()
                     .max_connections(config.max_connections)
                     .acquire_timeout(Duration::from_secs(10))
@@ -176,6 +178,24 @@ fn published(config: &StoreConfig) -> outbox_sqlx::PublishedRows {
     match config.published_rows {
         PublishedRowsSetting::Keep => outbox_sqlx::PublishedRows::Keep,
         PublishedRowsSetting::Delete => outbox_sqlx::PublishedRows::Delete,
+    }
+}
+
+/// Opens and closes one connection, so that an unreachable server is reported with its
+/// real cause ("Connection refused", a bad password, an unknown database) at once: the
+/// pool retries such errors until its acquire timeout and then says only "timed out".
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+async fn probe<C: sqlx::Connection>(config: &StoreConfig, url: &str) -> Result<(), Error> {
+    match tokio::time::timeout(Duration::from_secs(10), C::connect(url)).await {
+        Ok(Ok(connection)) => {
+            let _ = connection.close().await;
+            Ok(())
+        }
+        Ok(Err(error)) => Err(connect_error(config, error)),
+        Err(_) => Err(Error::Connect {
+            url: crate::config::redact_url(&config.url),
+            reason: "no answer within 10 s".to_owned(),
+        }),
     }
 }
 

@@ -66,6 +66,9 @@ use crate::headers;
 /// limit).
 pub const DEFAULT_MAX_BODY: usize = 1024 * 1024;
 
+/// How long the axum extractor waits for a request body by default.
+pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Records deliveries inside the receiver's transaction: the dedupe table.
 ///
 /// ```
@@ -214,6 +217,9 @@ pub enum ReceiveError {
     /// The body could not be read.
     #[error("request body could not be read: {0}")]
     Body(String),
+    /// The body did not arrive within the receiver's body timeout.
+    #[error("request body did not arrive within {0:?}")]
+    BodyTimeout(Duration),
     /// The inbox could not record the delivery.
     #[error("inbox: {0}")]
     Inbox(#[from] StoreError),
@@ -238,6 +244,7 @@ impl ReceiveError {
             Self::Verify(_) => StatusCode::UNAUTHORIZED,
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::Body(_) => StatusCode::BAD_REQUEST,
+            Self::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             Self::Inbox(e) if e.is_retryable() => StatusCode::SERVICE_UNAVAILABLE,
             Self::Inbox(e) if e.kind() == StoreErrorKind::InvalidInput => StatusCode::BAD_REQUEST,
             Self::Inbox(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -255,7 +262,7 @@ impl ReceiveError {
 /// use outbox_sink_http::receiver::WebhookReceiver;
 ///
 /// let secret: Secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".parse()?;
-/// let receiver = WebhookReceiver::new(vec![secret.clone()])
+/// let receiver = WebhookReceiver::new(vec![secret.clone()])?
 ///     .consumer("billing")
 ///     .tolerance(Duration::from_secs(60));
 ///
@@ -283,27 +290,37 @@ struct Settings {
     verifier: Verifier,
     consumer: String,
     max_body: usize,
+    body_timeout: Duration,
 }
 
 impl WebhookReceiver {
     /// Accepts requests signed with any of `secrets` (several during a rotation), within
     /// 5 minutes of their timestamp, as consumer `webhooks`, bodies up to
-    /// [`DEFAULT_MAX_BODY`].
-    pub fn new(secrets: Vec<Secret>) -> Self {
-        Self {
+    /// [`DEFAULT_MAX_BODY`] that arrive within [`DEFAULT_BODY_TIMEOUT`].
+    ///
+    /// # Errors
+    ///
+    /// [`SecretError::NoSecrets`] when `secrets` is empty: such a receiver could only
+    /// refuse every request.
+    pub fn new(secrets: Vec<Secret>) -> Result<Self, SecretError> {
+        if secrets.is_empty() {
+            return Err(SecretError::NoSecrets);
+        }
+        Ok(Self {
             inner: Arc::new(Settings {
                 verifier: Verifier::new(secrets),
                 consumer: "webhooks".to_owned(),
                 max_body: DEFAULT_MAX_BODY,
+                body_timeout: DEFAULT_BODY_TIMEOUT,
             }),
-        }
+        })
     }
 
     /// Like [`new`](Self::new), parsing `whsec_…` strings.
     ///
     /// # Errors
     ///
-    /// The first secret that does not parse.
+    /// The first secret that does not parse, or [`SecretError::NoSecrets`].
     pub fn from_secrets<S: AsRef<str>>(
         secrets: impl IntoIterator<Item = S>,
     ) -> Result<Self, SecretError> {
@@ -311,7 +328,7 @@ impl WebhookReceiver {
             .into_iter()
             .map(|s| Secret::parse(s.as_ref()))
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(Self::new(secrets))
+        Self::new(secrets)
     }
 
     /// Sets the consumer name the inbox records under. Two services (or two endpoints
@@ -334,6 +351,14 @@ impl WebhookReceiver {
     #[must_use]
     pub fn max_body(mut self, bytes: usize) -> Self {
         Arc::make_mut(&mut self.inner).max_body = bytes;
+        self
+    }
+
+    /// Sets how long the axum extractor waits for the whole body (default
+    /// [`DEFAULT_BODY_TIMEOUT`]); a slower body is answered 408.
+    #[must_use]
+    pub fn body_timeout(mut self, timeout: Duration) -> Self {
+        Arc::make_mut(&mut self.inner).body_timeout = timeout;
         self
     }
 
@@ -495,16 +520,31 @@ mod extract {
             let receiver = WebhookReceiver::from_ref(state);
             let limit = receiver.inner.max_body;
             let (parts, body) = request.into_parts();
-            let mut stream = body.into_data_stream();
-            let mut buffer = BytesMut::new();
-            while let Some(chunk) = stream.next().await {
-                let chunk = chunk.map_err(|e| ReceiveError::Body(e.to_string()))?;
-                if buffer.len() + chunk.len() > limit {
-                    return Err(ReceiveError::BodyTooLarge { limit });
-                }
-                buffer.extend_from_slice(&chunk);
+            // A declared length over the limit is refused before reading anything.
+            let declared = parts
+                .headers
+                .get(http::header::CONTENT_LENGTH)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse::<u64>().ok());
+            if declared.is_some_and(|n| n > limit as u64) {
+                return Err(ReceiveError::BodyTooLarge { limit });
             }
-            let body = buffer.freeze();
+            let read = async {
+                let mut stream = body.into_data_stream();
+                let mut buffer = BytesMut::new();
+                while let Some(chunk) = stream.next().await {
+                    let chunk = chunk.map_err(|e| ReceiveError::Body(e.to_string()))?;
+                    if buffer.len() + chunk.len() > limit {
+                        return Err(ReceiveError::BodyTooLarge { limit });
+                    }
+                    buffer.extend_from_slice(&chunk);
+                }
+                Ok(buffer.freeze())
+            };
+            let timeout = receiver.inner.body_timeout;
+            let body = tokio::time::timeout(timeout, read)
+                .await
+                .map_err(|_| ReceiveError::BodyTimeout(timeout))??;
             let webhook = receiver.verify(&parts.headers, &body)?;
             Ok(Self {
                 webhook,

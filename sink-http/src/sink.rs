@@ -7,8 +7,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures_util::future::join_all;
-use outbox_core::webhooks::{Secret, signature_header};
-use outbox_core::{DynSink, Failure, FailureClass, Message, Outcome, RelayBuilder, Sink, Store};
+use outbox_core::webhooks::{Secret, is_signable_id, signature_header};
+use outbox_core::{
+    DynSink, Failure, FailureClass, Message, Outcome, Outcomes, RelayBuilder, Sink, Store, gather,
+};
 use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
 use reqwest::{Method, Url};
 use tokio::sync::Semaphore;
@@ -274,6 +276,13 @@ impl HttpSink {
             Err(refusal) => return endpoint.refused(refusal),
         };
         if !endpoint.secrets.is_empty() {
+            if !is_signable_id(&message.idempotency_key) {
+                return Failure::permanent(
+                    FailureClass::Serialization,
+                    "the idempotency key contains `.`, which a Standard Webhooks `webhook-id` cannot carry (the signed content is `id.timestamp.body`)",
+                )
+                .into();
+            }
             let timestamp = SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
@@ -304,9 +313,33 @@ impl HttpSink {
             .send()
             .await;
         let (outcome, reached) = match response {
-            Ok(mut response) => {
+            Ok(mut response) if response.status().is_success() => {
+                // The status line is the acknowledgement: the body is not waited for. It is
+                // read in the background, briefly, so the connection can be reused.
                 let status = response.status();
-                let body = read_capped(&mut response, self.inner.max_response_body).await;
+                let cap = self.inner.max_response_body;
+                tokio::spawn(async move {
+                    let _ =
+                        tokio::time::timeout(BODY_BUDGET, read_capped(&mut response, cap)).await;
+                });
+                (
+                    classify_response(status, &HeaderMap::new(), &[], self.inner.limits),
+                    true,
+                )
+            }
+            Ok(mut response) => {
+                // An error body only explains the failure: read what arrives within a
+                // short budget, never wait for a trickling one.
+                let status = response.status();
+                let body = match tokio::time::timeout(
+                    BODY_BUDGET,
+                    read_capped(&mut response, self.inner.max_response_body),
+                )
+                .await
+                {
+                    Ok(body) => body,
+                    Err(_) => Vec::new(),
+                };
                 (
                     classify_response(status, response.headers(), &body, self.inner.limits),
                     true,
@@ -350,9 +383,16 @@ impl HttpSink {
 
 impl Sink for HttpSink {
     async fn publish(&self, batch: &[Message]) -> Result<Vec<Outcome>, Failure> {
-        if batch.is_empty() {
-            return Ok(Vec::new());
-        }
+        Ok(gather(batch.len(), |outcomes| async move {
+            self.publish_reporting(batch, &outcomes).await;
+        })
+        .await)
+    }
+
+    /// Sends every message as its own request, concurrently except that messages sharing
+    /// a destination and partition key go one after another, and reports each outcome as
+    /// its response arrives.
+    async fn publish_reporting(&self, batch: &[Message], outcomes: &Outcomes) {
         let deadline = Instant::now() + self.inner.deadline;
         // Lanes: messages sharing a destination and partition key go one after another.
         let mut lanes: Vec<Vec<usize>> = Vec::new();
@@ -369,25 +409,12 @@ impl Sink for HttpSink {
                 None => lanes.push(vec![index]),
             }
         }
-        let lanes = lanes.into_iter().map(|lane| async move {
-            let mut done = Vec::with_capacity(lane.len());
+        join_all(lanes.into_iter().map(|lane| async move {
             for index in lane {
-                done.push((index, self.deliver_by(&batch[index], deadline).await));
+                outcomes.report(index, self.deliver_by(&batch[index], deadline).await);
             }
-            done
-        });
-        let mut outcomes: Vec<Option<Outcome>> = vec![None; batch.len()];
-        for (index, outcome) in join_all(lanes).await.into_iter().flatten() {
-            outcomes[index] = Some(outcome);
-        }
-        Ok(outcomes
-            .into_iter()
-            .map(|o| {
-                o.unwrap_or_else(|| {
-                    Outcome::retryable(FailureClass::Other, "no outcome was recorded")
-                })
-            })
-            .collect())
+        }))
+        .await;
     }
 }
 
@@ -498,6 +525,14 @@ impl Endpoint {
                 Secret::parse(s).map_err(|e| err("secrets", format!("secret {}: {e}", i + 1)))
             })
             .collect::<Result<Vec<_>, _>>()?;
+        if secrets.is_empty() {
+            // Legitimate for APIs that authenticate with a header, but easy to forget for
+            // a webhook: say so once, at start-up.
+            warn!(
+                destination,
+                "HTTP route has no secrets: its requests are sent unsigned (set `secrets` to sign them)"
+            );
+        }
         if let Some(rate) = &config.rate_limit {
             rate.validate().map_err(|e| err("rate_limit", e))?;
         }
@@ -630,6 +665,9 @@ fn unsendable_failure(header: &str) -> Failure {
 fn unsendable(header: &str) -> Outcome {
     unsendable_failure(header).into()
 }
+
+/// How long a response body is read after its status line arrived.
+const BODY_BUDGET: Duration = Duration::from_secs(1);
 
 /// Reads at most `cap` bytes of the body; errors end the read (what was read is kept).
 async fn read_capped(response: &mut reqwest::Response, cap: usize) -> Vec<u8> {

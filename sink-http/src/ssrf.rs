@@ -94,22 +94,29 @@ impl SsrfError {
 
 impl fmt::Display for SsrfError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let fix = |f: &mut fmt::Formatter<'_>, addr: &str| {
+            write!(
+                f,
+                "; if this endpoint is meant to be internal, allow it for this route: `allow = [\"{addr}\"]` in the route's settings (`EndpointConfig::allow` in code)"
+            )
+        };
         match self.addr {
-            Some(addr) if self.host == addr.to_string() => write!(
-                f,
-                "SSRF guard refused {addr} ({}); allow it in the SSRF policy if this endpoint is meant to be internal",
-                self.reason
-            ),
-            Some(addr) => write!(
-                f,
-                "SSRF guard refused `{}`: it resolves to {addr} ({}); allow it in the SSRF policy if this endpoint is meant to be internal",
-                self.host, self.reason
-            ),
-            None => write!(
-                f,
-                "SSRF guard refused `{}` ({}); allow it in the SSRF policy if this endpoint is meant to be internal",
-                self.host, self.reason
-            ),
+            Some(addr) if self.host == addr.to_string() => {
+                write!(f, "SSRF guard refused {addr} ({})", self.reason)?;
+                fix(f, &addr.to_string())
+            }
+            Some(addr) => {
+                write!(
+                    f,
+                    "SSRF guard refused `{}`: it resolves to {addr} ({})",
+                    self.host, self.reason
+                )?;
+                fix(f, &addr.to_string())
+            }
+            None => {
+                write!(f, "SSRF guard refused `{}` ({})", self.host, self.reason)?;
+                fix(f, &self.host)
+            }
         }
     }
 }

@@ -71,6 +71,9 @@ struct Inner {
     /// Present when the dedupe window is on.
     script: Option<Script>,
     server_version: String,
+    /// The largest argument the server accepts (`proto-max-bulk-len`): a bigger one makes
+    /// it drop the connection, failing the whole pipeline.
+    max_argument: usize,
     /// The URL with the password hidden, for messages.
     url: String,
 }
@@ -176,6 +179,8 @@ impl RedisSink {
         )
         .await?;
 
+        let max_argument = max_argument(&mut conn).await;
+
         if template.is_fixed() {
             let key = template.as_str().replace("{{", "{").replace("}}", "}");
             let found: String = redis::cmd("TYPE")
@@ -195,6 +200,7 @@ impl RedisSink {
                 template,
                 script,
                 server_version,
+                max_argument,
                 url,
             }),
         })
@@ -303,8 +309,12 @@ impl Inner {
             let (replies, wait_reply) = match self.round_trip(&pipe, sent.len()).await {
                 Ok(replies) => replies,
                 Err(failure) => {
-                    for i in sent {
-                        outcomes[i] = Some(Outcome::Failed(failure.clone()));
+                    let appended = self.appended_before(batch, &sent).await;
+                    for (i, entry) in sent.into_iter().zip(appended) {
+                        outcomes[i] = Some(match entry {
+                            Some(id) => Outcome::published_with(id),
+                            None => Outcome::Failed(failure.clone()),
+                        });
                     }
                     return Ok(finish(outcomes));
                 }
@@ -381,6 +391,43 @@ impl Inner {
         Ok((replies, wait_reply))
     }
 
+    /// After a round trip failed half-way (the connection dropped), the entry ids of the
+    /// `sent` messages that were appended before it did, found through their dedupe keys
+    /// on a fresh round trip; `None` for the others, and for all of them when the dedupe
+    /// window is off, a durability wait is configured (an appended entry is not yet
+    /// durable), or the check fails too.
+    async fn appended_before(&self, batch: &[Message], sent: &[usize]) -> Vec<Option<String>> {
+        let unknown = vec![None; sent.len()];
+        if self.script.is_none() || self.config.durability != Durability::None {
+            return unknown;
+        }
+        let mut pipe = Pipeline::with_capacity(sent.len());
+        for &i in sent {
+            let Ok(stream) = self.stream_key(&batch[i]) else {
+                return unknown;
+            };
+            pipe.cmd("GET").arg(dedupe_key(
+                &self.config.dedupe_prefix,
+                &stream,
+                &batch[i].idempotency_key,
+            ));
+        }
+        let mut conn = self.conn.clone();
+        match pipe.query_async::<Vec<Option<String>>>(&mut conn).await {
+            Ok(found) if found.len() == sent.len() => {
+                let appended = found.iter().flatten().count();
+                if appended > 0 {
+                    debug!(
+                        appended,
+                        "found entries appended before the connection dropped"
+                    );
+                }
+                found
+            }
+            _ => unknown,
+        }
+    }
+
     /// The command that appends `message`, or the permanent failure that keeps it from
     /// being sent at all.
     fn command(&self, message: &Message) -> Result<Cmd, Failure> {
@@ -391,6 +438,17 @@ impl Inner {
                     "payload is {} bytes, the route's limit is {} (max_payload_bytes)",
                     message.payload.len(),
                     self.config.max_payload_bytes
+                ),
+            ));
+        }
+        let largest = largest_argument(&self.config.fields, message);
+        if largest > self.max_argument {
+            // Sent, it would make the server drop the connection and fail the whole batch.
+            return Err(Failure::permanent(
+                FailureClass::TooLarge,
+                format!(
+                    "an entry field is {largest} bytes; the Redis server accepts at most {} bytes per argument (proto-max-bulk-len)",
+                    self.max_argument
                 ),
             ));
         }
@@ -546,6 +604,35 @@ fn write_fields(cmd: &mut Cmd, fields: &FieldLayout, message: &Message) {
         }
     }
     cmd.arg(&fields.payload).arg(message.payload.as_slice());
+}
+
+/// The size of the largest field value [`write_fields`] sends for `message`.
+fn largest_argument(fields: &FieldLayout, message: &Message) -> usize {
+    let headers = match &fields.headers {
+        HeaderLayout::Prefixed { .. } => message.headers.values().map(String::len).max(),
+        HeaderLayout::Json { .. } => serde_json::to_string(&message.headers)
+            .ok()
+            .map(|j| j.len()),
+    };
+    message.payload.len().max(headers.unwrap_or(0))
+}
+
+/// The server's `proto-max-bulk-len`, or Redis's default (512 MiB) when `CONFIG GET` is
+/// not allowed (managed services often rename or forbid it).
+async fn max_argument(conn: &mut ConnectionManager) -> usize {
+    const DEFAULT: usize = 512 * 1024 * 1024;
+    let reply: redis::RedisResult<Vec<String>> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("proto-max-bulk-len")
+        .query_async(conn)
+        .await;
+    match reply {
+        Ok(pair) => pair.get(1).and_then(|v| v.parse().ok()).unwrap_or(DEFAULT),
+        Err(error) => {
+            debug!(%error, "cannot read proto-max-bulk-len; assuming Redis's default");
+            DEFAULT
+        }
+    }
 }
 
 /// The dedupe key of (stream, idempotency key). The stream's byte length comes first so
