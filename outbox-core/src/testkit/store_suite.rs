@@ -108,6 +108,7 @@ where
         claims_due_rows_oldest_first,
         claim_is_exclusive_under_concurrency,
         claim_filters_destinations,
+        relays_with_disjoint_routes_share_the_table,
         scheduled_rows_wait,
         lapsed_lease_is_reclaimed,
         stale_token_is_fenced,
@@ -261,6 +262,32 @@ pub async fn claim_filters_destinations<H: StoreHarness>(h: &H) {
     let got: Vec<_> = claim.messages.iter().map(|m| m.id).collect();
     assert_eq!(got, b);
     assert_eq!(counts(h, "a").await, (3, 0, 0, 0));
+}
+
+/// Two relays that route different destinations, draining one table at the same time,
+/// each publish exactly their own messages and dead-letter none of the other's.
+pub async fn relays_with_disjoint_routes_share_the_table<H: StoreHarness>(h: &H) {
+    let sms = enqueue_n(h, "sms", 30).await;
+    let email = enqueue_n(h, "email", 30).await;
+    let relay = |destination: &str, sink: &RecordingSink| {
+        Relay::builder(h.store().clone())
+            .route(destination, sink.clone())
+            .batch_size(7)
+            .build()
+            .expect("relay")
+    };
+    let (to_sms, to_email) = (RecordingSink::new(), RecordingSink::new());
+    let (a, b) = (relay("sms", &to_sms), relay("email", &to_email));
+    let (a, b) = tokio::join!(a.drain(), b.drain());
+    let (a, b) = (a.expect("drain"), b.expect("drain"));
+    assert_eq!((a.published, a.dead, b.published, b.dead), (30, 0, 30, 0));
+    let ids = |sink: &RecordingSink| -> HashSet<MessageId> {
+        sink.messages().iter().map(|m| m.id).collect()
+    };
+    assert_eq!(ids(&to_sms), sms.into_iter().collect());
+    assert_eq!(ids(&to_email), email.into_iter().collect());
+    assert_eq!(counts(h, "sms").await, (0, 0, 30, 0));
+    assert_eq!(counts(h, "email").await, (0, 0, 30, 0));
 }
 
 /// A delayed message is not claimed before its time.
