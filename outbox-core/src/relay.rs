@@ -415,10 +415,10 @@ impl<S: Store> Inner<S> {
         let mut publication = Publication::start(self, claim.messages);
         let mut result = Ok(());
         while let Some(ready) = publication.next_outcomes().await {
-            if let Err(error) = self.complete_outcomes(token, &ready, &mut report).await {
-                if result.is_ok() {
-                    result = Err(error);
-                }
+            if let Err(error) = self.complete_outcomes(token, &ready, &mut report).await
+                && result.is_ok()
+            {
+                result = Err(error);
             }
         }
         self.lock_in_flight().remove(&token);

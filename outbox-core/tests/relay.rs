@@ -281,6 +281,61 @@ async fn a_publish_slower_than_the_timeout_is_retried_not_marked() {
     assert!(row.last_error.unwrap().contains("timed out after 200ms"));
 }
 
+/// Acknowledges the fast messages at once and holds the one named `slow` for ever.
+struct OneSlow;
+impl Sink for OneSlow {
+    async fn publish(&self, _: &[Message]) -> Result<Vec<Outcome>, Failure> {
+        unreachable!("the relay publishes through publish_reporting")
+    }
+
+    async fn publish_reporting(&self, batch: &[Message], outcomes: &outbox_core::Outcomes) {
+        for (index, message) in batch.iter().enumerate() {
+            if message.event_type != "slow" {
+                outcomes.report(index, Outcome::published());
+            }
+        }
+        std::future::pending::<()>().await;
+    }
+}
+
+/// Acknowledged messages are marked published while the batch's slowest message is still
+/// in flight, and stay published when the publish timeout ends the call; only the
+/// unanswered one is retried.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acknowledged_messages_are_completed_before_the_slowest_one() {
+    let store = MemoryStore::new();
+    let slow = store.enqueue(msg("orders", "slow")).unwrap();
+    let fast: Vec<_> = (0..5)
+        .map(|_| store.enqueue(msg("orders", "fast")).unwrap())
+        .collect();
+    let relay = Relay::builder(store.clone())
+        .route("orders", OneSlow)
+        .lease(Duration::from_secs(20))
+        .publish_timeout(Duration::from_secs(3))
+        .build()
+        .unwrap();
+    let batch = tokio::spawn(async move { relay.run_once().await });
+    outbox_test_support::wait_until(
+        "the five acknowledged messages marked published",
+        Duration::from_secs(5),
+        || async {
+            fast.iter()
+                .all(|id| status(&store, *id) == Status::Published)
+        },
+    )
+    .await;
+    assert_eq!(
+        status(&store, slow),
+        Status::Leased,
+        "the slow one is still in flight"
+    );
+    let report = batch.await.unwrap().unwrap();
+    assert_eq!((report.published, report.retried), (5, 1));
+    let row = store.row(slow).unwrap().row;
+    assert_eq!(row.status(), Status::Pending);
+    assert!(row.last_error.unwrap().contains("timed out after 3s"));
+}
+
 #[tokio::test]
 async fn rows_claimed_too_often_without_completion_are_dead_lettered_unpublished() {
     let clock = ManualClock::new();
@@ -347,11 +402,16 @@ async fn shutdown_waits_for_in_flight_batches_within_the_grace() {
     let store = MemoryStore::new();
     let id = store.enqueue(msg("slow", "e")).unwrap();
     let relay = Relay::builder(store.clone())
-        .route("slow", Slow(Duration::from_millis(300)))
+        .route("slow", Slow(Duration::from_secs(1)))
         .shutdown_grace(Duration::from_secs(5))
         .build()
         .unwrap();
-    let shutdown = tokio::time::sleep(Duration::from_millis(100));
+    // Shut down once the batch is in flight.
+    let shutdown = outbox_test_support::wait_until(
+        "the row leased by the relay",
+        Duration::from_secs(10),
+        || async { status(&store, id) == Status::Leased },
+    );
     relay.run(shutdown).await;
     assert_eq!(
         status(&store, id),

@@ -62,6 +62,9 @@ fn relay(outbox: PgOutbox, sink: TableSink, owner: &str, lease: Duration) -> Rel
         .batch_size(25)
         .concurrency(3)
         .lease(lease)
+        // A publish that timed out after its insert committed is re-sent: a duplicate of a
+        // row that need not be leased at the kill. Allow publishes nearly the whole lease.
+        .publish_timeout(lease - Duration::from_millis(100))
         .poll_interval(Duration::from_millis(50))
         .retry(RetryPolicy::default().initial_delay(Duration::from_millis(10)))
         .build()

@@ -1511,8 +1511,16 @@ async fn a_head_committed_during_the_claim_scan_still_holds_its_key() {
     assert!(h.outbox.claim(&request).await.unwrap().messages.is_empty());
     let scan = started.elapsed();
 
+    // An attempt is conclusive when the claim was still scanning after both commits;
+    // try until three were, within bounds.
     let mut conclusive = 0;
-    for attempt in 0..10u64 {
+    let trying = std::time::Instant::now();
+    let mut attempts = 0;
+    for attempt in 0..40u64 {
+        if conclusive >= 3 || trying.elapsed() >= Duration::from_secs(60) {
+            break;
+        }
+        attempts += 1;
         let key = format!("k{attempt}");
         let head = NewMessage::builder("orders", "head")
             .json(&attempt)
@@ -1560,7 +1568,9 @@ async fn a_head_committed_during_the_claim_scan_still_holds_its_key() {
     }
     assert!(
         conclusive >= 3,
-        "the claim scan ({scan:?}) outlasted the commits only {conclusive} times"
+        "waited for 3 attempts whose claim scan ({scan:?}) outlasted the commits; \
+         got {conclusive} in {attempts} attempts ({:?})",
+        trying.elapsed()
     );
 }
 

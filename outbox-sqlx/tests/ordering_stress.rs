@@ -94,9 +94,11 @@ async fn child(table: String, received: String, owner: String) {
         )
         .build()
         .expect("relay");
+    // A backstop only, past the parent's 600 s deadline so no relay stops while the
+    // parent still waits; the parent's guards and `exit_with_parent` end children sooner.
     relay
-        .run(tokio::time::sleep(Duration::from_secs(300)))
-        .await; // never outlive a failed parent
+        .run(tokio::time::sleep(Duration::from_secs(900)))
+        .await;
 }
 
 fn spawn_relay(table: &str, received: &str, n: usize) -> ChildGuard {

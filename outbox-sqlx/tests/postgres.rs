@@ -12,17 +12,23 @@ use outbox_core::{NewMessage, Relay, StoreError, StoreStats};
 use outbox_sqlx::postgres::{PgInbox, PgOutbox};
 use outbox_sqlx::{PublishedRows, TableNames};
 use sqlx::PgPool;
-use sqlx::postgres::PgPoolOptions;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 const URL_VAR: &str = "OUTBOX_TEST_POSTGRES_URL";
 const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
 
 async fn pool() -> PgPool {
     let url = common::url(URL_VAR, DEFAULT_URL);
+    // Named per process (nextest runs each test in its own), so a test can tell its own
+    // connections from those of tests running alongside.
+    let options = url
+        .parse::<PgConnectOptions>()
+        .unwrap_or_else(|e| panic!("{URL_VAR}: {e}"))
+        .application_name(&format!("outbox-test-{}", std::process::id()));
     match PgPoolOptions::new()
         .max_connections(16)
         .acquire_timeout(Duration::from_secs(10))
-        .connect(&url)
+        .connect_with(options)
         .await
     {
         Ok(pool) => pool,
@@ -280,7 +286,33 @@ async fn notify_wakes_a_listening_relay_and_survives_backend_termination() {
     tokio::time::sleep(Duration::from_millis(300)).await;
 
     let notifier = h.outbox.notifier();
+    // A NOTIFY sent while no listener is LISTENing is lost: wait for a LISTEN backend
+    // of this test that is not one of those killed.
+    let listening_anew = |killed: &[i32]| {
+        let pool = h.outbox.pool().clone();
+        let killed = killed.to_vec();
+        async move {
+            outbox_test_support::wait_until(
+                "the listener to LISTEN on a new connection",
+                Duration::from_secs(20),
+                || async {
+                    sqlx::query_scalar::<_, i64>(
+                        "SELECT count(*) FROM pg_stat_activity WHERE query ILIKE 'LISTEN%' AND pid <> ALL($1) \
+                         AND application_name = current_setting('application_name')",
+                    )
+                    .bind(&killed)
+                    .fetch_one(&pool)
+                    .await
+                    .unwrap()
+                        > 0
+                },
+            )
+            .await;
+        }
+    };
+    let mut killed: Vec<i32> = Vec::new();
     for round in 1..=2 {
+        listening_anew(&killed).await;
         h.enqueue(vec![common::message("orders", round)])
             .await
             .unwrap();
@@ -289,18 +321,19 @@ async fn notify_wakes_a_listening_relay_and_survives_backend_termination() {
             sink.wait_for(round as usize, Duration::from_secs(10)).await,
             "NOTIFY woke the relay"
         );
-        // Kill every LISTEN connection: the listener must reconnect and keep working.
-        let killed: Vec<bool> = sqlx::query_scalar(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query ILIKE 'LISTEN%' AND pid <> pg_backend_pid()",
+        // Kill this test's LISTEN connections: the listener must reconnect and keep working.
+        let terminated: Vec<(i32, bool)> = sqlx::query_as(
+            "SELECT pid, pg_terminate_backend(pid) FROM pg_stat_activity WHERE query ILIKE 'LISTEN%' AND pid <> pg_backend_pid() \
+             AND application_name = current_setting('application_name')",
         )
         .fetch_all(h.outbox.pool())
         .await
         .unwrap();
         assert!(
-            !killed.is_empty(),
+            !terminated.is_empty(),
             "a LISTEN connection was found and terminated"
         );
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        killed.extend(terminated.into_iter().map(|(pid, _)| pid));
     }
     // No listener connection is ever idle inside a transaction.
     let idle_in_tx: i64 = sqlx::query_scalar(
@@ -310,6 +343,7 @@ async fn notify_wakes_a_listening_relay_and_survives_backend_termination() {
     .await
     .unwrap();
     assert_eq!(idle_in_tx, 0);
+    listening_anew(&killed).await;
     h.enqueue(vec![common::message("orders", 3)]).await.unwrap();
     notifier.notify();
     assert!(
@@ -439,8 +473,9 @@ async fn a_relay_that_lost_its_lease_changes_nothing() {
         Claim, ClaimRequest, CompleteReport, Completion, LeaseToken, MessageId, Store,
     };
 
+    /// Completes only once the test releases it: a GC pause, a network partition...
     #[derive(Clone)]
-    struct StallBeforeComplete(PgOutbox, Duration);
+    struct StallBeforeComplete(PgOutbox, Arc<tokio::sync::Notify>);
     impl Store for StallBeforeComplete {
         async fn claim(&self, r: &ClaimRequest) -> Result<Claim, StoreError> {
             self.0.claim(r).await
@@ -450,7 +485,7 @@ async fn a_relay_that_lost_its_lease_changes_nothing() {
             t: LeaseToken,
             c: &[Completion],
         ) -> Result<CompleteReport, StoreError> {
-            tokio::time::sleep(self.1).await; // a GC pause, a network partition...
+            self.1.notified().await;
             self.0.complete(t, c).await
         }
         async fn release(
@@ -466,16 +501,39 @@ async fn a_relay_that_lost_its_lease_changes_nothing() {
     h.enqueue((0..5).map(|n| common::message("orders", n)).collect())
         .await
         .unwrap();
-    let slow = Relay::builder(StallBeforeComplete(
-        h.outbox.clone(),
-        Duration::from_millis(2500),
-    ))
-    .route("orders", RecordingSink::new())
-    .lease(Duration::from_secs(1))
-    .build()
-    .unwrap();
+    let resume = Arc::new(tokio::sync::Notify::new());
+    let slow = Relay::builder(StallBeforeComplete(h.outbox.clone(), Arc::clone(&resume)))
+        .route("orders", RecordingSink::new())
+        .owner("slow")
+        .lease(Duration::from_secs(1))
+        .build()
+        .unwrap();
     let stalled = tokio::spawn(async move { slow.run_once().await });
-    tokio::time::sleep(Duration::from_millis(1500)).await; // the slow relay's lease lapsed
+    let slow_rows = |condition: &'static str| {
+        let sql = format!(
+            "SELECT count(*) FROM {} WHERE status = 'leased' AND lease_owner = 'slow' {condition}",
+            h.table()
+        );
+        let pool = h.outbox.pool().clone();
+        async move {
+            sqlx::query_scalar::<_, i64>(&sql)
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        }
+    };
+    outbox_test_support::wait_until(
+        "the slow relay to hold its 5 rows leased",
+        Duration::from_secs(10),
+        || async { slow_rows("").await == 5 },
+    )
+    .await;
+    outbox_test_support::wait_until(
+        "the slow relay's leases to lapse",
+        Duration::from_secs(10),
+        || async { slow_rows("AND lease_until < now()").await == 5 },
+    )
+    .await;
     let healthy = Relay::builder(h.outbox.clone())
         .route("orders", RecordingSink::new())
         .build()
@@ -494,6 +552,7 @@ async fn a_relay_that_lost_its_lease_changes_nothing() {
     .fetch_all(h.outbox.pool())
     .await
     .unwrap();
+    resume.notify_one();
     let late = stalled.await.unwrap().unwrap();
     assert_eq!(
         (late.claimed, late.published, late.stale),

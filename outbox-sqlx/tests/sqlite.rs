@@ -590,7 +590,18 @@ async fn in_process_wakeup_drives_a_relay_with_several_workers() {
         "woken without polling; got {}",
         sink.messages().len()
     );
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The sink sees a message before the relay records it: wait for the records.
+    outbox_test_support::wait_until(
+        "500 messages recorded as published",
+        Duration::from_secs(20),
+        || async {
+            let stats = h.outbox.stats().await.unwrap();
+            stats
+                .destination("orders")
+                .is_some_and(|d| d.published == 500)
+        },
+    )
+    .await;
     running.abort();
     let got: Vec<_> = sink.messages().iter().map(|m| m.id).collect();
     assert_eq!(got.len(), 500, "no duplicates");
@@ -598,8 +609,6 @@ async fn in_process_wakeup_drives_a_relay_with_several_workers() {
         got.iter().copied().collect::<HashSet<_>>(),
         expected.into_iter().collect::<HashSet<_>>()
     );
-    let stats = h.outbox.stats().await.unwrap();
-    assert_eq!(stats.destination("orders").unwrap().published, 500);
 }
 
 /// Hostile names are either rejected or used exactly as quoted; a canary table survives.

@@ -331,15 +331,12 @@ impl HttpSink {
                 // An error body only explains the failure: read what arrives within a
                 // short budget, never wait for a trickling one.
                 let status = response.status();
-                let body = match tokio::time::timeout(
+                let body = tokio::time::timeout(
                     BODY_BUDGET,
                     read_capped(&mut response, self.inner.max_response_body),
                 )
                 .await
-                {
-                    Ok(body) => body,
-                    Err(_) => Vec::new(),
-                };
+                .unwrap_or_default();
                 (
                     classify_response(status, response.headers(), &body, self.inner.limits),
                     true,

@@ -123,7 +123,8 @@ async fn retryable_answers_are_retried_and_retry_after_reaches_the_row() {
         .build()
         .unwrap();
     let before = Utc::now();
-    let report = relay.drain().await.unwrap();
+    // One batch holds both rows; `drain` could already take the flaky one again.
+    let report = relay.run_once().await.unwrap();
     assert_eq!(report.retried, 2, "{report:?}");
 
     let row = store.row(throttled).unwrap();
@@ -137,7 +138,7 @@ async fn retryable_answers_are_retried_and_retry_after_reaches_the_row() {
     let error = row.row.last_error.as_deref().unwrap();
     assert!(error.contains("HTTP 503"), "{error}");
 
-    // The flaky one comes back after its short backoff and is delivered.
+    // The flaky one comes back after its short backoff (at most 50 ms) and is delivered.
     tokio::time::sleep(Duration::from_millis(100)).await;
     let report = relay.drain().await.unwrap();
     assert_eq!(report.published, 1, "{report:?}");
@@ -200,8 +201,13 @@ async fn fan_out_rows_are_delivered_and_tracked_on_their_own() {
         .register(Relay::builder(store.clone()))
         .build()
         .unwrap();
-    let report = relay.drain().await.unwrap();
-    assert_eq!((report.published, report.retried), (2, 1), "{report:?}");
+    // One batch: with `drain`, a short jittered backoff could bring the failed row back.
+    let report = relay.run_once().await.unwrap();
+    assert_eq!(
+        (report.claimed, report.published, report.retried),
+        (3, 2, 1),
+        "{report:?}"
+    );
 
     assert_eq!(store.row(ids[0]).unwrap().row.status(), Status::Published);
     assert_eq!(store.row(ids[1]).unwrap().row.status(), Status::Published);

@@ -81,9 +81,23 @@ async fn redis_killed_mid_run_and_restarted_loses_nothing() {
     .await;
     server.kill();
     // A reply that arrived just before the kill may still be completing; after that,
-    // nothing can become published until Redis is back.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let at_kill = published(&store);
+    // nothing can become published until Redis is back. Take the count once it held
+    // for 300 ms.
+    let settling = Instant::now();
+    let mut last = (Instant::now(), published(&store));
+    let at_kill = loop {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let now = published(&store);
+        if now != last.1 {
+            last = (Instant::now(), now);
+        } else if last.0.elapsed() >= Duration::from_millis(300) {
+            break now;
+        }
+        assert!(
+            settling.elapsed() < Duration::from_secs(5),
+            "timed out after 5s waiting for the published count to settle after the kill"
+        );
+    };
     tokio::time::sleep(Duration::from_millis(1_200)).await;
     let while_down = published(&store);
     assert_eq!(
@@ -322,8 +336,17 @@ async fn a_wait_that_is_not_met_fails_retryably_and_the_resend_is_not_duplicated
     // The replica returns; the relay's re-send is acknowledged and appends nothing new.
     replica.restart().await;
     synced(replica.url()).await;
-    let outcomes = sink.publish(&batch[2..]).await.unwrap();
-    assert!(outcomes.iter().all(Outcome::is_published), "{outcomes:?}");
+    let mut outcomes = Vec::new();
+    for _ in 0..5 {
+        outcomes = sink.publish(&batch[2..]).await.unwrap();
+        if outcomes.iter().all(Outcome::is_published) {
+            break;
+        }
+    }
+    assert!(
+        outcomes.iter().all(Outcome::is_published),
+        "the returned replica acknowledges the re-send: {outcomes:?}"
+    );
     let entries = xrange(&mut conn, "events").await;
     assert_eq!(entries.len(), 5, "no duplicates after the re-send");
     let mut replica_conn = reader(&replica.url()).await;

@@ -168,7 +168,7 @@ where
 }
 
 /// Waits until `check` returns `Some`, polling every 20 ms, and returns the value; panics
-/// after `limit` with `what`.
+/// after `limit` with `what`. A check still running at the deadline counts as "not yet".
 pub async fn wait_for<T, F, Fut>(what: &str, limit: Duration, mut check: F) -> T
 where
     F: FnMut() -> Fut,
@@ -176,7 +176,8 @@ where
 {
     let start = Instant::now();
     loop {
-        if let Some(value) = check().await {
+        let remaining = limit.saturating_sub(start.elapsed());
+        if let Ok(Some(value)) = tokio::time::timeout(remaining, check()).await {
             return value;
         }
         assert!(
