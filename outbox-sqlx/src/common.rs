@@ -33,6 +33,21 @@ pub(crate) fn headers_from_json(json: &str) -> Result<Headers, String> {
         .map_err(|e| undecodable("headers", format!("not a JSON object of strings ({e})")))
 }
 
+/// Sets `message.headers` from the `headers` column's text. With `strict` off, headers
+/// that cannot be read are left empty (for listing the dead letters such rows became).
+pub(crate) fn read_headers(
+    message: &mut outbox_core::Message,
+    json: &str,
+    strict: bool,
+) -> Result<(), String> {
+    match headers_from_json(json) {
+        Ok(headers) => message.headers = headers,
+        Err(reason) if strict => return Err(reason),
+        Err(_) => {}
+    }
+    Ok(())
+}
+
 /// The reason a claimed row that cannot be read as a message is dead-lettered with.
 pub(crate) fn undecodable(column: &str, problem: impl std::fmt::Display) -> String {
     format!("undecodable row: column {column}: {problem}")

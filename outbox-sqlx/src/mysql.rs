@@ -86,7 +86,7 @@ use sqlx::{Row, Transaction};
 use tracing::warn;
 
 use crate::common::{
-    attempts, availability, check_inbox_key, count, headers_from_json, headers_json, limit, millis,
+    attempts, availability, check_inbox_key, count, headers_json, limit, millis, read_headers,
     stored_id, undecodable,
 };
 use crate::error::classify;
@@ -607,11 +607,7 @@ fn message(row: &MySqlRow, strict_headers: bool) -> Result<Message, String> {
     m.aggregate_id = optional("aggregate_id")?;
     m.partition_key = optional("partition_key")?;
     m.tenant_id = optional("tenant_id")?;
-    match headers_from_json(&text("headers")?) {
-        Ok(headers) => m.headers = headers,
-        Err(reason) if strict_headers => return Err(reason),
-        Err(_) => {}
-    }
+    read_headers(&mut m, &text("headers")?, strict_headers)?;
     Ok(m)
 }
 

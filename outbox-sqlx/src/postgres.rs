@@ -37,7 +37,7 @@ use tracing::{debug, warn};
 use uuid::Uuid;
 
 use crate::common::{
-    attempts, availability, check_inbox_key, count, headers_from_json, headers_json, limit, millis,
+    attempts, availability, check_inbox_key, count, headers_json, limit, millis, read_headers,
     undecodable,
 };
 use crate::error::classify;
@@ -312,11 +312,7 @@ impl PgOutbox {
         m.aggregate_id = get(row, "aggregate_id")?;
         m.partition_key = get(row, "partition_key")?;
         m.tenant_id = get(row, "tenant_id")?;
-        match headers_from_json(&get::<String>(row, "headers")?) {
-            Ok(headers) => m.headers = headers,
-            Err(reason) if strict_headers => return Err(reason),
-            Err(_) => {}
-        }
+        read_headers(&mut m, &get::<String>(row, "headers")?, strict_headers)?;
         Ok(m)
     }
 

@@ -112,7 +112,7 @@ use tracing::warn;
 use uuid::Uuid;
 
 use crate::common::{
-    attempts, check_inbox_key, count, headers_from_json, headers_json, limit, millis, stored_id,
+    attempts, check_inbox_key, count, headers_json, limit, millis, read_headers, stored_id,
     undecodable,
 };
 use crate::error::classify;
@@ -353,11 +353,7 @@ impl SqliteOutbox {
         m.aggregate_id = get(row, "aggregate_id")?;
         m.partition_key = get(row, "partition_key")?;
         m.tenant_id = get(row, "tenant_id")?;
-        match headers_from_json(&get::<String>(row, "headers")?) {
-            Ok(headers) => m.headers = headers,
-            Err(reason) if strict_headers => return Err(reason),
-            Err(_) => {}
-        }
+        read_headers(&mut m, &get::<String>(row, "headers")?, strict_headers)?;
         Ok(m)
     }
 

@@ -103,3 +103,33 @@ pub async fn unreadable_rows_are_dead_lettered_alone<S>(
         assert_eq!(listed, want, "the dead letters are listed");
     }
 }
+
+/// The table refuses each row in `headers` (bad `headers` text), and an upper-case id when
+/// `id_error` is given, with an error containing the matching text; a readable row is
+/// accepted. `insert` writes rows as another program would.
+pub async fn refuses_unreadable_rows<F, Fut>(
+    insert: F,
+    headers: &[&str],
+    headers_error: &str,
+    id_error: Option<&str>,
+) where
+    F: Fn(Vec<ForeignRow>) -> Fut,
+    Fut: std::future::Future<Output = Result<(), sqlx::Error>>,
+{
+    for bad in headers {
+        let error = insert(foreign_rows(1, &[(0, bad)]))
+            .await
+            .expect_err(bad)
+            .to_string();
+        assert!(error.contains(headers_error), "{bad}: {error}");
+    }
+    if let Some(id_error) = id_error {
+        let mut upper = foreign_rows(1, &[]);
+        upper[0].id = upper[0].id.to_uppercase();
+        let error = insert(upper).await.expect_err("upper case id").to_string();
+        assert!(error.contains(id_error), "{error}");
+    }
+    insert(foreign_rows(1, &[(0, r#"{"x-trace": "abc"}"#)]))
+        .await
+        .expect("a readable row is accepted");
+}
