@@ -5,13 +5,14 @@
 
 use std::collections::HashSet;
 use std::process::Command;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use outbox::NewMessage;
 use outbox::sqlx_store::TableNames;
 use outbox::sqlx_store::postgres::PgOutbox;
 use outbox_test_support::{ChildGuard, wait_until};
+
+mod common;
 
 const MESSAGES: usize = 6_000;
 const KILLS: usize = 20;
@@ -47,28 +48,8 @@ async fn kill_9_loses_nothing_and_resends_only_what_was_in_flight() {
     }
     let committed: HashSet<String> = messages.iter().map(|m| m.id().to_string()).collect();
 
-    // The receiver: records every delivery, answers after 5-40 ms.
-    let got: Arc<Mutex<Vec<String>>> = Arc::default();
-    let record = got.clone();
-    let app = axum::Router::new().route(
-        "/hook",
-        axum::routing::post(move |headers: axum::http::HeaderMap| {
-            let record = record.clone();
-            async move {
-                let id = headers
-                    .get("outbox-message-id")
-                    .and_then(|v| v.to_str().ok())
-                    .unwrap_or("")
-                    .to_owned();
-                record.lock().unwrap().push(id);
-                tokio::time::sleep(Duration::from_millis(fastrand::u64(5..40))).await;
-                axum::http::StatusCode::NO_CONTENT
-            }
-        }),
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let hook = format!("http://{}/hook", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await });
+    // The receiver: records every delivery on arrival, answers after 5-40 ms.
+    let (hook, got) = common::recording_receiver(5..40).await;
 
     let dir = std::env::temp_dir().join(format!("outbox-{table}"));
     std::fs::create_dir_all(&dir).unwrap();

@@ -3,13 +3,14 @@
 //! gracefully on SIGTERM.
 
 use std::process::Command;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use outbox::NewMessage;
 use outbox::sqlx_store::TableNames;
 use outbox::sqlx_store::postgres::PgOutbox;
 use outbox_test_support::{ChildGuard, wait_for, wait_until};
+
+mod common;
 
 /// A stream entry as XRANGE returns it: entry id and field/value pairs.
 type StreamEntry = (String, Vec<(String, Vec<u8>)>);
@@ -99,26 +100,7 @@ async fn one_relay_binary_publishes_to_http_then_redis_by_config_only() {
     };
 
     // An HTTP receiver that records the message ids it is given.
-    let got: Arc<Mutex<Vec<String>>> = Arc::default();
-    let record = got.clone();
-    let app = axum::Router::new().route(
-        "/hook",
-        axum::routing::post(move |headers: axum::http::HeaderMap| {
-            let record = record.clone();
-            async move {
-                let id = headers
-                    .get("outbox-message-id")
-                    .and_then(|v| v.to_str().ok())
-                    .unwrap_or("")
-                    .to_owned();
-                record.lock().unwrap().push(id);
-                axum::http::StatusCode::NO_CONTENT
-            }
-        }),
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let hook = format!("http://{}/hook", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await });
+    let (hook, got) = common::recording_receiver(0..0).await;
     let metrics_addr = {
         let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         probe.local_addr().unwrap().to_string()
