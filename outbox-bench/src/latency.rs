@@ -27,7 +27,11 @@ struct TimingSink {
 }
 
 impl Sink for TimingSink {
-    async fn publish(&self, batch: &[Message]) -> Result<Vec<Outcome>, Failure> {
+    async fn publish(
+        &self,
+        batch: &[Message],
+        _cx: &outbox_core::PublishContext,
+    ) -> Result<Vec<Outcome>, Failure> {
         let now = Instant::now();
         self.arrivals
             .lock()

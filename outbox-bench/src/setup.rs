@@ -57,7 +57,11 @@ pub(crate) struct NoopSink {
 }
 
 impl Sink for NoopSink {
-    async fn publish(&self, batch: &[Message]) -> Result<Vec<Outcome>, Failure> {
+    async fn publish(
+        &self,
+        batch: &[Message],
+        _cx: &outbox_core::PublishContext,
+    ) -> Result<Vec<Outcome>, Failure> {
         self.count
             .fetch_add(batch.len(), std::sync::atomic::Ordering::Relaxed);
         Ok(vec![Outcome::published(); batch.len()])

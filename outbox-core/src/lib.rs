@@ -32,10 +32,15 @@
 //! The `testkit` feature adds the conformance suites every store and sink must pass,
 //! plus [`testkit::RecordingSink`] and [`testkit::FlakySink`] for your own tests.
 
+pub mod backend;
 mod clock;
+pub mod duration;
 mod error;
+pub mod layers;
 mod memory;
 mod message;
+pub mod redact;
+pub mod registry;
 mod relay;
 mod retry;
 mod sink;
@@ -47,6 +52,7 @@ pub mod webhooks;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 
+pub use backend::{Backend, DynStore, Listener};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{ConfigError, MessageError, StoreError, StoreErrorKind};
 pub use memory::{MemoryStore, RowSnapshot};
@@ -54,9 +60,13 @@ pub use message::{
     Availability, Headers, Limits, Message, MessageId, NewMessage, NewMessageBuilder,
     deterministic_key,
 };
+pub use registry::{PublishedRows, StoreSettings};
 pub use relay::{BatchReport, Relay, RelayBuilder};
 pub use retry::{Decision, RetryPolicy};
-pub use sink::{BoxFuture, DynSink, Failure, FailureClass, Outcome, Outcomes, Sink, gather};
+pub use sink::{
+    BoxFuture, DEFAULT_PUBLISH_TIMEOUT, DynSink, Failure, FailureClass, Outcome, Outcomes,
+    PublishContext, Sink, Stopper, gather,
+};
 pub use state::{Lease, LeaseToken, Status};
 pub use store::{
     Claim, ClaimRequest, CompleteAction, CompleteReport, Completion, DeadHead, DeadLetter,

@@ -472,3 +472,19 @@ impl Wakeups for MemoryStore {
         self.wakeup.clone()
     }
 }
+
+/// Nothing to migrate; the listener is the in-process wakeup raised by every enqueue.
+impl crate::backend::Backend for MemoryStore {
+    async fn migrate(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    async fn listen(&self) -> Result<Option<crate::backend::Listener>, StoreError> {
+        Ok(Some(crate::backend::Listener::new(self.wakeup.clone(), ())))
+    }
+
+    async fn notify(&self) -> Result<(), StoreError> {
+        self.wakeup.notify();
+        Ok(())
+    }
+}

@@ -15,7 +15,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::error::{ConfigError, StoreError};
 use crate::message::{Message, MessageId};
 use crate::retry::{Decision, RetryPolicy};
-use crate::sink::{DynSink, Failure, FailureClass, Outcome, Outcomes, Sink};
+use crate::sink::{DynSink, Failure, FailureClass, Outcome, Outcomes, PublishContext, Sink};
 use crate::state::LeaseToken;
 use crate::store::{ClaimRequest, CompleteAction, Completion, Ordering, Store};
 use crate::wakeup::Wakeup;
@@ -656,8 +656,12 @@ impl Publication {
             });
             let (shared, timeout) = (Arc::clone(&batch), publication.timeout);
             let handle = publication.tasks.spawn(async move {
-                let publish = sink.publish_reporting_dyn(&shared, &outcomes);
-                tokio::time::timeout(timeout, publish).await.is_err()
+                // The sink is told the deadline; the timeout is the backstop if it ignores it.
+                let cx = PublishContext::timeout(timeout);
+                let publish = sink.publish_reporting_dyn(&shared, &cx, &outcomes);
+                tokio::time::timeout_at(cx.deadline(), publish)
+                    .await
+                    .is_err()
             });
             publication.task_group.insert(handle.id(), group);
             publication.reported.push(vec![false; batch.len()]);

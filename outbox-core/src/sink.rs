@@ -3,8 +3,10 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
+
+use tokio::time::Instant;
 
 use crate::message::Message;
 
@@ -175,6 +177,110 @@ impl From<Failure> for Outcome {
     }
 }
 
+/// What the relay tells a sink about one publish call: when it must be done by, and
+/// whether a policy wrapped around the sink asked it to stop sending.
+///
+/// The deadline is the relay's `publish_timeout` from the start of the call (or tighter,
+/// under a [`Timeout`](crate::layers::Timeout) layer). A sink must answer by then: a
+/// message it has not reported when the deadline passes fails retryably as a timeout.
+/// A sink that sends messages one by one checks [`stopped`](Self::stopped) before each
+/// and reports the rest as [deferred](Failure::deferred) (never sent) once it is set,
+/// for instance when a circuit breaker opened in the middle of the batch.
+///
+/// ```
+/// use std::time::Duration;
+/// use outbox_core::PublishContext;
+///
+/// let cx = PublishContext::timeout(Duration::from_secs(5));
+/// assert!(cx.remaining() <= Duration::from_secs(5));
+/// assert_eq!(cx.stopped(), None);
+/// let (child, stop) = cx.child();
+/// stop.stop("the circuit opened");
+/// assert_eq!(child.stopped(), Some("the circuit opened"));
+/// assert_eq!(cx.stopped(), None, "the parent is not stopped");
+/// ```
+#[derive(Debug, Clone)]
+pub struct PublishContext {
+    deadline: Instant,
+    stops: Vec<Arc<OnceLock<String>>>,
+}
+
+/// Stops the sends of a [`PublishContext::child`].
+#[derive(Debug, Clone)]
+pub struct Stopper(Arc<OnceLock<String>>);
+
+impl Stopper {
+    /// Asks the sink to send nothing more, for `reason` (the first reason given counts).
+    pub fn stop(&self, reason: impl Into<String>) {
+        let _ = self.0.set(reason.into());
+    }
+}
+
+/// The deadline of [`PublishContext::default`], for calling a sink directly.
+pub const DEFAULT_PUBLISH_TIMEOUT: Duration = Duration::from_secs(30);
+
+impl PublishContext {
+    /// A context with this deadline.
+    pub fn new(deadline: Instant) -> Self {
+        Self {
+            deadline,
+            stops: Vec::new(),
+        }
+    }
+
+    /// A context whose deadline is `timeout` from now.
+    pub fn timeout(timeout: Duration) -> Self {
+        Self::new(Instant::now() + timeout)
+    }
+
+    /// When the call must be done.
+    pub fn deadline(&self) -> Instant {
+        self.deadline
+    }
+
+    /// The time left before the deadline (zero once it passed).
+    pub fn remaining(&self) -> Duration {
+        self.deadline.saturating_duration_since(Instant::now())
+    }
+
+    /// Why sending should stop, once a policy asked for it.
+    pub fn stopped(&self) -> Option<&str> {
+        self.stops
+            .iter()
+            .find_map(|stop| stop.get())
+            .map(String::as_str)
+    }
+
+    /// The same context with its deadline moved to `deadline` if that is earlier.
+    pub fn narrowed(&self, deadline: Instant) -> Self {
+        Self {
+            deadline: self.deadline.min(deadline),
+            stops: self.stops.clone(),
+        }
+    }
+
+    /// A context that is stopped when this one is, or when the returned [`Stopper`] says.
+    pub fn child(&self) -> (Self, Stopper) {
+        let stop = Arc::new(OnceLock::new());
+        let mut stops = self.stops.clone();
+        stops.push(Arc::clone(&stop));
+        (
+            Self {
+                deadline: self.deadline,
+                stops,
+            },
+            Stopper(stop),
+        )
+    }
+}
+
+impl Default for PublishContext {
+    /// A deadline [`DEFAULT_PUBLISH_TIMEOUT`] from now.
+    fn default() -> Self {
+        Self::timeout(DEFAULT_PUBLISH_TIMEOUT)
+    }
+}
+
 /// Publishes messages to one kind of receiver.
 ///
 /// # Contract
@@ -184,16 +290,22 @@ impl From<Failure> for Outcome {
 /// - Return [`Outcome::Published`] only after the receiver acknowledged durably (HTTP 2xx,
 ///   Kafka delivery report, SQS per-entry success, AMQP confirm without return, Redis
 ///   reply). When unsure, fail retryably: a duplicate is recoverable, a loss is not.
+/// - Answer by the context's [deadline](PublishContext::deadline); a message sent but not
+///   answered by then is a retryable timeout (it may have arrived).
 /// - Carry `id` and `idempotency_key` to the receiver unchanged on every attempt.
 /// - Never panic on a broker reply; classify it.
 ///
+/// Sinks compose: `Arc<S>`, `Box<dyn DynSink>` and `Arc<dyn DynSink>` are sinks too, and
+/// the [`layers`](crate::layers) (rate limit, circuit breaker, concurrency cap, timeout)
+/// wrap any sink.
+///
 /// ```
-/// use outbox_core::{Failure, FailureClass, Message, Outcome, Sink};
+/// use outbox_core::{Failure, FailureClass, Message, Outcome, PublishContext, Sink};
 ///
 /// struct Stdout;
 ///
 /// impl Sink for Stdout {
-///     async fn publish(&self, batch: &[Message]) -> Result<Vec<Outcome>, Failure> {
+///     async fn publish(&self, batch: &[Message], _: &PublishContext) -> Result<Vec<Outcome>, Failure> {
 ///         Ok(batch
 ///             .iter()
 ///             .map(|m| match m.payload_str() {
@@ -212,6 +324,7 @@ pub trait Sink: Send + Sync + 'static {
     fn publish(
         &self,
         batch: &[Message],
+        cx: &PublishContext,
     ) -> impl Future<Output = Result<Vec<Outcome>, Failure>> + Send;
 
     /// Publishes `batch`, reporting each message's outcome through `outcomes` as soon as
@@ -219,10 +332,9 @@ pub trait Sink: Send + Sync + 'static {
     ///
     /// The relay records each reported outcome at once, so a message the receiver
     /// acknowledged is marked published without waiting for the batch's slowest message:
-    /// a relay killed mid-batch re-sends fewer messages, and when the relay's publish
-    /// timeout cuts the call short, what was already reported is kept. A message with no
-    /// report when the call ends gets a retryable failure; only the first report for an
-    /// index counts.
+    /// a relay killed mid-batch re-sends fewer messages, and when the deadline cuts the
+    /// call short, what was already reported is kept. A message with no report when the
+    /// call ends gets a retryable failure; only the first report for an index counts.
     ///
     /// The default calls [`publish`](Sink::publish) and reports every outcome when it
     /// returns. Sinks that finish messages at different times (one request per message,
@@ -230,35 +342,56 @@ pub trait Sink: Send + Sync + 'static {
     fn publish_reporting(
         &self,
         batch: &[Message],
+        cx: &PublishContext,
         outcomes: &Outcomes,
     ) -> impl Future<Output = ()> + Send {
-        async move {
-            match self.publish(batch).await {
-                Ok(list) if list.len() == batch.len() => {
-                    for (index, outcome) in list.into_iter().enumerate() {
-                        outcomes.report(index, outcome);
-                    }
-                }
-                Ok(list) => {
-                    let failure = Failure::retryable(
-                        FailureClass::Other,
-                        format!(
-                            "sink returned {} outcomes for {} messages",
-                            list.len(),
-                            batch.len()
-                        ),
-                    );
-                    for index in 0..batch.len() {
-                        outcomes.report(index, failure.clone().into());
-                    }
-                }
-                Err(failure) => {
-                    for index in 0..batch.len() {
-                        outcomes.report(index, failure.clone().into());
-                    }
-                }
-            }
-        }
+        async move { outcomes.report_all(batch.len(), self.publish(batch, cx).await) }
+    }
+}
+
+impl<S: Sink> Sink for Arc<S> {
+    async fn publish(
+        &self,
+        batch: &[Message],
+        cx: &PublishContext,
+    ) -> Result<Vec<Outcome>, Failure> {
+        S::publish(self, batch, cx).await
+    }
+
+    async fn publish_reporting(&self, batch: &[Message], cx: &PublishContext, outcomes: &Outcomes) {
+        S::publish_reporting(self, batch, cx, outcomes).await
+    }
+}
+
+impl Sink for Arc<dyn DynSink> {
+    async fn publish(
+        &self,
+        batch: &[Message],
+        cx: &PublishContext,
+    ) -> Result<Vec<Outcome>, Failure> {
+        self.as_ref().publish_dyn(batch, cx).await
+    }
+
+    async fn publish_reporting(&self, batch: &[Message], cx: &PublishContext, outcomes: &Outcomes) {
+        self.as_ref()
+            .publish_reporting_dyn(batch, cx, outcomes)
+            .await
+    }
+}
+
+impl Sink for Box<dyn DynSink> {
+    async fn publish(
+        &self,
+        batch: &[Message],
+        cx: &PublishContext,
+    ) -> Result<Vec<Outcome>, Failure> {
+        self.as_ref().publish_dyn(batch, cx).await
+    }
+
+    async fn publish_reporting(&self, batch: &[Message], cx: &PublishContext, outcomes: &Outcomes) {
+        self.as_ref()
+            .publish_reporting_dyn(batch, cx, outcomes)
+            .await
     }
 }
 
@@ -281,11 +414,96 @@ impl Outcomes {
     pub fn report(&self, index: usize, outcome: Outcome) {
         (self.report)(index, outcome);
     }
+
+    /// Reports a whole [`Sink::publish`] result for a batch of `len`: each outcome, or
+    /// the batch failure for every message; a wrong number of outcomes is a retryable
+    /// failure for every message.
+    pub fn report_all(&self, len: usize, result: Result<Vec<Outcome>, Failure>) {
+        match result {
+            Ok(list) if list.len() == len => {
+                for (index, outcome) in list.into_iter().enumerate() {
+                    self.report(index, outcome);
+                }
+            }
+            Ok(list) => {
+                let failure = Failure::retryable(
+                    FailureClass::Other,
+                    format!("sink returned {} outcomes for {len} messages", list.len()),
+                );
+                for index in 0..len {
+                    self.report(index, failure.clone().into());
+                }
+            }
+            Err(failure) => {
+                for index in 0..len {
+                    self.report(index, failure.clone().into());
+                }
+            }
+        }
+    }
+
+    /// Outcomes for a sub-batch: index `i` of the sub-batch is reported as `indexes[i]`.
+    pub fn mapped(&self, indexes: Vec<usize>) -> Self {
+        let parent = self.clone();
+        Self::new(move |index, outcome| {
+            if let Some(&original) = indexes.get(index) {
+                parent.report(original, outcome);
+            }
+        })
+    }
 }
 
 impl fmt::Debug for Outcomes {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("Outcomes")
+    }
+}
+
+/// Forwards reports to an [`Outcomes`] and remembers which messages of a batch have
+/// one, so a layer can fail the rest when it cuts a call short.
+#[derive(Debug, Clone)]
+pub(crate) struct Tracker {
+    reported: Arc<Mutex<Vec<bool>>>,
+    outcomes: Outcomes,
+}
+
+impl Tracker {
+    /// Tracks a batch of `len` reported to `outcomes`; `observe` sees every first report.
+    pub(crate) fn new(
+        len: usize,
+        outcomes: &Outcomes,
+        observe: impl Fn(usize, &Outcome) + Send + Sync + 'static,
+    ) -> Self {
+        let reported = Arc::new(Mutex::new(vec![false; len]));
+        let (seen, parent) = (Arc::clone(&reported), outcomes.clone());
+        let outcomes = Outcomes::new(move |index, outcome| {
+            let first = {
+                let mut seen = seen.lock().unwrap_or_else(|e| e.into_inner());
+                seen.get_mut(index)
+                    .is_some_and(|slot| !std::mem::replace(slot, true))
+            };
+            if first {
+                observe(index, &outcome);
+                parent.report(index, outcome);
+            }
+        });
+        Self { reported, outcomes }
+    }
+
+    /// Where the inner sink reports.
+    pub(crate) fn outcomes(&self) -> &Outcomes {
+        &self.outcomes
+    }
+
+    /// Reports `failure` for every message that has no outcome yet.
+    pub(crate) fn fail_rest(&self, failure: &Failure) {
+        let missing: Vec<usize> = {
+            let seen = self.reported.lock().unwrap_or_else(|e| e.into_inner());
+            (0..seen.len()).filter(|&i| !seen[i]).collect()
+        };
+        for index in missing {
+            self.outcomes.report(index, failure.clone().into());
+        }
     }
 }
 
@@ -344,12 +562,14 @@ pub trait DynSink: Send + Sync + 'static {
     fn publish_dyn<'a>(
         &'a self,
         batch: &'a [Message],
+        cx: &'a PublishContext,
     ) -> BoxFuture<'a, Result<Vec<Outcome>, Failure>>;
 
     /// Publishes `batch`, reporting as outcomes arrive; see [`Sink::publish_reporting`].
     fn publish_reporting_dyn<'a>(
         &'a self,
         batch: &'a [Message],
+        cx: &'a PublishContext,
         outcomes: &'a Outcomes,
     ) -> BoxFuture<'a, ()>;
 }
@@ -358,15 +578,17 @@ impl<S: Sink> DynSink for S {
     fn publish_dyn<'a>(
         &'a self,
         batch: &'a [Message],
+        cx: &'a PublishContext,
     ) -> BoxFuture<'a, Result<Vec<Outcome>, Failure>> {
-        Box::pin(self.publish(batch))
+        Box::pin(self.publish(batch, cx))
     }
 
     fn publish_reporting_dyn<'a>(
         &'a self,
         batch: &'a [Message],
+        cx: &'a PublishContext,
         outcomes: &'a Outcomes,
     ) -> BoxFuture<'a, ()> {
-        Box::pin(self.publish_reporting(batch, outcomes))
+        Box::pin(self.publish_reporting(batch, cx, outcomes))
     }
 }

@@ -58,7 +58,13 @@ async fn sink_suite_catches_a_lying_sink() {
             batch: &[outbox_core::Message],
         ) -> Result<Vec<outbox_core::Outcome>, outbox_core::Failure> {
             // Acknowledge everything, deliver only the first message.
-            let _ = self.0.publish(&batch[..batch.len().min(1)]).await?;
+            let _ = self
+                .0
+                .publish(
+                    &batch[..batch.len().min(1)],
+                    &outbox_core::PublishContext::default(),
+                )
+                .await?;
             Ok(vec![outbox_core::Outcome::published(); batch.len()])
         }
     }

@@ -201,7 +201,11 @@ async fn retryable_failures_back_off_and_honour_retry_after() {
 
 struct Miscounting;
 impl Sink for Miscounting {
-    async fn publish(&self, batch: &[Message]) -> Result<Vec<Outcome>, Failure> {
+    async fn publish(
+        &self,
+        batch: &[Message],
+        _cx: &outbox_core::PublishContext,
+    ) -> Result<Vec<Outcome>, Failure> {
         Ok(vec![Outcome::published(); batch.len().saturating_sub(1)])
     }
 }
@@ -227,7 +231,11 @@ async fn a_sink_that_miscounts_outcomes_publishes_nothing() {
 
 struct Panicking;
 impl Sink for Panicking {
-    async fn publish(&self, _: &[Message]) -> Result<Vec<Outcome>, Failure> {
+    async fn publish(
+        &self,
+        _: &[Message],
+        _cx: &outbox_core::PublishContext,
+    ) -> Result<Vec<Outcome>, Failure> {
         panic!("sink bug")
     }
 }
@@ -259,7 +267,11 @@ async fn a_panicking_sink_fails_its_messages_not_the_relay() {
 
 struct Slow(Duration);
 impl Sink for Slow {
-    async fn publish(&self, batch: &[Message]) -> Result<Vec<Outcome>, Failure> {
+    async fn publish(
+        &self,
+        batch: &[Message],
+        _cx: &outbox_core::PublishContext,
+    ) -> Result<Vec<Outcome>, Failure> {
         tokio::time::sleep(self.0).await;
         Ok(vec![Outcome::published(); batch.len()])
     }
@@ -284,11 +296,20 @@ async fn a_publish_slower_than_the_timeout_is_retried_not_marked() {
 /// Acknowledges the fast messages at once and holds the one named `slow` for ever.
 struct OneSlow;
 impl Sink for OneSlow {
-    async fn publish(&self, _: &[Message]) -> Result<Vec<Outcome>, Failure> {
+    async fn publish(
+        &self,
+        _: &[Message],
+        _cx: &outbox_core::PublishContext,
+    ) -> Result<Vec<Outcome>, Failure> {
         unreachable!("the relay publishes through publish_reporting")
     }
 
-    async fn publish_reporting(&self, batch: &[Message], outcomes: &outbox_core::Outcomes) {
+    async fn publish_reporting(
+        &self,
+        batch: &[Message],
+        _: &outbox_core::PublishContext,
+        outcomes: &outbox_core::Outcomes,
+    ) {
         for (index, message) in batch.iter().enumerate() {
             if message.event_type != "slow" {
                 outcomes.report(index, Outcome::published());
@@ -532,7 +553,11 @@ fn bad_settings_are_named() {
 
 struct NeverSent;
 impl Sink for NeverSent {
-    async fn publish(&self, batch: &[Message]) -> Result<Vec<Outcome>, Failure> {
+    async fn publish(
+        &self,
+        batch: &[Message],
+        _cx: &outbox_core::PublishContext,
+    ) -> Result<Vec<Outcome>, Failure> {
         let failure = Failure::retryable(FailureClass::Unavailable, "circuit open, not sent")
             .with_retry_after(Duration::from_secs(60))
             .deferred();

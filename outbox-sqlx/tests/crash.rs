@@ -32,7 +32,11 @@ struct TableSink {
 }
 
 impl Sink for TableSink {
-    async fn publish(&self, batch: &[Message]) -> Result<Vec<Outcome>, Failure> {
+    async fn publish(
+        &self,
+        batch: &[Message],
+        _cx: &outbox_core::PublishContext,
+    ) -> Result<Vec<Outcome>, Failure> {
         let ids: Vec<uuid::Uuid> = batch.iter().map(|m| *m.id.as_uuid()).collect();
         sqlx::query(&format!(
             "INSERT INTO {} (id) SELECT * FROM UNNEST($1::uuid[])",

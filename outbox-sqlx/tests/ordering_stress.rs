@@ -51,7 +51,11 @@ struct FlakyTableSink {
 }
 
 impl Sink for FlakyTableSink {
-    async fn publish(&self, batch: &[Message]) -> Result<Vec<Outcome>, Failure> {
+    async fn publish(
+        &self,
+        batch: &[Message],
+        _cx: &outbox_core::PublishContext,
+    ) -> Result<Vec<Outcome>, Failure> {
         let mut outcomes = Vec::with_capacity(batch.len());
         let mut ids = Vec::new();
         for m in batch {

@@ -1,91 +1,110 @@
-//! Configuration: routes (destination → endpoint) and sink-wide settings, from code or
-//! from a config file (serde).
+//! Configuration of one HTTP route: where its messages go and how, from code or from a
+//! config file (serde).
 //!
-//! In a TOML file (any serde format works the same):
+//! In a route of `outbox.toml` (any serde format works the same):
 //!
 //! ```toml
-//! publish_deadline = "12s"
-//!
-//! [ssrf]
-//! allow = ["10.20.0.0/16"]            # for every endpoint
-//!
-//! [routes.orders]                     # destination "orders"
+//! [routes.orders]
 //! url = "https://hooks.example.com/orders"
-//! secrets = ["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"]
-//! timeout = "10s"
-//! concurrency = 8
-//! rate_limit = { per_second = 80, burst = 10 }
-//! circuit = { failures = 5, cool_down = "30s" }
-//!
-//! [routes.whatsapp]
-//! url = "https://graph.example.com/v19.0/123/messages"
+//! secrets = ["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"]   # or secrets_env / secrets_file
+//! request_timeout = "10s"
+//! max_in_flight = 8
+//! allow = ["10.20.0.0/16"]                               # SSRF allow entries
 //! headers = { authorization = "Bearer …" }
-//! allow = ["192.168.7.10"]            # for this endpoint only
 //! ```
 //!
-//! Durations are strings with a unit: `"250ms"`, `"10s"`, `"1.5s"`, `"2m"`, `"1h"`.
-//! Everything is validated by [`HttpSinkConfig::build`], which names the route and the
-//! setting that is wrong.
+//! Rate limits, circuit breakers, concurrency caps and timeouts are route policies of
+//! `outbox-core` (`rate_limit`, `circuit`, `concurrency`, `timeout` in the same table),
+//! the same for every sink. Durations use `outbox_core::duration`'s grammar (`250ms`,
+//! `1.5s`, `2m`, `1h 30m`). [`HttpSink::new`] validates everything and names the setting
+//! that is wrong.
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::circuit::CircuitConfig;
-use crate::error::ConfigError;
-use crate::rate::RateLimit;
+use crate::error::HttpSinkError;
 use crate::sink::HttpSink;
 use crate::ssrf::{AllowRule, Lookup, SsrfPolicy};
 
-/// Settings for the whole sink plus its routes.
+/// One HTTP route: the endpoint, how requests are made, and the SSRF guard.
+///
+/// The `Debug` output shows the URL's scheme, host and port only (credentials, path and
+/// query can hold secrets), header names without values, and the number of secrets.
 ///
 /// ```
 /// use std::time::Duration;
-/// use outbox_sink_http::{EndpointConfig, HttpSinkConfig, RateLimit};
+/// use outbox_sink_http::{HttpSink, HttpSinkConfig};
 ///
-/// let sink = HttpSinkConfig::new()
-///     .route(
-///         "orders",
-///         EndpointConfig::new("https://hooks.example.com/orders")
-///             .secret("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")
-///             .timeout(Duration::from_secs(5))
-///             .rate_limit(RateLimit::per_second(80.0).burst(10)),
-///     )
-///     .publish_deadline(Duration::from_secs(12))
-///     .build()?;
-/// assert_eq!(sink.destinations().collect::<Vec<_>>(), ["orders"]);
-/// # Ok::<(), outbox_sink_http::ConfigError>(())
+/// let config = HttpSinkConfig::new("https://user:pw@hooks.example.com/T123/secret-token?key=abc")
+///     .header("authorization", "Bearer abc")
+///     .secret("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")
+///     .request_timeout(Duration::from_secs(5));
+/// let shown = format!("{config:?}");
+/// assert!(shown.contains("https://***@hooks.example.com/…"));
+/// for secret in ["pw", "secret-token", "key=abc", "Bearer abc", "MfKQ9r8G"] {
+///     assert!(!shown.contains(secret), "{shown}");
+/// }
+/// let sink = HttpSink::new(config)?;
+/// # Ok::<(), outbox_sink_http::HttpSinkError>(())
 /// ```
 #[derive(Clone, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[serde(deny_unknown_fields)]
 #[non_exhaustive]
 pub struct HttpSinkConfig {
-    /// Destination (the outbox row's route name) → endpoint.
-    pub routes: BTreeMap<String, EndpointConfig>,
-    /// The SSRF guard for every endpoint; endpoints can add their own allow entries.
+    /// The URL (`http` or `https`). Credentials in it are sent as basic auth.
+    pub url: String,
+    /// The method: `POST` (default), `PUT`, `PATCH` or `DELETE`.
+    #[serde(default = "default_method")]
+    pub method: String,
+    /// Extra headers on every request (e.g. `authorization`). They replace message
+    /// headers of the same name, so a message cannot override credentials.
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    /// Standard Webhooks signing secrets (`whsec_…`). With several, each request carries
+    /// one signature per secret, so receivers can rotate keys. None: unsigned.
+    #[serde(default)]
+    pub secrets: Vec<String>,
+    /// The name of an environment variable holding more secrets, separated by spaces or
+    /// commas (kept out of the config file).
+    #[serde(default)]
+    pub secrets_env: Option<String>,
+    /// A file holding more secrets, one per line (a mounted secret, say).
+    #[serde(default)]
+    pub secrets_file: Option<PathBuf>,
+    /// Time allowed for one request, from connecting to its status line. Default 10 s.
+    #[serde(default = "default_request_timeout", with = "outbox_core::duration")]
+    pub request_timeout: Duration,
+    /// Most requests of this route in flight at once (1..=1024). Default 8.
+    #[serde(default = "default_max_in_flight")]
+    pub max_in_flight: usize,
+    /// SSRF allow entries (CIDR blocks or host names) for this route.
+    #[serde(default)]
+    pub allow: Vec<AllowRule>,
+    /// The SSRF guard; `allow` entries are added to it. On by default.
+    #[serde(default)]
     pub ssrf: SsrfPolicy,
-    /// Refuse `http://` endpoints. Default `false`.
+    /// Refuse `http://` URLs. Default `false`.
+    #[serde(default)]
     pub require_https: bool,
     /// The `User-Agent` header. Default `outbox-sink-http/<version>`.
+    #[serde(default = "default_user_agent")]
     pub user_agent: String,
-    /// Every publish call returns by then: a message without a reply fails retryably
-    /// (`Timeout`), one not yet sent is not sent. Keep it below the relay's
-    /// `publish_timeout` (15 s by default), so the relay never times out a whole batch.
-    /// Default 12 s.
-    #[serde(with = "duration")]
-    pub publish_deadline: Duration,
     /// Time allowed to open a TCP (and TLS) connection. Default 5 s.
-    #[serde(with = "duration")]
+    #[serde(default = "default_connect_timeout", with = "outbox_core::duration")]
     pub connect_timeout: Duration,
-    /// Bytes read from any response body; the rest is not read. Default 64 KiB.
+    /// Bytes read from a refusing response's body. Default 64 KiB.
+    #[serde(default = "default_max_response_body")]
     pub max_response_body: usize,
     /// Bytes of a refusing response's body kept in the failure reason. Default 512.
+    #[serde(default = "default_max_error_body")]
     pub max_error_body: usize,
     /// Longest `Retry-After` honoured; longer ones are cut to this. Default 1 hour.
-    #[serde(with = "duration")]
+    #[serde(default = "default_max_retry_after", with = "outbox_core::duration")]
     pub max_retry_after: Duration,
     /// A custom resolver; the system resolver when `None`. Its answers still pass the
     /// SSRF guard. Not read from config files.
@@ -93,33 +112,113 @@ pub struct HttpSinkConfig {
     pub lookup: Option<Arc<dyn Lookup>>,
 }
 
-impl Default for HttpSinkConfig {
-    fn default() -> Self {
-        Self {
-            routes: BTreeMap::new(),
-            ssrf: SsrfPolicy::default(),
-            require_https: false,
-            user_agent: concat!("outbox-sink-http/", env!("CARGO_PKG_VERSION")).to_owned(),
-            publish_deadline: Duration::from_secs(12),
-            connect_timeout: Duration::from_secs(5),
-            max_response_body: 64 * 1024,
-            max_error_body: 512,
-            max_retry_after: Duration::from_secs(3600),
-            lookup: None,
-        }
-    }
+fn default_method() -> String {
+    "POST".to_owned()
+}
+
+fn default_request_timeout() -> Duration {
+    Duration::from_secs(10)
+}
+
+fn default_max_in_flight() -> usize {
+    8
+}
+
+fn default_user_agent() -> String {
+    concat!("outbox-sink-http/", env!("CARGO_PKG_VERSION")).to_owned()
+}
+
+fn default_connect_timeout() -> Duration {
+    Duration::from_secs(5)
+}
+
+fn default_max_response_body() -> usize {
+    64 * 1024
+}
+
+fn default_max_error_body() -> usize {
+    512
+}
+
+fn default_max_retry_after() -> Duration {
+    Duration::from_secs(3600)
 }
 
 impl HttpSinkConfig {
-    /// Defaults, no routes.
-    pub fn new() -> Self {
-        Self::default()
+    /// A route to `url` with the defaults: `POST`, unsigned, 10 s per request, 8 requests
+    /// in flight, the SSRF guard on.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            method: default_method(),
+            headers: BTreeMap::new(),
+            secrets: Vec::new(),
+            secrets_env: None,
+            secrets_file: None,
+            request_timeout: default_request_timeout(),
+            max_in_flight: default_max_in_flight(),
+            allow: Vec::new(),
+            ssrf: SsrfPolicy::default(),
+            require_https: false,
+            user_agent: default_user_agent(),
+            connect_timeout: default_connect_timeout(),
+            max_response_body: default_max_response_body(),
+            max_error_body: default_max_error_body(),
+            max_retry_after: default_max_retry_after(),
+            lookup: None,
+        }
     }
 
-    /// Adds (or replaces) the endpoint for `destination`.
+    /// The same as [`new`](Self::new): an HTTP route's URL is its endpoint.
+    pub fn from_url(url: &str) -> Self {
+        Self::new(url)
+    }
+
+    /// Sets the method.
     #[must_use]
-    pub fn route(mut self, destination: impl Into<String>, endpoint: EndpointConfig) -> Self {
-        self.routes.insert(destination.into(), endpoint);
+    pub fn method(mut self, method: impl Into<String>) -> Self {
+        self.method = method.into();
+        self
+    }
+
+    /// Adds a header sent on every request.
+    #[must_use]
+    pub fn header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.headers.insert(name.into(), value.into());
+        self
+    }
+
+    /// Adds a signing secret (`whsec_…`).
+    #[must_use]
+    pub fn secret(mut self, secret: impl Into<String>) -> Self {
+        self.secrets.push(secret.into());
+        self
+    }
+
+    /// Sets the per-request timeout.
+    #[must_use]
+    pub fn request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = timeout;
+        self
+    }
+
+    /// Sets the most requests in flight.
+    #[must_use]
+    pub fn max_in_flight(mut self, n: usize) -> Self {
+        self.max_in_flight = n;
+        self
+    }
+
+    /// Adds an SSRF allow entry (a CIDR block or host name).
+    ///
+    /// An entry that does not parse is reported by [`HttpSink::new`].
+    #[must_use]
+    pub fn allow(mut self, rule: &str) -> Self {
+        match rule.parse() {
+            Ok(rule) => self.allow.push(rule),
+            // Kept as an impossible host so that `HttpSink::new` reports it.
+            Err(_) => self.allow.push(AllowRule::Host(format!("invalid:{rule}"))),
+        }
         self
     }
 
@@ -130,7 +229,7 @@ impl HttpSinkConfig {
         self
     }
 
-    /// Refuses `http://` endpoints when `true`.
+    /// Refuses `http://` URLs when `true`.
     #[must_use]
     pub fn require_https(mut self, required: bool) -> Self {
         self.require_https = required;
@@ -144,13 +243,6 @@ impl HttpSinkConfig {
         self
     }
 
-    /// Sets the publish deadline.
-    #[must_use]
-    pub fn publish_deadline(mut self, deadline: Duration) -> Self {
-        self.publish_deadline = deadline;
-        self
-    }
-
     /// Sets the connect timeout.
     #[must_use]
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
@@ -158,7 +250,7 @@ impl HttpSinkConfig {
         self
     }
 
-    /// Sets the response body cap.
+    /// Sets how much of a refusing body is read.
     #[must_use]
     pub fn max_response_body(mut self, bytes: usize) -> Self {
         self.max_response_body = bytes;
@@ -186,179 +278,44 @@ impl HttpSinkConfig {
         self
     }
 
-    /// Validates everything and builds the sink.
+    /// Validates everything and builds the sink; the same as [`HttpSink::new`].
     ///
     /// # Errors
     ///
-    /// A [`ConfigError`] naming the route and setting: no routes, a URL that does not
-    /// parse, is not `http(s)`, or names a blocked address; a bad method, header, secret,
-    /// rate limit, concurrency or duration.
-    pub fn build(self) -> Result<HttpSink, ConfigError> {
-        HttpSink::from_config(self)
+    /// As for [`HttpSink::new`].
+    pub fn build(self) -> Result<HttpSink, HttpSinkError> {
+        HttpSink::new(self)
     }
-}
 
-impl fmt::Debug for HttpSinkConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("HttpSinkConfig")
-            .field("routes", &self.routes)
-            .field("ssrf", &self.ssrf)
-            .field("require_https", &self.require_https)
-            .field("user_agent", &self.user_agent)
-            .field("publish_deadline", &self.publish_deadline)
-            .field("connect_timeout", &self.connect_timeout)
-            .field("max_response_body", &self.max_response_body)
-            .field("max_error_body", &self.max_error_body)
-            .field("max_retry_after", &self.max_retry_after)
-            .field(
-                "lookup",
-                &self.lookup.as_ref().map_or("system", |_| "custom"),
-            )
-            .finish()
-    }
-}
-
-/// One endpoint: where a destination's messages go and how.
-///
-/// The `Debug` output shows the URL's scheme, host and port only (credentials, path and
-/// query can hold secrets), header names without values, and the number of secrets.
-///
-/// ```
-/// use outbox_sink_http::EndpointConfig;
-///
-/// let endpoint = EndpointConfig::new("https://user:pw@hooks.example.com/T123/secret-token?key=abc")
-///     .header("authorization", "Bearer abc")
-///     .secret("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw");
-/// let shown = format!("{endpoint:?}");
-/// assert!(shown.contains("https://***@hooks.example.com/…"));
-/// for secret in ["pw", "secret-token", "key=abc", "Bearer abc", "MfKQ9r8G"] {
-///     assert!(!shown.contains(secret), "{shown}");
-/// }
-/// ```
-#[derive(Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-#[non_exhaustive]
-pub struct EndpointConfig {
-    /// The URL (`http` or `https`). Credentials in it are sent as basic auth.
-    pub url: String,
-    /// The method: `POST` (default), `PUT`, `PATCH` or `DELETE`.
-    #[serde(default = "default_method")]
-    pub method: String,
-    /// Extra headers on every request (e.g. `authorization`). They replace message
-    /// headers of the same name, so a message cannot override credentials.
-    #[serde(default)]
-    pub headers: BTreeMap<String, String>,
-    /// Time allowed for one request, from connecting to the end of the response body.
-    /// Default 10 s.
-    #[serde(default = "default_timeout", with = "duration")]
-    pub timeout: Duration,
-    /// Standard Webhooks signing secrets (`whsec_…`). With several, each request carries
-    /// one signature per secret, so receivers can rotate keys. None: unsigned.
-    #[serde(default)]
-    pub secrets: Vec<String>,
-    /// A token-bucket rate limit; none by default.
-    #[serde(default)]
-    pub rate_limit: Option<RateLimit>,
-    /// Most requests in flight to this endpoint at once (1..=1024). Default 8.
-    #[serde(default = "default_concurrency")]
-    pub concurrency: usize,
-    /// The circuit breaker.
-    #[serde(default)]
-    pub circuit: CircuitConfig,
-    /// SSRF allow entries for this endpoint only, added to the sink-wide policy.
-    #[serde(default)]
-    pub allow: Vec<AllowRule>,
-}
-
-fn default_method() -> String {
-    "POST".to_owned()
-}
-
-fn default_timeout() -> Duration {
-    Duration::from_secs(10)
-}
-
-fn default_concurrency() -> usize {
-    8
-}
-
-impl EndpointConfig {
-    /// An endpoint at `url` with the defaults: `POST`, 10 s timeout, unsigned, no rate
-    /// limit, 8 requests in flight, circuit opening after 5 failures for 30 s.
-    pub fn new(url: impl Into<String>) -> Self {
-        Self {
-            url: url.into(),
-            method: default_method(),
-            headers: BTreeMap::new(),
-            timeout: default_timeout(),
-            secrets: Vec::new(),
-            rate_limit: None,
-            concurrency: default_concurrency(),
-            circuit: CircuitConfig::default(),
-            allow: Vec::new(),
+    /// Every secret: `secrets`, then those of `secrets_env` and `secrets_file`. An error
+    /// names the variable or file, never a value.
+    pub(crate) fn all_secrets(&self) -> Result<Vec<String>, HttpSinkError> {
+        let mut all = self.secrets.clone();
+        let split = |text: &str| -> Vec<String> {
+            text.split(|c: char| c == ',' || c.is_whitespace())
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned)
+                .collect()
+        };
+        if let Some(var) = &self.secrets_env {
+            let text = std::env::var(var).map_err(|_| {
+                HttpSinkError::config(
+                    "secrets_env",
+                    format!("the environment variable `{var}` is not set (or not UTF-8)"),
+                )
+            })?;
+            all.extend(split(&text));
         }
-    }
-
-    /// Sets the method.
-    #[must_use]
-    pub fn method(mut self, method: impl Into<String>) -> Self {
-        self.method = method.into();
-        self
-    }
-
-    /// Adds a header sent on every request.
-    #[must_use]
-    pub fn header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
-        self.headers.insert(name.into(), value.into());
-        self
-    }
-
-    /// Sets the per-request timeout.
-    #[must_use]
-    pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
-        self
-    }
-
-    /// Adds a signing secret (`whsec_…`).
-    #[must_use]
-    pub fn secret(mut self, secret: impl Into<String>) -> Self {
-        self.secrets.push(secret.into());
-        self
-    }
-
-    /// Sets a rate limit.
-    #[must_use]
-    pub fn rate_limit(mut self, limit: RateLimit) -> Self {
-        self.rate_limit = Some(limit);
-        self
-    }
-
-    /// Sets the most requests in flight.
-    #[must_use]
-    pub fn concurrency(mut self, n: usize) -> Self {
-        self.concurrency = n;
-        self
-    }
-
-    /// Sets the circuit breaker.
-    #[must_use]
-    pub fn circuit(mut self, circuit: CircuitConfig) -> Self {
-        self.circuit = circuit;
-        self
-    }
-
-    /// Adds an SSRF allow entry for this endpoint only (a CIDR block or host name).
-    ///
-    /// An entry that does not parse is reported by [`HttpSinkConfig::build`].
-    #[must_use]
-    pub fn allow(mut self, rule: &str) -> Self {
-        match rule.parse() {
-            Ok(rule) => self.allow.push(rule),
-            // Kept as an impossible host so that `build` reports it with the route name.
-            Err(_) => self.allow.push(AllowRule::Host(format!("invalid:{rule}"))),
+        if let Some(path) = &self.secrets_file {
+            let text = std::fs::read_to_string(path).map_err(|e| {
+                HttpSinkError::config(
+                    "secrets_file",
+                    format!("cannot read {}: {}", path.display(), e.kind()),
+                )
+            })?;
+            all.extend(split(&text));
         }
-        self
+        Ok(all)
     }
 }
 
@@ -382,72 +339,30 @@ pub(crate) fn redacted_url(raw: &str) -> String {
     format!("{}://{creds}{host}{port}{rest}", url.scheme())
 }
 
-impl fmt::Debug for EndpointConfig {
+impl fmt::Debug for HttpSinkConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("EndpointConfig")
+        f.debug_struct("HttpSinkConfig")
             .field("url", &redacted_url(&self.url))
             .field("method", &self.method)
             .field("headers", &self.headers.keys().collect::<Vec<_>>())
-            .field("timeout", &self.timeout)
             .field("secrets", &format_args!("[{} hidden]", self.secrets.len()))
-            .field("rate_limit", &self.rate_limit)
-            .field("concurrency", &self.concurrency)
-            .field("circuit", &self.circuit)
+            .field("secrets_env", &self.secrets_env)
+            .field("secrets_file", &self.secrets_file)
+            .field("request_timeout", &self.request_timeout)
+            .field("max_in_flight", &self.max_in_flight)
             .field("allow", &self.allow)
+            .field("ssrf", &self.ssrf)
+            .field("require_https", &self.require_https)
+            .field("user_agent", &self.user_agent)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("max_response_body", &self.max_response_body)
+            .field("max_error_body", &self.max_error_body)
+            .field("max_retry_after", &self.max_retry_after)
+            .field(
+                "lookup",
+                &self.lookup.as_ref().map_or("system", |_| "custom"),
+            )
             .finish()
-    }
-}
-
-/// Durations written as `"250ms"`, `"10s"`, `"1.5s"`, `"2m"` or `"1h"`.
-pub(crate) mod duration {
-    use std::time::Duration;
-
-    use serde::{Deserialize, Deserializer};
-
-    pub(crate) fn parse(s: &str) -> Result<Duration, String> {
-        let s = s.trim();
-        let split = s
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .ok_or_else(|| format!("duration `{s}` needs a unit: ms, s, m or h (e.g. \"10s\")"))?;
-        let (number, unit) = s.split_at(split);
-        let value: f64 = number
-            .parse()
-            .map_err(|_| format!("duration `{s}` does not start with a number"))?;
-        let secs = match unit.trim() {
-            "ms" => value / 1000.0,
-            "s" => value,
-            "m" => value * 60.0,
-            "h" => value * 3600.0,
-            other => {
-                return Err(format!(
-                    "duration `{s}` has unknown unit `{other}` (use ms, s, m or h)"
-                ));
-            }
-        };
-        Duration::try_from_secs_f64(secs).map_err(|_| format!("duration `{s}` is out of range"))
-    }
-
-    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        let s = String::deserialize(d)?;
-        parse(&s).map_err(serde::de::Error::custom)
-    }
-
-    #[cfg(test)]
-    mod tests {
-        use super::*;
-
-        #[test]
-        fn parses_units_and_rejects_bare_numbers() {
-            assert_eq!(parse("250ms"), Ok(Duration::from_millis(250)));
-            assert_eq!(parse("10s"), Ok(Duration::from_secs(10)));
-            assert_eq!(parse("1.5s"), Ok(Duration::from_millis(1500)));
-            assert_eq!(parse("2m"), Ok(Duration::from_secs(120)));
-            assert_eq!(parse(" 1h "), Ok(Duration::from_secs(3600)));
-            assert!(parse("10").unwrap_err().contains("needs a unit"));
-            assert!(parse("10 days").is_err());
-            assert!(parse("s").is_err());
-            assert!(parse("1e400s").is_err());
-        }
     }
 }
 
@@ -466,5 +381,20 @@ mod tests {
             "http://***@127.0.0.1:8080/…"
         );
         assert_eq!(redacted_url("not a url"), "<unparsable url>");
+    }
+
+    #[test]
+    fn secrets_come_from_the_environment_and_files_without_echoing_them() {
+        let dir = std::env::temp_dir().join(format!("outbox-http-secrets-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("secrets");
+        std::fs::write(&file, "whsec_a\nwhsec_b\n").unwrap();
+        let mut config = HttpSinkConfig::new("https://example.com/");
+        config.secrets_file = Some(file);
+        assert_eq!(config.all_secrets().unwrap(), ["whsec_a", "whsec_b"]);
+        config.secrets_env = Some("OUTBOX_TEST_SURELY_UNSET_VARIABLE".into());
+        let error = config.all_secrets().unwrap_err().to_string();
+        assert!(error.contains("OUTBOX_TEST_SURELY_UNSET_VARIABLE"), "{error}");
+        let _ = std::fs::remove_dir_all(dir);
     }
 }

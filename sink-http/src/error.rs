@@ -29,50 +29,33 @@ use reqwest::header::{HeaderMap, LOCATION, RETRY_AFTER};
 
 use crate::ssrf::SsrfError;
 
-/// Invalid sink configuration; names the route (when it is about one) and the setting.
+/// The HTTP sink's error: its configuration is invalid. It names the setting and says
+/// what is wrong, never quoting a secret; retrying cannot help.
 ///
 /// ```
-/// use outbox_sink_http::{EndpointConfig, HttpSinkConfig};
+/// use outbox_sink_http::HttpSinkConfig;
 ///
-/// let err = HttpSinkConfig::new()
-///     .route("orders", EndpointConfig::new("ftp://example.com/"))
-///     .build()
-///     .unwrap_err();
-/// assert_eq!(err.route(), Some("orders"));
+/// let err = HttpSinkConfig::new("ftp://example.com/").build().unwrap_err();
 /// assert_eq!(err.setting(), "url");
 /// assert!(err.to_string().contains("http or https"));
+/// assert!(!err.is_retryable());
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{}invalid {setting}: {reason}", route.as_ref().map(|r| format!("route `{r}`: ")).unwrap_or_default())]
-pub struct ConfigError {
-    route: Option<String>,
+#[error("invalid {setting}: {reason}")]
+pub struct HttpSinkError {
     setting: &'static str,
     reason: String,
 }
 
-impl ConfigError {
-    pub(crate) fn sink(setting: &'static str, reason: impl Into<String>) -> Self {
+impl HttpSinkError {
+    pub(crate) fn config(setting: &'static str, reason: impl Into<String>) -> Self {
         Self {
-            route: None,
             setting,
             reason: reason.into(),
         }
     }
 
-    pub(crate) fn for_route(route: &str, setting: &'static str, reason: impl Into<String>) -> Self {
-        Self {
-            route: Some(route.to_owned()),
-            setting,
-            reason: reason.into(),
-        }
-    }
-
-    /// The route (destination) the error is about, if any.
-    pub fn route(&self) -> Option<&str> {
-        self.route.as_deref()
-    }
-
-    /// The setting, e.g. `url` or `rate_limit`.
+    /// The setting, e.g. `url` or `secrets`.
     pub fn setting(&self) -> &'static str {
         self.setting
     }
@@ -80,6 +63,11 @@ impl ConfigError {
     /// What is wrong.
     pub fn reason(&self) -> &str {
         &self.reason
+    }
+
+    /// Whether trying again can help: never, the configuration must change.
+    pub fn is_retryable(&self) -> bool {
+        false
     }
 }
 

@@ -6,39 +6,43 @@
 //!
 //! - **webhook endpoints** of your customers: requests signed with
 //!   [Standard Webhooks](https://www.standardwebhooks.com/) (several secrets at once
-//!   during a rotation), an SSRF guard on every connection, a circuit breaker per
-//!   endpoint, and [`fan_out`] to write one row per subscribed endpoint;
+//!   during a rotation), an SSRF guard on every connection, and [`fan_out`] to write one
+//!   row per subscribed endpoint;
 //! - **third-party APIs** (a messaging API allowing 80–500 requests/s that answers 4xx
-//!   for a bad recipient): a token-bucket rate limit and a concurrency limit per
-//!   endpoint, `Idempotency-Key` on every request, `Retry-After` honoured, and permanent
-//!   4xx answers dead-lettered at once with the response body as the reason.
+//!   for a bad recipient): `Idempotency-Key` on every request, `Retry-After` reported,
+//!   and permanent 4xx answers dead-lettered at once with the response body as the
+//!   reason.
+//!
+//! One sink serves one route. Rate limits, circuit breakers (which also honour
+//! `Retry-After`), concurrency caps and timeouts are `outbox_core::layers` that wrap it,
+//! as they wrap every sink.
 //!
 //! ```no_run
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! use std::time::Duration;
+//! use outbox_core::layers::{RateLimit, SinkExt};
 //! use outbox_core::{MemoryStore, NewMessage, Relay};
-//! use outbox_sink_http::{EndpointConfig, HttpSinkConfig, RateLimit};
+//! use outbox_sink_http::{HttpSink, HttpSinkConfig};
 //!
-//! let sink = HttpSinkConfig::new()
-//!     .route(
-//!         "customer-webhooks/acme",
-//!         EndpointConfig::new("https://hooks.acme.example/outbox")
-//!             .secret("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"),
-//!     )
-//!     .route(
-//!         "whatsapp",
-//!         EndpointConfig::new("https://graph.example.com/v19.0/123/messages")
-//!             .header("authorization", "Bearer …")
-//!             .rate_limit(RateLimit::per_second(80.0).burst(10))
-//!             .timeout(Duration::from_secs(5)),
-//!     )
-//!     .build()?;
+//! let webhooks = HttpSink::new(
+//!     HttpSinkConfig::new("https://hooks.acme.example/outbox")
+//!         .secret("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"),
+//! )?;
+//! let whatsapp = HttpSink::new(
+//!     HttpSinkConfig::new("https://graph.example.com/v19.0/123/messages")
+//!         .header("authorization", "Bearer …")
+//!         .request_timeout(Duration::from_secs(5)),
+//! )?
+//! .rate_limited(RateLimit::per_second(80.0).burst(10));
 //!
 //! let store = MemoryStore::new(); // or a PostgreSQL store from `outbox-sqlx`
 //! store.enqueue(NewMessage::builder("whatsapp", "order.confirmed")
 //!     .json(&serde_json::json!({ "to": "+15550100", "template": "cod_confirm" }))
 //!     .build()?)?;
-//! let relay = sink.register(Relay::builder(store)).build()?;
+//! let relay = Relay::builder(store)
+//!     .route("customer-webhooks/acme", webhooks)
+//!     .route("whatsapp", whatsapp)
+//!     .build()?;
 //! relay.drain().await?;
 //! # Ok(())
 //! # }
@@ -53,10 +57,9 @@
 //! | signing | Standard Webhooks `webhook-id` / `webhook-timestamp` / `webhook-signature`, one signature per secret |
 //! | classification | 2xx published; 408/425/429/5xx, timeouts, connection errors retryable with `Retry-After`; other 4xx permanent with the body; redirects never followed; see [`error`] |
 //! | SSRF guard | on by default; resolve once, check every address, connect only to checked addresses; no proxies; see [`ssrf`] |
-//! | circuit breaker | per endpoint; open = retryable `Unavailable` without a request; see [`CircuitConfig`] |
-//! | rate limit | per endpoint token bucket, waits within the publish up to `max_wait`; see [`RateLimit`] |
-//! | concurrency | per endpoint limit on requests in flight; same-key messages of a batch go in order |
-//! | bounded publish | every publish returns within `publish_deadline`, response bodies are read up to a cap |
+//! | policies | rate limit, circuit breaker, concurrency cap, timeout: `outbox_core::layers` around the sink |
+//! | requests in flight | at most `max_in_flight` per route; same-key messages of a batch go in order |
+//! | bounded publish | every publish returns by the relay's deadline; a 2xx body is not waited for, an error body is read up to a cap for 1 s |
 //! | binary payloads | sent byte for byte with the message's content type |
 //! | fan-out | [`fan_out`]: one row per endpoint, one shared event key |
 //! | receiving | [`receiver`]: verify + inbox dedupe in one call; an axum extractor (feature `axum`) |
@@ -72,19 +75,15 @@
 //!   the inboxes of `outbox-sqlx`.
 //! - `axum`: [`receiver::WebhookRequest`], an extractor that verifies requests.
 
-mod circuit;
 mod config;
 pub mod error;
 mod fanout;
 pub mod headers;
-mod rate;
 pub mod receiver;
 mod sink;
 pub mod ssrf;
 
-pub use circuit::{CircuitConfig, CircuitState, EndpointHealth};
-pub use config::{EndpointConfig, HttpSinkConfig};
-pub use error::{ConfigError, parse_retry_after};
+pub use config::HttpSinkConfig;
+pub use error::{HttpSinkError, parse_retry_after};
 pub use fanout::{FanOutError, fan_out};
-pub use rate::RateLimit;
 pub use sink::HttpSink;

@@ -37,7 +37,15 @@ async fn circuit_opens_half_opens_and_closes() {
     // Closed: three failures in a row reach the server, then the circuit opens.
     for n in 0..3 {
         assert_eq!(state(&sink), CircuitState::Closed);
-        let f = failures(&sink.publish(&[message("api", n)]).await.unwrap());
+        let f = failures(
+            &sink
+                .publish(
+                    &[message("api", n)],
+                    &outbox_core::PublishContext::default(),
+                )
+                .await
+                .unwrap(),
+        );
         assert_eq!((f[0].0, f[0].1), (FailureClass::Unavailable, true));
         assert!(f[0].2.starts_with("HTTP 500"), "{}", f[0].2);
     }
@@ -50,7 +58,10 @@ async fn circuit_opens_half_opens_and_closes() {
 
     // Open: messages fail fast, retryably, without a request.
     let batch: Vec<Message> = (10..15).map(|n| message("api", n)).collect();
-    let outcomes = sink.publish(&batch).await.unwrap();
+    let outcomes = sink
+        .publish(&batch, &outbox_core::PublishContext::default())
+        .await
+        .unwrap();
     for (outcome, f) in outcomes.iter().zip(failures(&outcomes)) {
         assert_eq!((f.0, f.1), (FailureClass::Unavailable, true));
         assert!(f.2.contains("circuit breaker"), "{}", f.2);
@@ -65,7 +76,12 @@ async fn circuit_opens_half_opens_and_closes() {
     tokio::time::sleep(cool_down + Duration::from_millis(50)).await;
     assert_eq!(state(&sink), CircuitState::HalfOpen);
     let batch: Vec<Message> = (20..24).map(|n| message("api", n)).collect();
-    let f = failures(&sink.publish(&batch).await.unwrap());
+    let f = failures(
+        &sink
+            .publish(&batch, &outbox_core::PublishContext::default())
+            .await
+            .unwrap(),
+    );
     assert_eq!(server.count(), 4, "exactly one probe");
     assert_eq!(f.iter().filter(|f| f.2.starts_with("HTTP 500")).count(), 1);
     assert_eq!(
@@ -77,7 +93,13 @@ async fn circuit_opens_half_opens_and_closes() {
     // The endpoint recovers: the next probe succeeds and the circuit closes.
     server.set(|_, _| Reply::status(204));
     tokio::time::sleep(cool_down + Duration::from_millis(50)).await;
-    let outcomes = sink.publish(&[message("api", 30)]).await.unwrap();
+    let outcomes = sink
+        .publish(
+            &[message("api", 30)],
+            &outbox_core::PublishContext::default(),
+        )
+        .await
+        .unwrap();
     assert!(outcomes[0].is_published());
     let health = sink.health("api").unwrap();
     assert_eq!(
@@ -86,7 +108,7 @@ async fn circuit_opens_half_opens_and_closes() {
     );
     let batch: Vec<Message> = (40..50).map(|n| message("api", n)).collect();
     assert!(
-        sink.publish(&batch)
+        sink.publish(&batch, &outbox_core::PublishContext::default())
             .await
             .unwrap()
             .iter()
@@ -104,7 +126,9 @@ async fn permanent_refusals_and_connection_errors_count_as_they_should() {
         EndpointConfig::new(server.url("/")).circuit(CircuitConfig::default().failures(2)),
     );
     let batch: Vec<Message> = (0..6).map(|n| message("api", n)).collect();
-    sink.publish(&batch).await.unwrap();
+    sink.publish(&batch, &outbox_core::PublishContext::default())
+        .await
+        .unwrap();
     assert_eq!(server.count(), 6);
     assert_eq!(state(&sink), CircuitState::Closed);
 
@@ -120,7 +144,12 @@ async fn permanent_refusals_and_connection_errors_count_as_they_should() {
             .circuit(CircuitConfig::default().failures(2)),
     );
     let batch: Vec<Message> = (0..4).map(|n| message("api", n)).collect();
-    let f = failures(&dead.publish(&batch).await.unwrap());
+    let f = failures(
+        &dead
+            .publish(&batch, &outbox_core::PublishContext::default())
+            .await
+            .unwrap(),
+    );
     assert_eq!(f[0].0, FailureClass::Connection);
     assert_eq!(f[1].0, FailureClass::Connection);
     assert!(
@@ -161,7 +190,10 @@ async fn the_rate_limit_holds_over_seconds() {
     // 124 requests: a burst of 4, then 120 at 40/s, about 3 s.
     let batch: Vec<Message> = (0..124).map(|n| message("api", n)).collect();
     let started = tokio::time::Instant::now();
-    let outcomes = sink.publish(&batch).await.unwrap();
+    let outcomes = sink
+        .publish(&batch, &outbox_core::PublishContext::default())
+        .await
+        .unwrap();
     assert!(outcomes.iter().all(Outcome::is_published));
     assert_eq!(server.count(), 124);
 
@@ -203,7 +235,10 @@ async fn messages_beyond_max_wait_are_not_sent_and_retry_later() {
             .rate_limit(RateLimit::per_second(10.0).max_wait(Duration::from_millis(350))),
     );
     let batch: Vec<Message> = (0..10).map(|n| message("api", n)).collect();
-    let outcomes = sink.publish(&batch).await.unwrap();
+    let outcomes = sink
+        .publish(&batch, &outbox_core::PublishContext::default())
+        .await
+        .unwrap();
     // Slots at 0, 100, 200 and 300 ms fit in 350 ms; the others would wait longer.
     let sent = outcomes.iter().filter(|o| o.is_published()).count();
     assert_eq!(sent, 4);

@@ -92,7 +92,13 @@ async fn content_type_and_method_reach_the_server() {
     let h = HttpHarness::new().await;
     let batch = sink_suite::messages("suite", 1);
     use outbox_core::Sink;
-    assert!(h.sink.publish(&batch).await.unwrap()[0].is_published());
+    assert!(
+        h.sink
+            .publish(&batch, &outbox_core::PublishContext::default())
+            .await
+            .unwrap()[0]
+            .is_published()
+    );
     let got = &h.server.requests()[0];
     assert_eq!(got.method, "POST");
     assert_eq!(got.uri.path(), "/hooks");

@@ -234,7 +234,10 @@ async fn exactly_one_side_effect_per_committed_message_despite_redeliveries() {
         .await
         .unwrap();
     assert_eq!(claim.messages.len(), 5);
-    let outcomes = sink.publish(&claim.messages).await.unwrap();
+    let outcomes = sink
+        .publish(&claim.messages, &outbox_core::PublishContext::default())
+        .await
+        .unwrap();
     assert!(outcomes.iter().all(|o| o.is_published()));
     drop(claim); // no completion: the relay "crashed"
     tokio::time::sleep(Duration::from_millis(400)).await;

@@ -14,7 +14,12 @@ use outbox_sink_http::EndpointConfig;
 
 async fn child(url: String) {
     let sink = common::sink_to("t", EndpointConfig::new(url));
-    assert!(sink.publish(&[message("t", 1)]).await.unwrap()[0].is_published());
+    assert!(
+        sink.publish(&[message("t", 1)], &outbox_core::PublishContext::default())
+            .await
+            .unwrap()[0]
+            .is_published()
+    );
 }
 
 async fn parent() {

@@ -105,7 +105,13 @@ async fn verified_deliveries_run_once_and_duplicates_are_acknowledged() {
     let sink = sink(addr, |e| e.secret(SECRET));
     let m = message("hook", 1);
     for _ in 0..3 {
-        let outcomes = sink.publish(std::slice::from_ref(&m)).await.unwrap();
+        let outcomes = sink
+            .publish(
+                std::slice::from_ref(&m),
+                &outbox_core::PublishContext::default(),
+            )
+            .await
+            .unwrap();
         assert_eq!(outcomes, [Outcome::published_with("HTTP 204")]);
     }
     assert_eq!(app.effects.load(Ordering::SeqCst), 1);
@@ -121,7 +127,16 @@ async fn verified_deliveries_run_once_and_duplicates_are_acknowledged() {
 async fn bad_signatures_are_refused_and_dead_letter_at_the_sender() {
     let (addr, app) = start(WebhookReceiver::from_secrets([SECRET]).unwrap()).await;
     let wrong = sink(addr, |e| e.secret(OLD_SECRET));
-    let f = failure(&wrong.publish(&[message("hook", 1)]).await.unwrap()[0]).clone();
+    let f = failure(
+        &wrong
+            .publish(
+                &[message("hook", 1)],
+                &outbox_core::PublishContext::default(),
+            )
+            .await
+            .unwrap()[0],
+    )
+    .clone();
     assert_eq!(
         (f.class, f.retryable),
         (FailureClass::Rejected, false),
@@ -131,7 +146,16 @@ async fn bad_signatures_are_refused_and_dead_letter_at_the_sender() {
     assert!(f.message.contains("no matching webhook signature"), "{f}");
 
     let unsigned = sink(addr, |e| e);
-    let f = failure(&unsigned.publish(&[message("hook", 2)]).await.unwrap()[0]).clone();
+    let f = failure(
+        &unsigned
+            .publish(
+                &[message("hook", 2)],
+                &outbox_core::PublishContext::default(),
+            )
+            .await
+            .unwrap()[0],
+    )
+    .clone();
     assert!(f.message.contains("missing `webhook-id` header"), "{f}");
     assert_eq!(app.effects.load(Ordering::SeqCst), 0);
     assert!(
@@ -157,7 +181,10 @@ async fn oversized_bodies_are_refused_as_too_large() {
         .build()
         .unwrap()
         .into_message(chrono::Utc::now());
-    let outcomes = sink.publish(&[big, fits]).await.unwrap();
+    let outcomes = sink
+        .publish(&[big, fits], &outbox_core::PublishContext::default())
+        .await
+        .unwrap();
     let f = failure(&outcomes[0]);
     assert_eq!(
         (f.class, f.retryable),

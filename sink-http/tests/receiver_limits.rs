@@ -153,7 +153,10 @@ async fn the_sink_does_not_sign_an_idempotency_key_with_a_dot() {
     let sink = common::sink_to("t", EndpointConfig::new(server.url("/hook")).secret(SECRET));
     let mut message = common::message("t", 1);
     message.idempotency_key = "order.42.paid".into();
-    let outcomes = sink.publish(&[message]).await.unwrap();
+    let outcomes = sink
+        .publish(&[message], &outbox_core::PublishContext::default())
+        .await
+        .unwrap();
     match &outcomes[0] {
         Outcome::Failed(f) => {
             assert!(

@@ -50,7 +50,13 @@ async fn every_request_carries_identity_signatures_and_route_headers() {
         .unwrap()
         .into_message(Utc::now());
     m.attempts = 3;
-    let outcomes = sink.publish(std::slice::from_ref(&m)).await.unwrap();
+    let outcomes = sink
+        .publish(
+            std::slice::from_ref(&m),
+            &outbox_core::PublishContext::default(),
+        )
+        .await
+        .unwrap();
     assert_eq!(outcomes, [Outcome::published_with("HTTP 200")]);
 
     let r = &server.requests()[0];
@@ -111,7 +117,12 @@ async fn every_request_carries_identity_signatures_and_route_headers() {
 async fn unsigned_routes_send_no_webhook_headers() {
     let server = TestServer::start().await;
     let sink = common::sink_to("plain", endpoint(server.url("/")));
-    sink.publish(&[message("plain", 1)]).await.unwrap();
+    sink.publish(
+        &[message("plain", 1)],
+        &outbox_core::PublishContext::default(),
+    )
+    .await
+    .unwrap();
     let r = &server.requests()[0];
     for name in [
         headers::WEBHOOK_ID,
@@ -146,7 +157,10 @@ async fn unsendable_messages_fail_permanently_without_a_request() {
     let unknown = message("nowhere", 1);
     let ok = message("orders", 2);
     let outcomes = sink
-        .publish(&[reserved, broken_key, unknown, ok])
+        .publish(
+            &[reserved, broken_key, unknown, ok],
+            &outbox_core::PublishContext::default(),
+        )
         .await
         .unwrap();
     let f = failure(&outcomes[0]);
@@ -203,7 +217,10 @@ async fn statuses_are_classified() {
                 .into_message(Utc::now())
         })
         .collect();
-    let outcomes = sink.publish(&batch).await.unwrap();
+    let outcomes = sink
+        .publish(&batch, &outbox_core::PublishContext::default())
+        .await
+        .unwrap();
     assert_eq!(outcomes.len(), cases.len());
     for ((status, want), outcome) in cases.iter().zip(&outcomes) {
         match want {
@@ -232,14 +249,23 @@ async fn statuses_are_classified() {
 async fn retry_after_seconds_is_honoured_and_pauses_the_endpoint() {
     let server = TestServer::with(|_, _| Reply::status(429).header("retry-after", "2")).await;
     let sink = common::sink_to("api", endpoint(server.url("/")));
-    let first = sink.publish(&[message("api", 1)]).await.unwrap();
+    let first = sink
+        .publish(
+            &[message("api", 1)],
+            &outbox_core::PublishContext::default(),
+        )
+        .await
+        .unwrap();
     let f = failure(&first[0]);
     assert_eq!((f.class, f.retryable), (FailureClass::RateLimited, true));
     assert_eq!(f.retry_after, Some(Duration::from_secs(2)));
 
     // The endpoint asked to wait: the next messages are not sent until then.
     let paused = sink
-        .publish(&[message("api", 2), message("api", 3)])
+        .publish(
+            &[message("api", 2), message("api", 3)],
+            &outbox_core::PublishContext::default(),
+        )
         .await
         .unwrap();
     for outcome in &paused {
@@ -257,7 +283,15 @@ async fn retry_after_seconds_is_honoured_and_pauses_the_endpoint() {
 
     tokio::time::sleep(Duration::from_millis(2100)).await;
     server.set(|_, _| Reply::ok());
-    assert!(sink.publish(&[message("api", 4)]).await.unwrap()[0].is_published());
+    assert!(
+        sink.publish(
+            &[message("api", 4)],
+            &outbox_core::PublishContext::default()
+        )
+        .await
+        .unwrap()[0]
+            .is_published()
+    );
     assert_eq!(server.count(), 2);
 }
 
@@ -267,7 +301,13 @@ async fn retry_after_http_date_is_honoured_and_capped() {
     let server =
         TestServer::with(move |_, _| Reply::status(503).header("retry-after", &date)).await;
     let sink = common::sink_to("api", endpoint(server.url("/")));
-    let outcomes = sink.publish(&[message("api", 1)]).await.unwrap();
+    let outcomes = sink
+        .publish(
+            &[message("api", 1)],
+            &outbox_core::PublishContext::default(),
+        )
+        .await
+        .unwrap();
     let wait = failure(&outcomes[0]).retry_after.unwrap();
     assert!(
         wait > Duration::from_secs(85) && wait <= Duration::from_secs(90),
@@ -279,7 +319,13 @@ async fn retry_after_http_date_is_honoured_and_capped() {
         .route("api", endpoint(server.url("/")))
         .build()
         .unwrap();
-    let outcomes = capped.publish(&[message("api", 2)]).await.unwrap();
+    let outcomes = capped
+        .publish(
+            &[message("api", 2)],
+            &outbox_core::PublishContext::default(),
+        )
+        .await
+        .unwrap();
     assert_eq!(
         failure(&outcomes[0]).retry_after,
         Some(Duration::from_secs(30))
@@ -290,7 +336,10 @@ async fn retry_after_http_date_is_honoured_and_capped() {
     server.set(move |_, _| Reply::status(503).header("retry-after", &past));
     let fresh = common::sink_to("api", endpoint(server.url("/")));
     let outcomes = fresh
-        .publish(&[message("api", 3), message("api", 4)])
+        .publish(
+            &[message("api", 3), message("api", 4)],
+            &outbox_core::PublishContext::default(),
+        )
         .await
         .unwrap();
     for outcome in &outcomes {
@@ -322,7 +371,10 @@ async fn a_redirect_to_loopback_is_not_followed() {
         .build()
         .unwrap();
     let outcomes = sink
-        .publish(&[message("found", 1), message("moved", 2), message("temp", 3)])
+        .publish(
+            &[message("found", 1), message("moved", 2), message("temp", 3)],
+            &outbox_core::PublishContext::default(),
+        )
         .await
         .unwrap();
     for (outcome, (code, retryable)) in
@@ -369,7 +421,10 @@ async fn response_bodies_are_read_with_a_cap() {
         .unwrap()
         .into_message(Utc::now());
     let started = Instant::now();
-    let outcomes = sink.publish(&[bad, good]).await.unwrap();
+    let outcomes = sink
+        .publish(&[bad, good], &outbox_core::PublishContext::default())
+        .await
+        .unwrap();
     let f = failure(&outcomes[0]);
     assert!(!f.retryable);
     assert!(f.message.ends_with("… (truncated)"), "{f}");
@@ -389,7 +444,13 @@ async fn slow_endpoints_time_out_retryably() {
         endpoint(server.url("/")).timeout(Duration::from_millis(300)),
     );
     let started = Instant::now();
-    let outcomes = sink.publish(&[message("slow", 1)]).await.unwrap();
+    let outcomes = sink
+        .publish(
+            &[message("slow", 1)],
+            &outbox_core::PublishContext::default(),
+        )
+        .await
+        .unwrap();
     let f = failure(&outcomes[0]);
     assert_eq!((f.class, f.retryable), (FailureClass::Timeout, true), "{f}");
     assert!(started.elapsed() < Duration::from_secs(10));
@@ -413,7 +474,10 @@ async fn the_publish_deadline_bounds_a_batch() {
         .unwrap();
     let batch: Vec<Message> = (0..5).map(|n| message("slow", n)).collect();
     let started = Instant::now();
-    let outcomes = sink.publish(&batch).await.unwrap();
+    let outcomes = sink
+        .publish(&batch, &outbox_core::PublishContext::default())
+        .await
+        .unwrap();
     let elapsed = started.elapsed();
     assert!(elapsed < Duration::from_secs(5), "{elapsed:?}");
     assert!(outcomes[0].is_published());
@@ -437,7 +501,13 @@ async fn connection_errors_are_retryable_and_do_not_leak_the_url() {
         "gone",
         endpoint(format!("http://user:pw@127.0.0.1:{port}/T000/secret-token")),
     );
-    let outcomes = sink.publish(&[message("gone", 1)]).await.unwrap();
+    let outcomes = sink
+        .publish(
+            &[message("gone", 1)],
+            &outbox_core::PublishContext::default(),
+        )
+        .await
+        .unwrap();
     let f = failure(&outcomes[0]);
     assert_eq!(
         (f.class, f.retryable),
@@ -454,7 +524,12 @@ async fn url_credentials_are_sent_as_basic_auth() {
     let server = TestServer::start().await;
     let url = format!("http://user:pa%20ss@{}/", server.addr);
     let sink = common::sink_to("auth", endpoint(url));
-    sink.publish(&[message("auth", 1)]).await.unwrap();
+    sink.publish(
+        &[message("auth", 1)],
+        &outbox_core::PublishContext::default(),
+    )
+    .await
+    .unwrap();
     // base64("user:pa ss")
     assert_eq!(
         server.requests()[0].header("authorization"),
@@ -468,7 +543,10 @@ async fn concurrency_is_limited_per_endpoint() {
     let sink = common::sink_to("c", endpoint(server.url("/")).concurrency(3));
     let batch: Vec<Message> = (0..12).map(|n| message("c", n)).collect();
     let started = Instant::now();
-    let outcomes = sink.publish(&batch).await.unwrap();
+    let outcomes = sink
+        .publish(&batch, &outbox_core::PublishContext::default())
+        .await
+        .unwrap();
     assert!(outcomes.iter().all(Outcome::is_published));
     assert_eq!(server.max_in_flight(), 3);
     // 12 requests, 3 at a time, 150 ms each: at least 4 rounds.
@@ -500,7 +578,7 @@ async fn messages_sharing_a_partition_key_go_in_batch_order() {
         })
         .collect();
     assert!(
-        sink.publish(&batch)
+        sink.publish(&batch, &outbox_core::PublishContext::default())
             .await
             .unwrap()
             .iter()
@@ -545,7 +623,15 @@ async fn config_files_deserialize_and_build() {
     assert_eq!(config.publish_deadline, Duration::from_secs(8));
     assert_eq!(config.routes["orders"].timeout, Duration::from_millis(1500));
     let sink = config.build().unwrap();
-    assert!(sink.publish(&[message("orders", 1)]).await.unwrap()[0].is_published());
+    assert!(
+        sink.publish(
+            &[message("orders", 1)],
+            &outbox_core::PublishContext::default()
+        )
+        .await
+        .unwrap()[0]
+            .is_published()
+    );
     assert!(
         server.requests()[0]
             .header(headers::WEBHOOK_SIGNATURE)

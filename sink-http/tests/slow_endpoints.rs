@@ -51,7 +51,13 @@ async fn a_2xx_whose_body_trickles_is_published_at_once() {
         .build()
         .unwrap();
     let started = Instant::now();
-    let outcomes = sink.publish(&[common::message("t", 1)]).await.unwrap();
+    let outcomes = sink
+        .publish(
+            &[common::message("t", 1)],
+            &outbox_core::PublishContext::default(),
+        )
+        .await
+        .unwrap();
     assert!(
         matches!(&outcomes[0], Outcome::Published { .. }),
         "{:?}",
@@ -71,7 +77,13 @@ async fn a_5xx_whose_body_trickles_fails_without_waiting_for_the_body() {
         trickling_server("HTTP/1.1 503 Service Unavailable\r\ncontent-length: 100\r\n\r\n").await;
     let sink = common::sink_to("t", EndpointConfig::new(format!("{url}/hook")));
     let started = Instant::now();
-    let outcomes = sink.publish(&[common::message("t", 1)]).await.unwrap();
+    let outcomes = sink
+        .publish(
+            &[common::message("t", 1)],
+            &outbox_core::PublishContext::default(),
+        )
+        .await
+        .unwrap();
     let Outcome::Failed(failure) = &outcomes[0] else {
         panic!("a 503 is a failure: {:?}", outcomes[0]);
     };

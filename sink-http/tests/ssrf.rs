@@ -145,7 +145,10 @@ async fn refusal(config: HttpSinkConfig, url: &str) -> String {
         }
         Ok(sink) => sink,
     };
-    let outcomes = sink.publish(&[message("t", 1)]).await.unwrap();
+    let outcomes = sink
+        .publish(&[message("t", 1)], &outbox_core::PublishContext::default())
+        .await
+        .unwrap();
     match &outcomes[..] {
         [Outcome::Failed(f)] => {
             assert_eq!(
@@ -240,7 +243,10 @@ async fn blocked_address_forms_never_reach_the_canary() {
         )
         .build()
         .unwrap();
-    let _ = open.publish(&[message("t", 1)]).await.unwrap();
+    let _ = open
+        .publish(&[message("t", 1)], &outbox_core::PublishContext::default())
+        .await
+        .unwrap();
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert!(canary.connections() >= 1);
 }
@@ -278,7 +284,12 @@ async fn connections_go_to_the_checked_address_and_each_new_one_is_checked_again
 
     // The name exists only in the fake resolver, so arriving at the server proves the
     // connection used the checked answer.
-    assert!(sink.publish(&[message("t", 1)]).await.unwrap()[0].is_published());
+    assert!(
+        sink.publish(&[message("t", 1)], &outbox_core::PublishContext::default())
+            .await
+            .unwrap()[0]
+            .is_published()
+    );
     let first = &server.requests()[0];
     assert_eq!(
         first.header("host"),
@@ -287,7 +298,10 @@ async fn connections_go_to_the_checked_address_and_each_new_one_is_checked_again
 
     // The name now "rebinds" to a blocked address: the next connection is refused.
     dns.set("hooks.example", &["127.0.0.9"]);
-    let outcomes = sink.publish(&[message("t", 2)]).await.unwrap();
+    let outcomes = sink
+        .publish(&[message("t", 2)], &outbox_core::PublishContext::default())
+        .await
+        .unwrap();
     match &outcomes[..] {
         [Outcome::Failed(f)] => {
             assert_eq!((f.class, f.retryable), (FailureClass::Config, false), "{f}");
@@ -317,7 +331,15 @@ async fn allow_lists_apply_per_endpoint() {
         .route("internal", EndpointConfig::new(&url).allow("127.0.0.1/32"))
         .build()
         .unwrap();
-    assert!(sink.publish(&[message("internal", 1)]).await.unwrap()[0].is_published());
+    assert!(
+        sink.publish(
+            &[message("internal", 1)],
+            &outbox_core::PublishContext::default()
+        )
+        .await
+        .unwrap()[0]
+            .is_published()
+    );
     let err = HttpSinkConfig::new()
         .route("internal", EndpointConfig::new(&url).allow("127.0.0.1/32"))
         .route("customer", EndpointConfig::new(&url))
@@ -345,7 +367,10 @@ async fn allow_lists_apply_per_endpoint() {
         .build()
         .unwrap();
     let outcomes = sink
-        .publish(&[message("named", 2), message("other", 3)])
+        .publish(
+            &[message("named", 2), message("other", 3)],
+            &outbox_core::PublishContext::default(),
+        )
         .await
         .unwrap();
     assert!(outcomes[0].is_published());

@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use outbox_core::{Failure, FailureClass, Message, Outcome, Sink};
+use outbox_core::{Failure, FailureClass, Message, Outcome, PublishContext, Sink};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Cmd, Pipeline, Script, Value};
 use tracing::{debug, warn};
@@ -274,8 +274,18 @@ impl RedisSink {
 }
 
 impl Sink for RedisSink {
-    async fn publish(&self, batch: &[Message]) -> Result<Vec<Outcome>, Failure> {
-        self.inner.publish(batch).await
+    async fn publish(
+        &self,
+        batch: &[Message],
+        cx: &PublishContext,
+    ) -> Result<Vec<Outcome>, Failure> {
+        match tokio::time::timeout_at(cx.deadline(), self.inner.publish(batch)).await {
+            Ok(outcomes) => outcomes,
+            Err(_) => Err(Failure::retryable(
+                FailureClass::Timeout,
+                "no reply from Redis before the publish deadline; the entries may have been appended",
+            )),
+        }
     }
 }
 

@@ -49,7 +49,10 @@ async fn a_message_over_the_servers_bulk_limit_fails_alone() {
             message(vec![7; 2 * MIB]),
             message(b"small two".to_vec()),
         ];
-        let outcomes = sink.publish(&batch).await.unwrap();
+        let outcomes = sink
+            .publish(&batch, &outbox_core::PublishContext::default())
+            .await
+            .unwrap();
         assert!(
             outcomes[0].is_published(),
             "dedupe={dedupe}: {:?}",
@@ -97,10 +100,13 @@ async fn after_a_dropped_connection_what_was_appended_is_published() {
         message(vec![7; 2 * MIB]),
         message(b"after".to_vec()),
     ];
-    let outcomes = tokio::time::timeout(Duration::from_secs(30), sink.publish(&batch))
-        .await
-        .expect("publish returns")
-        .unwrap();
+    let outcomes = tokio::time::timeout(
+        Duration::from_secs(30),
+        sink.publish(&batch, &outbox_core::PublishContext::default()),
+    )
+    .await
+    .expect("publish returns")
+    .unwrap();
     assert!(
         outcomes[0].is_published(),
         "appended before the drop: {:?}",

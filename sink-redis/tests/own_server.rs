@@ -198,7 +198,10 @@ async fn a_full_redis_fails_retryably_and_recovers_when_memory_frees() {
                     .into_message(Utc::now())
             })
             .collect();
-        let outcomes = sink.publish(&batch).await.unwrap();
+        let outcomes = sink
+            .publish(&batch, &outbox_core::PublishContext::default())
+            .await
+            .unwrap();
         for (message, outcome) in batch.into_iter().zip(outcomes) {
             match outcome {
                 Outcome::Published { .. } => published.push(message),
@@ -222,7 +225,10 @@ async fn a_full_redis_fails_retryably_and_recovers_when_memory_frees() {
         .query_async(&mut conn)
         .await
         .unwrap();
-    let outcomes = sink.publish(&refused).await.unwrap();
+    let outcomes = sink
+        .publish(&refused, &outbox_core::PublishContext::default())
+        .await
+        .unwrap();
     assert!(outcomes.iter().all(Outcome::is_published), "{outcomes:?}");
     let entries = xrange(&mut conn, "full").await;
     assert_eq!(entries.len(), published.len() + refused.len());
@@ -299,7 +305,10 @@ async fn a_wait_that_is_not_met_fails_retryably_and_the_resend_is_not_duplicated
     // hit, so retrying here is what the relay would do.
     let mut acknowledged = false;
     for _ in 0..5 {
-        let outcomes = sink.publish(&batch[..2]).await.unwrap();
+        let outcomes = sink
+            .publish(&batch[..2], &outbox_core::PublishContext::default())
+            .await
+            .unwrap();
         if outcomes.iter().all(Outcome::is_published) {
             acknowledged = true;
             break;
@@ -315,7 +324,10 @@ async fn a_wait_that_is_not_met_fails_retryably_and_the_resend_is_not_duplicated
         async move { info_field(&mut conn, "replication", "connected_slaves").await == "0" }
     })
     .await;
-    let outcomes = sink.publish(&batch[2..]).await.unwrap();
+    let outcomes = sink
+        .publish(&batch[2..], &outbox_core::PublishContext::default())
+        .await
+        .unwrap();
     for outcome in &outcomes {
         match outcome {
             Outcome::Failed(f) => {
@@ -338,7 +350,10 @@ async fn a_wait_that_is_not_met_fails_retryably_and_the_resend_is_not_duplicated
     synced(replica.url()).await;
     let mut outcomes = Vec::new();
     for _ in 0..5 {
-        outcomes = sink.publish(&batch[2..]).await.unwrap();
+        outcomes = sink
+            .publish(&batch[2..], &outbox_core::PublishContext::default())
+            .await
+            .unwrap();
         if outcomes.iter().all(Outcome::is_published) {
             break;
         }
@@ -388,7 +403,13 @@ async fn passwords_and_acl_permissions() {
             .unwrap()
             .into_message(Utc::now())
     };
-    assert!(admin.publish(&[message()]).await.unwrap()[0].is_published());
+    assert!(
+        admin
+            .publish(&[message()], &outbox_core::PublishContext::default())
+            .await
+            .unwrap()[0]
+            .is_published()
+    );
 
     // An ACL user that may not append: every message fails retryably (route-wide, an
     // operator's fix), never dead-lettered and never published.
@@ -412,7 +433,13 @@ async fn passwords_and_acl_permissions() {
         )
         .await
         .expect("the user may connect");
-        let outcomes = limited.publish(&[message(), message()]).await.unwrap();
+        let outcomes = limited
+            .publish(
+                &[message(), message()],
+                &outbox_core::PublishContext::default(),
+            )
+            .await
+            .unwrap();
         for outcome in outcomes {
             match outcome {
                 Outcome::Failed(f) => {
@@ -454,7 +481,13 @@ async fn tls_with_a_private_ca_and_a_client_certificate() {
         .build()
         .unwrap()
         .into_message(Utc::now());
-    let outcomes = sink.publish(std::slice::from_ref(&message)).await.unwrap();
+    let outcomes = sink
+        .publish(
+            std::slice::from_ref(&message),
+            &outbox_core::PublishContext::default(),
+        )
+        .await
+        .unwrap();
     assert!(outcomes[0].is_published(), "{outcomes:?}");
 
     let certificates = TlsCertificates {
@@ -516,7 +549,13 @@ async fn a_dead_server_fails_what_was_sent_retryably_and_keeps_permanent_refusal
             .unwrap()
             .into_message(Utc::now())
     };
-    let outcomes = sink.publish(&[message(1_000), message(10)]).await.unwrap();
+    let outcomes = sink
+        .publish(
+            &[message(1_000), message(10)],
+            &outbox_core::PublishContext::default(),
+        )
+        .await
+        .unwrap();
     match &outcomes[..] {
         [Outcome::Failed(large), Outcome::Failed(down)] => {
             assert_eq!(
@@ -535,7 +574,12 @@ async fn a_dead_server_fails_what_was_sent_retryably_and_keeps_permanent_refusal
     server.restart().await;
     let mut published = false;
     for _ in 0..50 {
-        if sink.publish(&[message(10)]).await.unwrap()[0].is_published() {
+        if sink
+            .publish(&[message(10)], &outbox_core::PublishContext::default())
+            .await
+            .unwrap()[0]
+            .is_published()
+        {
             published = true;
             break;
         }

@@ -351,7 +351,12 @@ async fn republishing_inside_the_window_adds_nothing_and_after_it_appends_again(
     .await;
     let batch = claimed("orders", 5);
 
-    let first = receipts(&sink.publish(&batch).await.unwrap());
+    let first = receipts(
+        &sink
+            .publish(&batch, &outbox_core::PublishContext::default())
+            .await
+            .unwrap(),
+    );
     assert_eq!(xlen(&mut conn, &stream).await, 5);
     let entries = xrange(&mut conn, &stream).await;
     assert_eq!(
@@ -361,14 +366,24 @@ async fn republishing_inside_the_window_adds_nothing_and_after_it_appends_again(
     );
 
     // The relay crashed after the append and before marking: the same batch again.
-    let again = receipts(&sink.publish(&batch).await.unwrap());
+    let again = receipts(
+        &sink
+            .publish(&batch, &outbox_core::PublishContext::default())
+            .await
+            .unwrap(),
+    );
     assert_eq!(again, first, "a duplicate answers with the first entry id");
     assert_eq!(xlen(&mut conn, &stream).await, 5, "no second entry");
 
     // A batch mixing a re-sent message with a new one appends only the new one.
     let mut mixed = vec![batch[2].clone()];
     mixed.extend(claimed("orders", 1));
-    let mixed_receipts = receipts(&sink.publish(&mixed).await.unwrap());
+    let mixed_receipts = receipts(
+        &sink
+            .publish(&mixed, &outbox_core::PublishContext::default())
+            .await
+            .unwrap(),
+    );
     assert_eq!(mixed_receipts[0], first[2]);
     assert_eq!(xlen(&mut conn, &stream).await, 6);
 
@@ -390,10 +405,20 @@ async fn republishing_inside_the_window_adds_nothing_and_after_it_appends_again(
     )
     .await;
     let later = claimed("orders", 5);
-    let before = receipts(&short_sink.publish(&later).await.unwrap());
+    let before = receipts(
+        &short_sink
+            .publish(&later, &outbox_core::PublishContext::default())
+            .await
+            .unwrap(),
+    );
     assert_eq!(xlen(&mut conn, &stream).await, 11);
     tokio::time::sleep(short + Duration::from_millis(300)).await;
-    let after = receipts(&short_sink.publish(&later).await.unwrap());
+    let after = receipts(
+        &short_sink
+            .publish(&later, &outbox_core::PublishContext::default())
+            .await
+            .unwrap(),
+    );
     assert_eq!(
         xlen(&mut conn, &stream).await,
         16,
@@ -448,7 +473,10 @@ async fn a_relay_crash_between_append_and_mark_does_not_duplicate() {
         .await
         .unwrap();
     assert_eq!(claim.messages.len(), 20);
-    let outcomes = sink.publish(&claim.messages).await.unwrap();
+    let outcomes = sink
+        .publish(&claim.messages, &outbox_core::PublishContext::default())
+        .await
+        .unwrap();
     assert!(outcomes.iter().all(Outcome::is_published));
     assert_eq!(xlen(&mut conn, &stream).await, 20);
 
@@ -557,7 +585,10 @@ async fn wait_zero_replicas_runs_in_the_same_round_trip_and_publishes() {
         )
         .await;
         let batch = claimed("orders", 10);
-        let outcomes = sink.publish(&batch).await.unwrap();
+        let outcomes = sink
+            .publish(&batch, &outbox_core::PublishContext::default())
+            .await
+            .unwrap();
         let ids = receipts(&outcomes);
         let entries = xrange(&mut conn, &stream).await;
         assert_eq!(
@@ -566,7 +597,15 @@ async fn wait_zero_replicas_runs_in_the_same_round_trip_and_publishes() {
         );
         if dedupe.is_some() {
             // A duplicate under durability is still acknowledged with the first id.
-            assert_eq!(receipts(&sink.publish(&batch).await.unwrap()), ids);
+            assert_eq!(
+                receipts(
+                    &sink
+                        .publish(&batch, &outbox_core::PublishContext::default())
+                        .await
+                        .unwrap()
+                ),
+                ids
+            );
             assert_eq!(xlen(&mut conn, &stream).await, 10);
         }
         del(&mut conn, &[stream]).await;
@@ -613,7 +652,10 @@ async fn per_message_failures_are_classified_and_hold_up_nothing() {
             m(Some("good"), 2_000), // over max_payload_bytes
             m(Some("good"), 20),
         ];
-        let outcomes = sink.publish(&batch).await.unwrap();
+        let outcomes = sink
+            .publish(&batch, &outbox_core::PublishContext::default())
+            .await
+            .unwrap();
         assert_eq!(outcomes.len(), 5);
         assert!(outcomes[0].is_published() && outcomes[4].is_published());
         let failure = |o: &Outcome| match o {
@@ -646,7 +688,10 @@ async fn per_message_failures_are_classified_and_hold_up_nothing() {
             // No dedupe key was left for the message whose append failed, so it is
             // appended once the key is fixed.
             del(&mut conn, std::slice::from_ref(&taken)).await;
-            let retry = sink.publish(&batch[2..3]).await.unwrap();
+            let retry = sink
+                .publish(&batch[2..3], &outbox_core::PublishContext::default())
+                .await
+                .unwrap();
             assert!(retry[0].is_published(), "{retry:?}");
             assert_eq!(xlen(&mut conn, &taken).await, 1);
         }
@@ -661,14 +706,24 @@ async fn a_flushed_script_cache_is_reloaded_without_losing_or_duplicating() {
     let stream = fresh_name("noscript");
     let sink = sink(RedisSinkConfig::new(url.clone()).stream(stream.clone())).await;
     let batch = claimed("orders", 8);
-    let first = receipts(&sink.publish(&batch[..4]).await.unwrap());
+    let first = receipts(
+        &sink
+            .publish(&batch[..4], &outbox_core::PublishContext::default())
+            .await
+            .unwrap(),
+    );
     let _: () = redis::cmd("SCRIPT")
         .arg("FLUSH")
         .query_async(&mut conn)
         .await
         .unwrap();
     // Half re-sent, half new, after the flush.
-    let outcomes = receipts(&sink.publish(&batch).await.unwrap());
+    let outcomes = receipts(
+        &sink
+            .publish(&batch, &outbox_core::PublishContext::default())
+            .await
+            .unwrap(),
+    );
     assert_eq!(&outcomes[..4], &first[..]);
     assert_eq!(xlen(&mut conn, &stream).await, 8);
     del(&mut conn, &[stream]).await;

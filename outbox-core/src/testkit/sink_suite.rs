@@ -16,7 +16,7 @@ use std::time::Duration;
 use chrono::Utc;
 
 use crate::message::{Headers, Message, NewMessage};
-use crate::sink::{FailureClass, Outcome, Sink};
+use crate::sink::{FailureClass, Outcome, PublishContext, Sink};
 use crate::testkit::RecordingSink;
 
 /// A message as the receiving side saw it, in the sink's own wire format translated back.
@@ -130,7 +130,11 @@ async fn received_within<H: SinkHarness>(h: &H, at_least: usize) -> Vec<Delivere
 
 /// An empty batch returns no outcomes and sends nothing.
 pub async fn empty_batch_publishes_nothing<H: SinkHarness>(h: &H) {
-    let outcomes = h.sink().publish(&[]).await.expect("empty publish");
+    let outcomes = h
+        .sink()
+        .publish(&[], &PublishContext::default())
+        .await
+        .expect("empty publish");
     assert!(outcomes.is_empty());
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert!(
@@ -142,7 +146,11 @@ pub async fn empty_batch_publishes_nothing<H: SinkHarness>(h: &H) {
 /// One outcome per message, all published for well-formed messages.
 pub async fn one_outcome_per_message<H: SinkHarness>(h: &H) {
     let batch = messages(h.destination(), 25);
-    let outcomes = h.sink().publish(&batch).await.expect("publish");
+    let outcomes = h
+        .sink()
+        .publish(&batch, &PublishContext::default())
+        .await
+        .expect("publish");
     assert_eq!(outcomes.len(), batch.len(), "one outcome per message");
     for (m, o) in batch.iter().zip(&outcomes) {
         assert!(o.is_published(), "message {} not published: {o:?}", m.id);
@@ -157,7 +165,11 @@ pub async fn one_outcome_per_message<H: SinkHarness>(h: &H) {
 /// The receiver sees each message's id, idempotency key, event type, payload and headers.
 pub async fn delivers_identity_payload_and_headers<H: SinkHarness>(h: &H) {
     let batch = messages(h.destination(), 5);
-    let outcomes = h.sink().publish(&batch).await.expect("publish");
+    let outcomes = h
+        .sink()
+        .publish(&batch, &PublishContext::default())
+        .await
+        .expect("publish");
     assert!(outcomes.iter().all(Outcome::is_published), "{outcomes:?}");
     let got = received_within(h, 5).await;
     let by_id: BTreeMap<_, _> = got.iter().map(|d| (d.id.clone(), d)).collect();
@@ -190,7 +202,7 @@ pub async fn binary_payload_is_exact_or_refused<H: SinkHarness>(h: &H) {
         .into_message(Utc::now());
     let outcomes = h
         .sink()
-        .publish(std::slice::from_ref(&message))
+        .publish(std::slice::from_ref(&message), &PublishContext::default())
         .await
         .expect("publish");
     match &outcomes[..] {
@@ -223,7 +235,11 @@ pub async fn binary_payload_is_exact_or_refused<H: SinkHarness>(h: &H) {
 pub async fn redelivery_keeps_identity<H: SinkHarness>(h: &H) {
     let batch = messages(h.destination(), 1);
     for _ in 0..2 {
-        let outcomes = h.sink().publish(&batch).await.expect("publish");
+        let outcomes = h
+            .sink()
+            .publish(&batch, &PublishContext::default())
+            .await
+            .expect("publish");
         assert!(outcomes[0].is_published(), "{outcomes:?}");
     }
     let got = received_within(h, 1).await;

@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 
 use crate::message::Message;
-use crate::sink::{Failure, FailureClass, Outcome, Sink};
+use crate::sink::{Failure, FailureClass, Outcome, PublishContext, Sink};
 
 /// Acknowledges every message and remembers it, in publish order. Clones share the record.
 ///
@@ -16,7 +16,7 @@ use crate::sink::{Failure, FailureClass, Outcome, Sink};
 /// use outbox_core::{Sink, testkit::RecordingSink};
 ///
 /// let sink = RecordingSink::new();
-/// let outcomes = sink.publish(&[]).await.unwrap();
+/// let outcomes = sink.publish(&[], &outbox_core::PublishContext::default()).await.unwrap();
 /// assert!(outcomes.is_empty());
 /// assert_eq!(sink.len(), 0);
 /// # });
@@ -77,7 +77,11 @@ impl RecordingSink {
 }
 
 impl Sink for RecordingSink {
-    async fn publish(&self, batch: &[Message]) -> Result<Vec<Outcome>, Failure> {
+    async fn publish(
+        &self,
+        batch: &[Message],
+        _cx: &PublishContext,
+    ) -> Result<Vec<Outcome>, Failure> {
         let mut messages = self.lock();
         let start = messages.len();
         messages.extend_from_slice(batch);
@@ -201,7 +205,11 @@ impl<S: Sink> FlakySink<S> {
 }
 
 impl<S: Sink> Sink for FlakySink<S> {
-    async fn publish(&self, batch: &[Message]) -> Result<Vec<Outcome>, Failure> {
+    async fn publish(
+        &self,
+        batch: &[Message],
+        cx: &PublishContext,
+    ) -> Result<Vec<Outcome>, Failure> {
         let (sleep, rolls) = {
             let mut rng = self.rng.lock().unwrap_or_else(|e| e.into_inner());
             let sleep = self.delay.map(|(min, max)| {
@@ -239,7 +247,7 @@ impl<S: Sink> Sink for FlakySink<S> {
             self.stats
                 .forwarded
                 .fetch_add(forward.len() as u64, Ordering::Relaxed);
-            let inner = match self.inner.publish(&forward).await {
+            let inner = match self.inner.publish(&forward, cx).await {
                 Ok(inner) => inner,
                 Err(failure) => vec![Outcome::Failed(failure); forward.len()],
             };

@@ -1,0 +1,229 @@
+//! What an outbox backend does besides the relay's calls, and the type-erased store.
+//!
+//! [`Backend`] is what operators and the front crate need of a store: create or upgrade
+//! its table, and wakeups through the database. [`DynStore`] is the object-safe twin of
+//! every store trait together, implemented for every store that has them all, so a store
+//! chosen at run time (by URL) is an `Arc<dyn DynStore>`, and `Arc<dyn DynStore>` is a
+//! store again.
+
+use std::any::Any;
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+
+use crate::error::StoreError;
+use crate::message::MessageId;
+use crate::sink::BoxFuture;
+use crate::state::LeaseToken;
+use crate::store::{
+    Claim, ClaimRequest, CompleteReport, Completion, DeadLetter, DeadLetterFilter, DeadLetters,
+    Purge, PurgeRequest, Stats, Store, StoreStats,
+};
+use crate::wakeup::Wakeup;
+
+/// A wakeup fed by the database (PostgreSQL LISTEN/NOTIFY, say), alive as long as this
+/// value is: dropping it stops the listening.
+pub struct Listener {
+    wakeup: Wakeup,
+    _alive: Box<dyn Any + Send + Sync>,
+}
+
+impl Listener {
+    /// A listener raising `wakeup`, kept running by `alive` (its connection or task).
+    pub fn new(wakeup: Wakeup, alive: impl Any + Send + Sync) -> Self {
+        Self {
+            wakeup,
+            _alive: Box::new(alive),
+        }
+    }
+
+    /// The signal it raises.
+    pub fn wakeup(&self) -> Wakeup {
+        self.wakeup.clone()
+    }
+}
+
+impl fmt::Debug for Listener {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Listener").finish_non_exhaustive()
+    }
+}
+
+/// A store's operations outside the relay: its schema and its wakeups.
+pub trait Backend: Send + Sync {
+    /// Creates or upgrades the table (idempotent, safe to run concurrently).
+    fn migrate(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// A wakeup the database raises when rows are enqueued, if the store has one (the
+    /// default has none: relays poll).
+    fn listen(&self) -> impl Future<Output = Result<Option<Listener>, StoreError>> + Send {
+        async { Ok(None) }
+    }
+
+    /// Wakes listening relays after a change made outside an enqueue (a dead-letter
+    /// replay, say). The default does nothing: relays find the rows at their next poll.
+    fn notify(&self) -> impl Future<Output = Result<(), StoreError>> + Send {
+        async { Ok(()) }
+    }
+}
+
+/// Every store trait at once, object-safe: implemented for each store that implements
+/// [`Store`], [`StoreStats`], [`DeadLetters`], [`Purge`] and [`Backend`].
+pub trait DynStore: Send + Sync + 'static {
+    /// See [`Store::claim`].
+    fn claim_dyn<'a>(&'a self, request: &'a ClaimRequest) -> BoxFuture<'a, Result<Claim, StoreError>>;
+    /// See [`Store::complete`].
+    fn complete_dyn<'a>(
+        &'a self,
+        token: LeaseToken,
+        completions: &'a [Completion],
+    ) -> BoxFuture<'a, Result<CompleteReport, StoreError>>;
+    /// See [`Store::release`].
+    fn release_dyn<'a>(
+        &'a self,
+        token: LeaseToken,
+        ids: &'a [MessageId],
+    ) -> BoxFuture<'a, Result<CompleteReport, StoreError>>;
+    /// See [`StoreStats::stats`].
+    fn stats_dyn(&self) -> BoxFuture<'_, Result<Stats, StoreError>>;
+    /// See [`DeadLetters::list_dead`].
+    fn list_dead_dyn<'a>(
+        &'a self,
+        filter: &'a DeadLetterFilter,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<DeadLetter>, StoreError>>;
+    /// See [`DeadLetters::replay_dead`].
+    fn replay_dead_dyn<'a>(&'a self, filter: &'a DeadLetterFilter) -> BoxFuture<'a, Result<u64, StoreError>>;
+    /// See [`DeadLetters::discard_dead`].
+    fn discard_dead_dyn<'a>(&'a self, filter: &'a DeadLetterFilter) -> BoxFuture<'a, Result<u64, StoreError>>;
+    /// See [`Purge::purge`].
+    fn purge_dyn<'a>(&'a self, request: &'a PurgeRequest) -> BoxFuture<'a, Result<u64, StoreError>>;
+    /// See [`Backend::migrate`].
+    fn migrate_dyn(&self) -> BoxFuture<'_, Result<(), StoreError>>;
+    /// See [`Backend::listen`].
+    fn listen_dyn(&self) -> BoxFuture<'_, Result<Option<Listener>, StoreError>>;
+    /// See [`Backend::notify`].
+    fn notify_dyn(&self) -> BoxFuture<'_, Result<(), StoreError>>;
+    /// The concrete store, for [`downcast_ref`](<dyn Any>::downcast_ref) (to enqueue with
+    /// its own connection types, say).
+    fn as_any(&self) -> &dyn Any;
+}
+
+impl<S> DynStore for S
+where
+    S: Store + StoreStats + DeadLetters + Purge + Backend,
+{
+    fn claim_dyn<'a>(&'a self, request: &'a ClaimRequest) -> BoxFuture<'a, Result<Claim, StoreError>> {
+        Box::pin(self.claim(request))
+    }
+    fn complete_dyn<'a>(
+        &'a self,
+        token: LeaseToken,
+        completions: &'a [Completion],
+    ) -> BoxFuture<'a, Result<CompleteReport, StoreError>> {
+        Box::pin(self.complete(token, completions))
+    }
+    fn release_dyn<'a>(
+        &'a self,
+        token: LeaseToken,
+        ids: &'a [MessageId],
+    ) -> BoxFuture<'a, Result<CompleteReport, StoreError>> {
+        Box::pin(self.release(token, ids))
+    }
+    fn stats_dyn(&self) -> BoxFuture<'_, Result<Stats, StoreError>> {
+        Box::pin(self.stats())
+    }
+    fn list_dead_dyn<'a>(
+        &'a self,
+        filter: &'a DeadLetterFilter,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<DeadLetter>, StoreError>> {
+        Box::pin(self.list_dead(filter, limit))
+    }
+    fn replay_dead_dyn<'a>(&'a self, filter: &'a DeadLetterFilter) -> BoxFuture<'a, Result<u64, StoreError>> {
+        Box::pin(self.replay_dead(filter))
+    }
+    fn discard_dead_dyn<'a>(&'a self, filter: &'a DeadLetterFilter) -> BoxFuture<'a, Result<u64, StoreError>> {
+        Box::pin(self.discard_dead(filter))
+    }
+    fn purge_dyn<'a>(&'a self, request: &'a PurgeRequest) -> BoxFuture<'a, Result<u64, StoreError>> {
+        Box::pin(self.purge(request))
+    }
+    fn migrate_dyn(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        Box::pin(self.migrate())
+    }
+    fn listen_dyn(&self) -> BoxFuture<'_, Result<Option<Listener>, StoreError>> {
+        Box::pin(self.listen())
+    }
+    fn notify_dyn(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        Box::pin(self.notify())
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+impl Store for Arc<dyn DynStore> {
+    async fn claim(&self, request: &ClaimRequest) -> Result<Claim, StoreError> {
+        self.as_ref().claim_dyn(request).await
+    }
+    async fn complete(
+        &self,
+        token: LeaseToken,
+        completions: &[Completion],
+    ) -> Result<CompleteReport, StoreError> {
+        self.as_ref().complete_dyn(token, completions).await
+    }
+    async fn release(&self, token: LeaseToken, ids: &[MessageId]) -> Result<CompleteReport, StoreError> {
+        self.as_ref().release_dyn(token, ids).await
+    }
+}
+
+impl StoreStats for Arc<dyn DynStore> {
+    async fn stats(&self) -> Result<Stats, StoreError> {
+        self.as_ref().stats_dyn().await
+    }
+}
+
+impl DeadLetters for Arc<dyn DynStore> {
+    async fn list_dead(&self, filter: &DeadLetterFilter, limit: usize) -> Result<Vec<DeadLetter>, StoreError> {
+        self.as_ref().list_dead_dyn(filter, limit).await
+    }
+    async fn replay_dead(&self, filter: &DeadLetterFilter) -> Result<u64, StoreError> {
+        self.as_ref().replay_dead_dyn(filter).await
+    }
+    async fn discard_dead(&self, filter: &DeadLetterFilter) -> Result<u64, StoreError> {
+        self.as_ref().discard_dead_dyn(filter).await
+    }
+}
+
+impl Purge for Arc<dyn DynStore> {
+    async fn purge(&self, request: &PurgeRequest) -> Result<u64, StoreError> {
+        self.as_ref().purge_dyn(request).await
+    }
+}
+
+impl Backend for Arc<dyn DynStore> {
+    async fn migrate(&self) -> Result<(), StoreError> {
+        self.as_ref().migrate_dyn().await
+    }
+    async fn listen(&self) -> Result<Option<Listener>, StoreError> {
+        self.as_ref().listen_dyn().await
+    }
+    async fn notify(&self) -> Result<(), StoreError> {
+        self.as_ref().notify_dyn().await
+    }
+}
+
+/// The concrete store behind `store`, if it is a `T`.
+///
+/// ```
+/// use std::sync::Arc;
+/// use outbox_core::{DynStore, MemoryStore, backend::downcast};
+///
+/// let store: Arc<dyn DynStore> = Arc::new(MemoryStore::new());
+/// assert!(downcast::<MemoryStore>(&store).is_some());
+/// ```
+pub fn downcast<T: 'static>(store: &Arc<dyn DynStore>) -> Option<&T> {
+    (**store).as_any().downcast_ref()
+}

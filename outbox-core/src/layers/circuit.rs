@@ -1,0 +1,481 @@
+//! The circuit-breaker layer, plus the pause a receiver asks for with a retry-after.
+//!
+//! - **Closed**: messages flow; each retryable failure of a sent message adds one to a
+//!   counter, any other answer (published, or a permanent refusal: the receiver works)
+//!   resets it. At [`CircuitConfig::failures`] consecutive failures the circuit opens.
+//! - **Open** for [`CircuitConfig::cool_down`]: nothing is sent; each message fails
+//!   retryably, deferred, with class `unavailable` and a retry-after of the time left.
+//! - **Half-open** after the cool-down: one message (the probe) goes through while the
+//!   others still fail fast. A probe that succeeds closes the circuit; one that fails
+//!   opens it for another cool-down.
+//!
+//! Separately, a retryable failure with a retry-after (HTTP `Retry-After`, say) pauses the
+//! route until then. When the circuit opens or a pause starts in the middle of a call, the
+//! inner sink's [context](crate::PublishContext::stopped) is stopped, so a sink that
+//! sends message by message sends no more of the batch.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use serde::Deserialize;
+use tokio::time::Instant;
+use tracing::{info, warn};
+
+use crate::message::Message;
+use crate::sink::{Failure, FailureClass, Outcome, Outcomes, PublishContext, Sink, gather};
+
+/// Circuit breaker settings.
+///
+/// ```
+/// use std::time::Duration;
+/// use outbox_core::layers::CircuitConfig;
+///
+/// let circuit = CircuitConfig::default().failures(10).cool_down(Duration::from_secs(60));
+/// assert_eq!(circuit.failures, 10);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
+pub struct CircuitConfig {
+    /// Consecutive failures that open the circuit (at least 1). Default 5.
+    pub failures: u32,
+    /// How long the circuit stays open before a probe is let through. Default 30 s.
+    #[serde(with = "crate::duration")]
+    pub cool_down: Duration,
+}
+
+impl Default for CircuitConfig {
+    fn default() -> Self {
+        Self {
+            failures: 5,
+            cool_down: Duration::from_secs(30),
+        }
+    }
+}
+
+impl CircuitConfig {
+    /// Sets the consecutive failures that open the circuit.
+    #[must_use]
+    pub fn failures(mut self, n: u32) -> Self {
+        self.failures = n;
+        self
+    }
+
+    /// Sets how long the circuit stays open.
+    #[must_use]
+    pub fn cool_down(mut self, cool_down: Duration) -> Self {
+        self.cool_down = cool_down;
+        self
+    }
+
+    /// Checks the values.
+    ///
+    /// # Errors
+    ///
+    /// What is out of range.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.failures == 0 {
+            return Err(
+                "failures must be at least 1 (leave `circuit` out to have none)".to_owned(),
+            );
+        }
+        if self.cool_down.is_zero() {
+            return Err("cool_down must be above zero".to_owned());
+        }
+        Ok(())
+    }
+}
+
+/// The state of a circuit, as [`CircuitBreaker::health`] reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CircuitState {
+    /// Messages flow.
+    Closed,
+    /// Nothing is sent until the cool-down has passed.
+    Open,
+    /// The cool-down has passed; the next message is a probe.
+    HalfOpen,
+}
+
+/// A snapshot of a route's health.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Health {
+    /// The circuit state.
+    pub circuit: CircuitState,
+    /// Retryable failures in a row since the last healthy answer.
+    pub consecutive_failures: u32,
+    /// How long the route stays closed to messages: the open circuit's cool-down or a
+    /// retry-after pause, whichever ends later.
+    pub paused_for: Option<Duration>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Closed,
+    Open { until: Instant },
+    HalfOpen { probing: bool },
+}
+
+#[derive(Debug)]
+struct Inner {
+    state: State,
+    consecutive: u32,
+    paused_until: Option<Instant>,
+}
+
+/// Why a message may not be sent now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Refusal {
+    /// The circuit is open (or half-open with its probe in flight).
+    Open { retry_after: Duration },
+    /// The receiver asked to wait.
+    Paused { retry_after: Duration },
+}
+
+#[derive(Debug, Clone)]
+struct Breaker {
+    config: CircuitConfig,
+    inner: Arc<Mutex<Inner>>,
+}
+
+/// Leave to send one message. Report its result with [`Admission::record`]; an admission
+/// dropped without a report (the message was never sent) gives a probe slot back.
+#[derive(Debug)]
+struct Admission {
+    breaker: Breaker,
+    probe: bool,
+    done: bool,
+}
+
+impl Breaker {
+    fn new(config: CircuitConfig) -> Self {
+        Self {
+            config,
+            inner: Arc::new(Mutex::new(Inner {
+                state: State::Closed,
+                consecutive: 0,
+                paused_until: None,
+            })),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A few plain fields; a panic elsewhere cannot leave them inconsistent.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn refusal(&self, inner: &Inner, now: Instant) -> Option<Refusal> {
+        match inner.state {
+            State::Open { until } if now < until => {
+                return Some(Refusal::Open {
+                    retry_after: until - now,
+                });
+            }
+            State::HalfOpen { probing: true } => {
+                return Some(Refusal::Open {
+                    retry_after: self.config.cool_down,
+                });
+            }
+            _ => {}
+        }
+        match inner.paused_until {
+            Some(until) if now < until => Some(Refusal::Paused {
+                retry_after: until - now,
+            }),
+            _ => None,
+        }
+    }
+
+    /// Takes leave to send one message now; in a half-open circuit only one gets it.
+    fn admit(&self, now: Instant) -> Result<Admission, Refusal> {
+        let mut inner = self.lock();
+        if let Some(refusal) = self.refusal(&inner, now) {
+            return Err(refusal);
+        }
+        let probe = match inner.state {
+            State::Closed => false,
+            State::Open { .. } | State::HalfOpen { .. } => {
+                inner.state = State::HalfOpen { probing: true };
+                true
+            }
+        };
+        Ok(Admission {
+            breaker: self.clone(),
+            probe,
+            done: false,
+        })
+    }
+
+    /// Pauses the route for `delay`, unless already paused longer.
+    fn pause(&self, now: Instant, delay: Duration) {
+        if delay.is_zero() {
+            return;
+        }
+        let mut inner = self.lock();
+        let until = now + delay;
+        if inner.paused_until.is_none_or(|current| current < until) {
+            inner.paused_until = Some(until);
+        }
+    }
+
+    fn health(&self, now: Instant) -> Health {
+        let inner = self.lock();
+        let (circuit, open_for) = match inner.state {
+            State::Closed => (CircuitState::Closed, None),
+            State::Open { until } if now < until => (CircuitState::Open, Some(until - now)),
+            State::Open { .. } | State::HalfOpen { .. } => (CircuitState::HalfOpen, None),
+        };
+        let paused = inner
+            .paused_until
+            .filter(|until| now < *until)
+            .map(|until| until - now);
+        Health {
+            circuit,
+            consecutive_failures: inner.consecutive,
+            paused_for: open_for.max(paused),
+        }
+    }
+}
+
+impl Admission {
+    /// Records the message's result: `healthy` when the receiver works (published, or a
+    /// permanent refusal), `false` for a retryable failure. Returns the new state when
+    /// it changed.
+    fn record(mut self, healthy: bool, now: Instant) -> Option<CircuitState> {
+        self.done = true;
+        let config = &self.breaker.config;
+        let mut inner = self.breaker.lock();
+        let before = inner.state;
+        if healthy {
+            inner.consecutive = 0;
+            inner.state = State::Closed;
+        } else {
+            inner.consecutive = inner.consecutive.saturating_add(1);
+            let trips = inner.consecutive >= config.failures;
+            if self.probe || (trips && inner.state == State::Closed) {
+                inner.state = State::Open {
+                    until: now + config.cool_down,
+                };
+            }
+        }
+        let after = inner.state;
+        let changed = std::mem::discriminant(&before) != std::mem::discriminant(&after);
+        changed.then_some(match after {
+            State::Closed => CircuitState::Closed,
+            State::Open { .. } => CircuitState::Open,
+            State::HalfOpen { .. } => CircuitState::HalfOpen,
+        })
+    }
+}
+
+impl Drop for Admission {
+    fn drop(&mut self) {
+        if self.probe && !self.done {
+            let mut inner = self.breaker.lock();
+            if inner.state == (State::HalfOpen { probing: true }) {
+                inner.state = State::HalfOpen { probing: false };
+            }
+        }
+    }
+}
+
+/// Stops sending to a failing receiver for a while, and honours its retry-after pauses
+/// (see the [module documentation](self)).
+#[derive(Debug)]
+pub struct CircuitBreaker<S> {
+    inner: S,
+    breaker: Breaker,
+    name: String,
+}
+
+impl<S> CircuitBreaker<S> {
+    /// Wraps `inner`.
+    pub fn new(inner: S, config: CircuitConfig) -> Self {
+        Self {
+            inner,
+            breaker: Breaker::new(config),
+            name: String::new(),
+        }
+    }
+
+    /// Names the route in the breaker's log lines.
+    #[must_use]
+    pub fn named(mut self, route: impl Into<String>) -> Self {
+        self.name = route.into();
+        self
+    }
+
+    /// The circuit's state now.
+    pub fn health(&self) -> Health {
+        self.breaker.health(Instant::now())
+    }
+
+    fn refused(&self, refusal: Refusal) -> Outcome {
+        let failure = match refusal {
+            Refusal::Open { retry_after } => Failure::retryable(
+                FailureClass::Unavailable,
+                format!(
+                    "not sent: the circuit breaker is open after {} consecutive failures; next probe in {retry_after:?}",
+                    self.breaker.config.failures
+                ),
+            )
+            .with_retry_after(retry_after),
+            Refusal::Paused { retry_after } => Failure::retryable(
+                FailureClass::RateLimited,
+                format!("not sent: the receiver asked to wait another {retry_after:?}"),
+            )
+            .with_retry_after(retry_after),
+        };
+        failure.deferred().into()
+    }
+}
+
+impl<S: Sink> Sink for CircuitBreaker<S> {
+    async fn publish(
+        &self,
+        batch: &[Message],
+        cx: &PublishContext,
+    ) -> Result<Vec<Outcome>, Failure> {
+        Ok(gather(batch.len(), |outcomes| async move {
+            self.publish_reporting(batch, cx, &outcomes).await;
+        })
+        .await)
+    }
+
+    async fn publish_reporting(&self, batch: &[Message], cx: &PublishContext, outcomes: &Outcomes) {
+        let now = Instant::now();
+        let mut admitted = Vec::new();
+        let mut admissions = Vec::new();
+        for index in 0..batch.len() {
+            match self.breaker.admit(now) {
+                Ok(admission) => {
+                    admitted.push(index);
+                    admissions.push(Some(admission));
+                }
+                Err(refusal) => outcomes.report(index, self.refused(refusal)),
+            }
+        }
+        if admitted.is_empty() {
+            return;
+        }
+        let (cx, stop) = cx.child();
+        let admissions = Arc::new(Mutex::new(admissions));
+        let (breaker, name, parent) = (self.breaker.clone(), self.name.clone(), outcomes.clone());
+        let indexes = admitted.clone();
+        let observed = Outcomes::new(move |position, outcome| {
+            let Some(&index) = indexes.get(position) else {
+                return;
+            };
+            let admission = admissions
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get_mut(position)
+                .and_then(Option::take);
+            if let Some(admission) = admission {
+                let now = Instant::now();
+                match &outcome {
+                    // Never sent: says nothing about the receiver; the admission's drop
+                    // gives a probe slot back.
+                    Outcome::Failed(f) if f.deferred => drop(admission),
+                    Outcome::Failed(f) if f.retryable => {
+                        if let Some(delay) = f.retry_after {
+                            breaker.pause(now, delay);
+                            stop.stop(format!("the receiver asked to wait {delay:?}"));
+                        }
+                        if admission.record(false, now) == Some(CircuitState::Open) {
+                            warn!(route = %name, failures = breaker.config.failures, "circuit opened");
+                            stop.stop("the circuit breaker opened");
+                        }
+                    }
+                    _ => {
+                        if admission.record(true, now) == Some(CircuitState::Closed) {
+                            info!(route = %name, "circuit closed");
+                        }
+                    }
+                }
+            }
+            parent.report(index, outcome);
+        });
+        if admitted.len() == batch.len() {
+            self.inner.publish_reporting(batch, &cx, &observed).await;
+        } else {
+            let part: Vec<Message> = admitted.iter().map(|&i| batch[i].clone()).collect();
+            self.inner.publish_reporting(&part, &cx, &observed).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn breaker(failures: u32) -> Breaker {
+        Breaker::new(
+            CircuitConfig::default()
+                .failures(failures)
+                .cool_down(Duration::from_secs(10)),
+        )
+    }
+
+    #[test]
+    fn opens_after_consecutive_failures_and_resets_on_success() {
+        let c = breaker(3);
+        let t = Instant::now();
+        c.admit(t).unwrap().record(false, t);
+        c.admit(t).unwrap().record(false, t);
+        c.admit(t).unwrap().record(true, t);
+        c.admit(t).unwrap().record(false, t);
+        c.admit(t).unwrap().record(false, t);
+        assert_eq!(c.health(t).circuit, CircuitState::Closed);
+        assert_eq!(
+            c.admit(t).unwrap().record(false, t),
+            Some(CircuitState::Open)
+        );
+        assert!(matches!(
+            c.admit(t + Duration::from_secs(4)),
+            Err(Refusal::Open { retry_after }) if retry_after == Duration::from_secs(6)
+        ));
+    }
+
+    #[test]
+    fn half_open_lets_one_probe_through() {
+        let c = breaker(1);
+        let t = Instant::now();
+        c.admit(t).unwrap().record(false, t);
+        let later = t + Duration::from_secs(10);
+        assert_eq!(c.health(later).circuit, CircuitState::HalfOpen);
+        let probe = c.admit(later).unwrap();
+        assert!(matches!(c.admit(later), Err(Refusal::Open { .. })));
+        // A probe that fails opens the circuit again for a full cool-down.
+        assert_eq!(probe.record(false, later), Some(CircuitState::Open));
+        assert!(c.admit(later + Duration::from_secs(9)).is_err());
+        let probe = c.admit(later + Duration::from_secs(10)).unwrap();
+        assert_eq!(probe.record(true, later), Some(CircuitState::Closed));
+        assert_eq!(c.health(later).consecutive_failures, 0);
+    }
+
+    #[test]
+    fn an_unused_probe_gives_its_slot_back() {
+        let c = breaker(1);
+        let t = Instant::now();
+        c.admit(t).unwrap().record(false, t);
+        let later = t + Duration::from_secs(11);
+        drop(c.admit(later).unwrap());
+        assert!(c.admit(later).is_ok());
+    }
+
+    #[test]
+    fn a_pause_blocks_until_it_ends() {
+        let c = breaker(100);
+        let t = Instant::now();
+        c.pause(t, Duration::from_secs(5));
+        c.pause(t, Duration::from_secs(1));
+        assert!(matches!(
+            c.admit(t + Duration::from_secs(2)),
+            Err(Refusal::Paused { retry_after }) if retry_after == Duration::from_secs(3)
+        ));
+        assert!(c.admit(t + Duration::from_secs(5)).is_ok());
+    }
+}

@@ -1,0 +1,260 @@
+//! Drivers: how a store or a sink is built from its URL and settings, so that the front
+//! crate can pick one by URL scheme without knowing any backend. Each backend crate
+//! exposes a [`StoreDriver`] or [`SinkDriver`] constant; the front crate's registry
+//! installs the ones its Cargo features compiled in, and applications add their own.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use outbox_core::registry::{BuildError, RouteSettings, SinkDriver};
+//! use outbox_core::{DynSink, testkit::RecordingSink};
+//!
+//! /// `memory://` routes record what they get.
+//! pub const MEMORY: SinkDriver = SinkDriver {
+//!     schemes: &["memory"],
+//!     build: |_route| Box::pin(async { Ok(Arc::new(RecordingSink::new()) as Arc<dyn DynSink>) }),
+//! };
+//! assert!(MEMORY.handles("memory://anything"));
+//! ```
+
+use std::fmt;
+use std::sync::Arc;
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use crate::backend::DynStore;
+use crate::sink::{BoxFuture, DynSink};
+
+/// What building a store or sink from settings can fail with. It says whether trying
+/// again can help (a broker that is down at start-up, say) and never quotes a secret.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct BuildError {
+    message: String,
+    retryable: bool,
+}
+
+impl BuildError {
+    /// A configuration error: retrying cannot help.
+    pub fn config(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+            retryable: false,
+        }
+    }
+
+    /// The server could not be reached or refused for now: retrying may help.
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+            retryable: true,
+        }
+    }
+
+    /// Whether trying again can help.
+    pub fn is_retryable(&self) -> bool {
+        self.retryable
+    }
+}
+
+/// One route's settings, as a sink driver gets them: the route's table from the
+/// configuration (its `url` included, the policy keys of
+/// [`RoutePolicy`](crate::layers::RoutePolicy) left out).
+#[derive(Clone, PartialEq)]
+pub struct RouteSettings {
+    /// The route (the destination of its rows).
+    pub route: String,
+    /// The route's settings as a JSON object.
+    pub settings: serde_json::Value,
+}
+
+impl RouteSettings {
+    /// The route's `url`.
+    pub fn url(&self) -> &str {
+        self.settings
+            .get("url")
+            .and_then(serde_json::Value::as_str)
+            .unwrap_or("")
+    }
+
+    /// The settings as the sink's own configuration type (which should deny unknown
+    /// fields). The error names the setting but never quotes a value.
+    ///
+    /// # Errors
+    ///
+    /// A [`BuildError::config`] when the settings do not fit `T`.
+    pub fn parse<T: DeserializeOwned>(&self) -> Result<T, BuildError> {
+        T::deserialize(&self.settings).map_err(|e| BuildError::config(without_values(&e.to_string())))
+    }
+}
+
+impl fmt::Debug for RouteSettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let keys: Vec<&str> = self
+            .settings
+            .as_object()
+            .map(|o| o.keys().map(String::as_str).collect())
+            .unwrap_or_default();
+        f.debug_struct("RouteSettings")
+            .field("route", &self.route)
+            .field("keys", &keys)
+            .finish()
+    }
+}
+
+/// serde messages quote the offending value (`invalid type: string "hunter2"`); keep
+/// the part that says what was expected.
+fn without_values(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    let mut quoted = false;
+    for c in message.chars() {
+        match c {
+            '"' | '`' if !quoted => {
+                quoted = true;
+                out.push_str("…");
+            }
+            '"' | '`' => quoted = false,
+            _ if !quoted => out.push(c),
+            _ => {}
+        }
+    }
+    out
+}
+
+/// How to build sinks for some URL schemes.
+#[derive(Clone, Copy)]
+pub struct SinkDriver {
+    /// The URL schemes it handles, e.g. `["http", "https"]`.
+    pub schemes: &'static [&'static str],
+    /// Builds one route's sink (and checks the server where it can).
+    pub build: for<'a> fn(&'a RouteSettings) -> BoxFuture<'a, Result<Arc<dyn DynSink>, BuildError>>,
+}
+
+impl SinkDriver {
+    /// Whether `url`'s scheme is one of this driver's.
+    pub fn handles(&self, url: &str) -> bool {
+        self.schemes.contains(&scheme(url))
+    }
+}
+
+impl fmt::Debug for SinkDriver {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SinkDriver").field("schemes", &self.schemes).finish()
+    }
+}
+
+/// What to do with a row once it is published.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PublishedRows {
+    /// Keep it with status `published` until a retention purge (default).
+    #[default]
+    Keep,
+    /// Delete it at once; stats then show no published rows.
+    Delete,
+}
+
+/// Where the outbox table lives and how to reach it; what a store driver gets.
+#[derive(Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct StoreSettings {
+    /// `postgres://…`, `sqlite:…`, `mysql://…`, or a scheme of a driver you installed.
+    pub url: String,
+    /// The schema (PostgreSQL), database (MySQL) or attached database (SQLite).
+    #[serde(default)]
+    pub schema: Option<String>,
+    /// The outbox table (default `outbox`).
+    #[serde(default)]
+    pub table: Option<String>,
+    /// The inbox table (default `outbox_inbox`).
+    #[serde(default)]
+    pub inbox_table: Option<String>,
+    /// Pool size (default 8).
+    #[serde(default = "default_connections")]
+    pub max_connections: u32,
+    /// What happens to published rows (default `keep`).
+    #[serde(default)]
+    pub published_rows: PublishedRows,
+}
+
+fn default_connections() -> u32 {
+    8
+}
+
+impl StoreSettings {
+    /// The settings for `url` with every default.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            schema: None,
+            table: None,
+            inbox_table: None,
+            max_connections: default_connections(),
+            published_rows: PublishedRows::Keep,
+        }
+    }
+}
+
+impl fmt::Debug for StoreSettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StoreSettings")
+            .field("url", &crate::redact::url(&self.url))
+            .field("schema", &self.schema)
+            .field("table", &self.table)
+            .field("inbox_table", &self.inbox_table)
+            .field("max_connections", &self.max_connections)
+            .field("published_rows", &self.published_rows)
+            .finish()
+    }
+}
+
+/// How to open stores for some URL schemes.
+#[derive(Clone, Copy)]
+pub struct StoreDriver {
+    /// The URL schemes it handles, e.g. `["postgres", "postgresql"]`.
+    pub schemes: &'static [&'static str],
+    /// Connects (nothing is created; see [`Backend::migrate`](crate::Backend::migrate)).
+    pub connect: for<'a> fn(&'a StoreSettings) -> BoxFuture<'a, Result<Arc<dyn DynStore>, BuildError>>,
+}
+
+impl StoreDriver {
+    /// Whether `url`'s scheme is one of this driver's.
+    pub fn handles(&self, url: &str) -> bool {
+        self.schemes.contains(&scheme(url))
+    }
+}
+
+impl fmt::Debug for StoreDriver {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StoreDriver").field("schemes", &self.schemes).finish()
+    }
+}
+
+/// The scheme of `url`: what comes before the first `:`.
+pub fn scheme(url: &str) -> &str {
+    url.split_once(':').map_or("", |(scheme, _)| scheme)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_errors_never_quote_values() {
+        #[derive(Debug, Deserialize)]
+        #[serde(deny_unknown_fields)]
+        #[allow(dead_code)]
+        struct Settings {
+            url: String,
+            port: u16,
+        }
+        let route = RouteSettings {
+            route: "r".into(),
+            settings: serde_json::json!({ "url": "x://", "port": "hunter2" }),
+        };
+        let error = route.parse::<Settings>().unwrap_err().to_string();
+        assert!(!error.contains("hunter2"), "{error}");
+        assert!(error.contains("expected u16"), "{error}");
+    }
+}
