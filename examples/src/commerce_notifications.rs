@@ -33,7 +33,7 @@ use outbox::redis::{RedisSink, RedisSinkConfig, redis};
 use outbox::sqlx_store::TableNames;
 use outbox::sqlx_store::postgres::PgOutbox;
 use outbox::{
-    DeadHead, DeadLetterFilter, DeadLetters, NewMessage, Ordering, Relay, RetryPolicy, StoreStats,
+    DeadHead, DeadLetterFilter, DeadLetters, NewMessage, MessageOrder, Relay, RetryPolicy, StoreStats,
     deterministic_key,
 };
 use outbox_sink_http::{EndpointConfig, HttpSinkConfig, RateLimit};
@@ -420,7 +420,7 @@ async fn story(
     let relay = Relay::builder(outbox.clone())
         .route(WHATSAPP, whatsapp)
         .route(CONVERSIONS, conversions)
-        .ordering(Ordering::PerKey(DeadHead::Skip))
+        .ordering(MessageOrder::PerKey(DeadHead::Skip))
         .poll_interval(Duration::from_millis(100))
         .retry(
             RetryPolicy::default()

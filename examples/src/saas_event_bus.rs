@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
-use outbox::redis::redis;
+use outbox::redis::client;
 use outbox::sqlx_store::TableNames;
 use outbox::sqlx_store::postgres::{PgNotifier, PgOutbox};
 use outbox::{AnyStore, NewMessage};

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use outbox::redis::redis;
+use outbox::redis::client;
 use outbox::{DestinationStats, Relay, Store, StoreStats};
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;

@@ -10,7 +10,7 @@
 use std::sync::atomic::Ordering as Atomic;
 use std::time::{Duration, Instant};
 
-use outbox_core::{DeadHead, NewMessage, Ordering, Relay};
+use outbox_core::{DeadHead, NewMessage, MessageOrder, Relay};
 use outbox_sqlx::PublishedRows;
 use outbox_sqlx::postgres::PgOutbox;
 use sqlx::{PgPool, Row};
@@ -50,13 +50,13 @@ pub(crate) async fn run(
     let mut json = serde_json::Map::new();
     if ordered {
         let (batch, workers) = (500, 2);
-        let unordered = relay_drain(bench, n, batch, workers, Some(Ordering::Unordered)).await?;
+        let unordered = relay_drain(bench, n, batch, workers, Some(MessageOrder::Unordered)).await?;
         let per_key = relay_drain(
             bench,
             n,
             batch,
             workers,
-            Some(Ordering::PerKey(DeadHead::Skip)),
+            Some(MessageOrder::PerKey(DeadHead::Skip)),
         )
         .await?;
         rows.push(vec![
@@ -216,7 +216,7 @@ async fn relay_drain(
     n: usize,
     batch: usize,
     workers: usize,
-    ordering: Option<Ordering>,
+    ordering: Option<MessageOrder>,
 ) -> Result<f64, BoxError> {
     let outbox = bench
         .fresh_outbox("bench_drain_outbox", PublishedRows::Delete)

@@ -43,6 +43,7 @@ pub mod redact;
 pub mod registry;
 mod relay;
 mod retry;
+pub mod settings;
 mod sink;
 pub mod state;
 mod store;
@@ -70,7 +71,7 @@ pub use sink::{
 pub use state::{Lease, LeaseToken, Status};
 pub use store::{
     Claim, ClaimRequest, CompleteAction, CompleteReport, Completion, DeadHead, DeadLetter,
-    DeadLetterFilter, DeadLetters, DestinationStats, Ordering, Purge, PurgeRequest, Rejected,
+    DeadLetterFilter, DeadLetters, DestinationStats, MessageOrder, Purge, PurgeRequest, Rejected,
     Stats, Store, StoreStats, Wakeups, purge_all,
 };
 pub use wakeup::{Wakeup, WakeupListener};

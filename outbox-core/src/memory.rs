@@ -11,7 +11,7 @@ use crate::message::{Message, MessageId, NewMessage, chrono_duration};
 use crate::state::{Lease, LeaseToken, Row, RowState, Status};
 use crate::store::{
     Claim, ClaimRequest, CompleteReport, Completion, DeadHead, DeadLetter, DeadLetterFilter,
-    DeadLetters, DestinationStats, Ordering, Purge, PurgeRequest, Stats, Store, StoreStats,
+    DeadLetters, DestinationStats, MessageOrder, Purge, PurgeRequest, Stats, Store, StoreStats,
     Wakeups,
 };
 use crate::wakeup::Wakeup;
@@ -196,8 +196,8 @@ impl MemoryStore {
         };
         let mut inner = self.lock();
         let heads = match request.ordering {
-            Ordering::Unordered => None,
-            Ordering::PerKey(policy) => Some(inner.key_heads(policy)),
+            MessageOrder::Unordered => None,
+            MessageOrder::PerKey(policy) => Some(inner.key_heads(policy)),
         };
         let Inner { rows, active, .. } = &mut *inner;
         let mut messages = Vec::new();

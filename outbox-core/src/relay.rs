@@ -17,7 +17,7 @@ use crate::message::{Message, MessageId};
 use crate::retry::{Decision, RetryPolicy};
 use crate::sink::{DynSink, Failure, FailureClass, Outcome, Outcomes, PublishContext, Sink};
 use crate::state::LeaseToken;
-use crate::store::{ClaimRequest, CompleteAction, Completion, Ordering, Store};
+use crate::store::{ClaimRequest, CompleteAction, Completion, MessageOrder, Store};
 use crate::wakeup::Wakeup;
 
 /// Builds a [`Relay`].
@@ -52,7 +52,7 @@ pub struct RelayBuilder<S> {
     dead_letter_unrouted: bool,
     wakeup: Option<Wakeup>,
     retry: RetryPolicy,
-    ordering: Ordering,
+    ordering: MessageOrder,
     clock: Arc<dyn Clock>,
 }
 
@@ -71,7 +71,7 @@ impl<S: Store> RelayBuilder<S> {
             dead_letter_unrouted: false,
             wakeup: None,
             retry: RetryPolicy::default(),
-            ordering: Ordering::Unordered,
+            ordering: MessageOrder::Unordered,
             clock: Arc::new(SystemClock),
         }
     }
@@ -158,13 +158,45 @@ impl<S: Store> RelayBuilder<S> {
         self
     }
 
-    /// The ordering mode (default [`Ordering::Unordered`]). With
-    /// [`Ordering::PerKey`] the store hands out only the oldest unfinished message of
+    /// The ordering mode (default [`MessageOrder::Unordered`]). With
+    /// [`MessageOrder::PerKey`] the store hands out only the oldest unfinished message of
     /// each key, so a key never has two messages in flight and a failing message holds
     /// back only its own key. Per route: run one relay per ordering mode, each routing
     /// its own destinations.
-    pub fn ordering(mut self, ordering: Ordering) -> Self {
+    pub fn ordering(mut self, ordering: MessageOrder) -> Self {
         self.ordering = ordering;
+        self
+    }
+
+    /// Applies every setting that `settings` gives (the others keep their values).
+    pub fn settings(mut self, settings: &crate::settings::RelaySettings) -> Self {
+        if let Some(owner) = &settings.owner {
+            self.owner = owner.clone();
+        }
+        if let Some(n) = settings.batch_size {
+            self.batch_size = n;
+        }
+        if let Some(n) = settings.concurrency {
+            self.concurrency = n;
+        }
+        if let Some(lease) = settings.lease {
+            self.lease = lease;
+        }
+        if let Some(timeout) = settings.publish_timeout {
+            self.publish_timeout = Some(timeout);
+        }
+        if let Some(poll) = settings.poll_interval {
+            self.poll_interval = poll;
+        }
+        if let Some(grace) = settings.shutdown_grace {
+            self.shutdown_grace = grace;
+        }
+        if let Some(enabled) = settings.dead_letter_unrouted {
+            self.dead_letter_unrouted = enabled;
+        }
+        if let Some(order) = settings.order() {
+            self.ordering = order;
+        }
         self
     }
 
@@ -245,7 +277,7 @@ pub struct Relay<S> {
     poll_interval: Duration,
     shutdown_grace: Duration,
     wakeup: Wakeup,
-    ordering: Ordering,
+    ordering: MessageOrder,
 }
 
 struct Inner<S> {
@@ -296,7 +328,7 @@ impl<S: Store> Relay<S> {
     }
 
     /// The ordering mode.
-    pub fn ordering(&self) -> Ordering {
+    pub fn ordering(&self) -> MessageOrder {
         self.ordering
     }
 

@@ -17,7 +17,7 @@ use crate::wakeup::Wakeup;
 /// How messages that share a partition key are ordered.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 #[non_exhaustive]
-pub enum Ordering {
+pub enum MessageOrder {
     /// No ordering: any message may be published as soon as it is due. Highest throughput.
     #[default]
     Unordered,
@@ -31,7 +31,8 @@ pub enum Ordering {
 }
 
 /// What per-key ordering does when a key's oldest unfinished message is dead-lettered.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 #[non_exhaustive]
 pub enum DeadHead {
     /// Go on with the key's next message (default): a dead letter is finished.
@@ -54,7 +55,7 @@ pub struct ClaimRequest {
     /// Only these destinations; `None` claims every destination.
     pub destinations: Option<Vec<String>>,
     /// Per-key ordering, if any.
-    pub ordering: Ordering,
+    pub ordering: MessageOrder,
 }
 
 impl ClaimRequest {
@@ -65,12 +66,12 @@ impl ClaimRequest {
             batch_size,
             lease,
             destinations: None,
-            ordering: Ordering::Unordered,
+            ordering: MessageOrder::Unordered,
         }
     }
 
     /// Claims in `ordering`.
-    pub fn ordering(mut self, ordering: Ordering) -> Self {
+    pub fn ordering(mut self, ordering: MessageOrder) -> Self {
         self.ordering = ordering;
         self
     }
@@ -221,7 +222,7 @@ pub struct CompleteReport {
 ///   returns the rest of the batch.
 /// - [`complete`](Store::complete) and [`release`](Store::release) change a row only if
 ///   it is still leased with the given token, and report every other row as stale.
-/// - With [`Ordering::PerKey`], a row with a partition key is claimed only when every row
+/// - With [`MessageOrder::PerKey`], a row with a partition key is claimed only when every row
 ///   of the same key and destination committed before it is finished (published, or dead under
 ///   [`DeadHead::Skip`]); the store defines "committed before" so that it equals commit
 ///   order, whatever order the ids were assigned in.

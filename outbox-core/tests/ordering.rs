@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use outbox_core::testkit::{FlakySink, RecordingSink};
 use outbox_core::{
-    DeadHead, MemoryStore, MessageId, NewMessage, Ordering, Relay, RetryPolicy, StoreStats, Wakeups,
+    DeadHead, MemoryStore, MessageId, NewMessage, MessageOrder, Relay, RetryPolicy, StoreStats, Wakeups,
 };
 
 const KEYS: usize = 200;
@@ -45,7 +45,7 @@ async fn keys_arrive_in_commit_order_through_failures_and_kills() {
         Relay::builder(store.clone())
             .owner(format!("ordered-{i}"))
             .route("events", sink.clone())
-            .ordering(Ordering::PerKey(DeadHead::Skip))
+            .ordering(MessageOrder::PerKey(DeadHead::Skip))
             .batch_size(50)
             .concurrency(2)
             .lease(Duration::from_millis(300))

@@ -19,9 +19,15 @@
 //!
 //! Run [`postgres::PgOutbox::migrate`] (or the SQLite/MySQL equivalent) once at start-up;
 //! migrations are idempotent and safe to run from several processes at once.
+//!
+//! Every store implements [`outbox_core::Backend`] too, and [`POSTGRES`], [`SQLITE`] and
+//! [`MYSQL`] are the drivers that open them from a URL (`postgres://…`, `sqlite:…`,
+//! `mysql://…` / `mariadb://…`) for the `outbox` front crate's registry.
 
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 mod common;
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+mod driver;
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 mod error;
 #[cfg(feature = "mysql")]
@@ -31,6 +37,12 @@ pub mod postgres;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 
+#[cfg(feature = "mysql")]
+pub use driver::MYSQL;
+#[cfg(feature = "postgres")]
+pub use driver::POSTGRES;
+#[cfg(feature = "sqlite")]
+pub use driver::SQLITE;
 pub use outbox_sql::{Ident, IdentError, TableNames};
 
 /// Whether an inbox delivery is the first one for its `(consumer, message id)`.
@@ -49,12 +61,4 @@ impl Delivery {
     }
 }
 
-/// What happens to a row once its sink acknowledged it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum PublishedRows {
-    /// Keep it with status `published` until a retention purge (default).
-    #[default]
-    Keep,
-    /// Delete it at once; stats then show no published rows.
-    Delete,
-}
+pub use outbox_core::PublishedRows;

@@ -37,7 +37,7 @@
 //! - **Claim** is a short `READ COMMITTED` transaction: `SELECT … FOR UPDATE SKIP LOCKED`
 //!   on the due index, then one `UPDATE` that leases the selected rows. `READ COMMITTED`
 //!   keeps InnoDB from taking gap locks that would block concurrent enqueues.
-//! - **Per-key ordering** ([`Ordering::PerKey`]): each message with a partition key is
+//! - **Per-key ordering** ([`MessageOrder::PerKey`]): each message with a partition key is
 //!   numbered when it is enqueued, by a counter row per key (table `<outbox>_keys`)
 //!   that your transaction bumps and keeps locked until it ends. So **a second
 //!   transaction enqueueing for the same key waits until the first commits or rolls
@@ -62,7 +62,7 @@
 //!   character boundary), which is what the columns hold.
 //!
 //! [`Wakeup`]: outbox_core::Wakeup
-//! [`Ordering::PerKey`]: outbox_core::Ordering::PerKey
+//! [`MessageOrder::PerKey`]: outbox_core::MessageOrder::PerKey
 //! [`DeadHead::Halt`]: outbox_core::DeadHead::Halt
 
 use std::collections::{BTreeMap, HashSet};
@@ -73,7 +73,7 @@ use chrono::{DateTime, NaiveDate, NaiveDateTime, Utc};
 use outbox_core::{
     Claim, ClaimRequest, CompleteAction, CompleteReport, Completion, DeadHead, DeadLetter,
     DeadLetterFilter, DeadLetters, DestinationStats, Lease, LeaseToken, Message, MessageId,
-    NewMessage, Ordering, Purge, PurgeRequest, Rejected, Stats, Store, StoreError, StoreErrorKind,
+    NewMessage, MessageOrder, Purge, PurgeRequest, Rejected, Stats, Store, StoreError, StoreErrorKind,
     StoreStats,
 };
 use outbox_sql::mysql::{
@@ -713,6 +713,12 @@ fn unique(ids: impl Iterator<Item = MessageId>) -> Vec<MessageId> {
     ids.filter(|id| seen.insert(*id)).collect()
 }
 
+impl outbox_core::Backend for MySqlOutbox {
+    async fn migrate(&self) -> Result<(), StoreError> {
+        MySqlOutbox::migrate(self).await
+    }
+}
+
 impl Store for MySqlOutbox {
     async fn claim(&self, request: &ClaimRequest) -> Result<Claim, StoreError> {
         let token = LeaseToken::new();
@@ -728,7 +734,7 @@ impl Store for MySqlOutbox {
         }
         let sql = &self.inner.sql;
         let halt = match request.ordering {
-            Ordering::PerKey(policy) => Some(policy == DeadHead::Halt),
+            MessageOrder::PerKey(policy) => Some(policy == DeadHead::Halt),
             _ => None,
         };
         let select = match halt {

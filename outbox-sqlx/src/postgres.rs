@@ -26,7 +26,7 @@ use chrono::{DateTime, Utc};
 use outbox_core::{
     Claim, ClaimRequest, CompleteAction, CompleteReport, Completion, DeadHead, DeadLetter,
     DeadLetterFilter, DeadLetters, DestinationStats, Lease, LeaseToken, Message, MessageId,
-    NewMessage, Ordering, Purge, PurgeRequest, Rejected, Stats, Store, StoreError, StoreStats,
+    NewMessage, MessageOrder, Purge, PurgeRequest, Rejected, Stats, Store, StoreError, StoreStats,
     Wakeup,
 };
 use outbox_sql::postgres::{NOTIFY_CHANNEL, Statements};
@@ -402,6 +402,21 @@ fn report(requested: impl Iterator<Item = MessageId>, applied: &HashSet<Uuid>) -
     report
 }
 
+impl outbox_core::Backend for PgOutbox {
+    async fn migrate(&self) -> Result<(), StoreError> {
+        PgOutbox::migrate(self).await
+    }
+
+    async fn listen(&self) -> Result<Option<outbox_core::Listener>, StoreError> {
+        let listener = PgOutbox::listen(self).await?;
+        Ok(Some(outbox_core::Listener::new(listener.wakeup(), listener)))
+    }
+
+    async fn notify(&self) -> Result<(), StoreError> {
+        PgOutbox::notify(self).await
+    }
+}
+
 impl Store for PgOutbox {
     async fn claim(&self, request: &ClaimRequest) -> Result<Claim, StoreError> {
         let token = LeaseToken::new();
@@ -413,7 +428,7 @@ impl Store for PgOutbox {
         let sql = &self.inner.sql;
         let filtered = request.destinations.is_some();
         let statement = match request.ordering {
-            Ordering::PerKey(policy) => sql.claim_ordered(filtered, policy == DeadHead::Halt),
+            MessageOrder::PerKey(policy) => sql.claim_ordered(filtered, policy == DeadHead::Halt),
             _ if filtered => &sql.claim_filtered,
             _ => &sql.claim,
         };

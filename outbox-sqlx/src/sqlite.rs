@@ -43,7 +43,7 @@
 //!
 //! # Per-key ordering
 //!
-//! Relays built with [`Ordering::PerKey`] publish the messages of one partition key one
+//! Relays built with [`MessageOrder::PerKey`] publish the messages of one partition key one
 //! at a time, in commit order. The order is fixed when a message is enqueued:
 //! [`SqliteOutbox::enqueue`] first bumps a counter row for the key (in the table
 //! `<outbox>_keys`) and stores the number with the message, all in your transaction. A
@@ -101,7 +101,7 @@ use chrono::{DateTime, Utc};
 use outbox_core::{
     Availability, Claim, ClaimRequest, CompleteAction, CompleteReport, Completion, DeadHead,
     DeadLetter, DeadLetterFilter, DeadLetters, DestinationStats, Lease, LeaseToken, Message,
-    MessageId, NewMessage, Ordering, Purge, PurgeRequest, Rejected, Stats, Store, StoreError,
+    MessageId, NewMessage, MessageOrder, Purge, PurgeRequest, Rejected, Stats, Store, StoreError,
     StoreErrorKind, StoreStats,
 };
 use outbox_sql::sqlite::Statements;
@@ -482,6 +482,12 @@ fn report(requested: impl Iterator<Item = MessageId>, applied: &HashSet<Uuid>) -
     report
 }
 
+impl outbox_core::Backend for SqliteOutbox {
+    async fn migrate(&self) -> Result<(), StoreError> {
+        SqliteOutbox::migrate(self).await
+    }
+}
+
 impl Store for SqliteOutbox {
     async fn claim(&self, request: &ClaimRequest) -> Result<Claim, StoreError> {
         let token = LeaseToken::new();
@@ -493,7 +499,7 @@ impl Store for SqliteOutbox {
         let sql = &self.inner.sql;
         let filtered = request.destinations.is_some();
         let statement = match request.ordering {
-            Ordering::PerKey(policy) => sql.claim_ordered(filtered, policy == DeadHead::Halt),
+            MessageOrder::PerKey(policy) => sql.claim_ordered(filtered, policy == DeadHead::Halt),
             _ if filtered => &sql.claim_filtered,
             _ => &sql.claim,
         };

@@ -699,7 +699,7 @@ async fn hostile_identifiers_are_rejected_or_quoted_exactly() {
             let claim = outbox
                 .claim(
                     &ClaimRequest::new("r", 5, Duration::from_secs(30))
-                        .ordering(outbox_core::Ordering::PerKey(outbox_core::DeadHead::Halt)),
+                        .ordering(outbox_core::MessageOrder::PerKey(outbox_core::DeadHead::Halt)),
                 )
                 .await
                 .unwrap();
@@ -1001,8 +1001,8 @@ fn keyed(key: &str, n: u64) -> NewMessage {
         .unwrap()
 }
 
-fn per_key(halt: bool) -> outbox_core::Ordering {
-    outbox_core::Ordering::PerKey(if halt {
+fn per_key(halt: bool) -> outbox_core::MessageOrder {
+    outbox_core::MessageOrder::PerKey(if halt {
         outbox_core::DeadHead::Halt
     } else {
         outbox_core::DeadHead::Skip

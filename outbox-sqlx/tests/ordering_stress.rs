@@ -13,7 +13,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use outbox_core::{
-    DeadHead, Failure, FailureClass, Message, MessageId, NewMessage, Ordering, Outcome, Relay,
+    DeadHead, Failure, FailureClass, Message, MessageId, NewMessage, MessageOrder, Outcome, Relay,
     RetryPolicy, Sink, StoreStats,
 };
 use outbox_sqlx::TableNames;
@@ -85,7 +85,7 @@ async fn child(table: String, received: String, owner: String) {
     let relay = Relay::builder(outbox)
         .owner(owner)
         .route("orders", FlakyTableSink { pool, received })
-        .ordering(Ordering::PerKey(DeadHead::Skip))
+        .ordering(MessageOrder::PerKey(DeadHead::Skip))
         .batch_size(200)
         .concurrency(2)
         .lease(Duration::from_secs(2))

@@ -597,7 +597,7 @@ async fn postgres_passes_the_ordering_suite() {
 /// commits first. The relay publishes B's message, then A's: commit order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn out_of_order_commits_publish_in_commit_order() {
-    use outbox_core::{DeadHead, Ordering};
+    use outbox_core::{DeadHead, MessageOrder};
 
     let h = PgHarness::new().await;
     let pool = h.outbox.pool();
@@ -624,7 +624,7 @@ async fn out_of_order_commits_publish_in_commit_order() {
     let sink = RecordingSink::new();
     let relay = Relay::builder(h.outbox.clone())
         .route("orders", sink.clone())
-        .ordering(Ordering::PerKey(DeadHead::Skip))
+        .ordering(MessageOrder::PerKey(DeadHead::Skip))
         .build()
         .unwrap();
     relay.drain().await.unwrap();

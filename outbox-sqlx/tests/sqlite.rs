@@ -706,7 +706,7 @@ async fn hostile_identifiers_are_rejected_or_quoted_exactly() {
         let claim = outbox
             .claim(
                 &ClaimRequest::new("t", 10, lease)
-                    .ordering(outbox_core::Ordering::PerKey(outbox_core::DeadHead::Halt)),
+                    .ordering(outbox_core::MessageOrder::PerKey(outbox_core::DeadHead::Halt)),
             )
             .await
             .unwrap();
@@ -1100,7 +1100,7 @@ fn enqueue_in_task(
 /// was built (and its id assigned) first. A per-key relay publishes A, then B.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn same_key_writers_wait_and_publish_in_commit_order() {
-    use outbox_core::{DeadHead, Ordering};
+    use outbox_core::{DeadHead, MessageOrder};
 
     let db = TestDb::new().await;
     let h = SqliteHarness::new(db.pool.clone()).await;
@@ -1136,7 +1136,7 @@ async fn same_key_writers_wait_and_publish_in_commit_order() {
     let sink = RecordingSink::new();
     let relay = Relay::builder(h.outbox.clone())
         .route("orders", sink.clone())
-        .ordering(Ordering::PerKey(DeadHead::Skip))
+        .ordering(MessageOrder::PerKey(DeadHead::Skip))
         .build()
         .unwrap();
     relay.drain().await.unwrap();
@@ -1251,7 +1251,7 @@ async fn batches_number_keys_in_slice_order_atomically() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_writers_and_relays_keep_every_key_in_commit_order() {
     use outbox_core::testkit::FlakySink;
-    use outbox_core::{DeadHead, Ordering, RetryPolicy};
+    use outbox_core::{DeadHead, MessageOrder, RetryPolicy};
 
     const KEYS: usize = 20;
     const PER_KEY: i64 = 10;
@@ -1282,7 +1282,7 @@ async fn concurrent_writers_and_relays_keep_every_key_in_commit_order() {
                     .max_delay(Duration::from_millis(20))
                     .max_attempts(1000),
             )
-            .ordering(Ordering::PerKey(DeadHead::Skip))
+            .ordering(MessageOrder::PerKey(DeadHead::Skip))
             .build()
             .unwrap();
         let mut stop = stop_rx.clone();

@@ -1,4 +1,6 @@
-//! The front crate's error: one line, saying what to fix.
+//! The front crate's error: one line, saying what to fix, never quoting a secret.
+
+use outbox_core::registry::BuildError;
 
 /// Building a store, a sink or a relay from configuration failed.
 #[derive(Debug, thiserror::Error)]
@@ -15,40 +17,44 @@ pub enum Error {
         /// `store` or `sink`.
         what: &'static str,
         /// The scheme.
-        scheme: &'static str,
+        scheme: String,
         /// The feature to enable.
         feature: &'static str,
     },
-    /// No store or sink handles this URL.
-    #[error("unsupported {what} URL {url:?} (known: {known})")]
+    /// No installed driver handles this URL.
+    #[error("unsupported {what} URL {url} (known schemes: {known})")]
     UnsupportedScheme {
         /// `store` or `sink`.
         what: &'static str,
-        /// The URL, password hidden.
+        /// The URL, secrets hidden.
         url: String,
-        /// The schemes that exist.
-        known: &'static str,
+        /// The schemes the registry knows.
+        known: String,
     },
-    /// The database could not be reached.
-    #[error("cannot connect to {url}: {reason}")]
-    Connect {
-        /// The URL, password hidden.
-        url: String,
-        /// Why.
-        reason: String,
+    /// A driver could not build the store or a route's sink.
+    #[error("{what}: {source}")]
+    Build {
+        /// `store` or `route "billing"`.
+        what: String,
+        /// The driver's error.
+        #[source]
+        source: BuildError,
     },
     /// A store operation failed.
     #[error(transparent)]
     Store(#[from] outbox_core::StoreError),
-    /// A sink could not be built.
-    #[error("route {route:?}: {reason}")]
-    Sink {
-        /// The route (destination).
-        route: String,
-        /// Why.
-        reason: String,
-    },
     /// The relay settings are invalid.
     #[error(transparent)]
     Relay(#[from] outbox_core::ConfigError),
+}
+
+impl Error {
+    /// Whether trying again can help (a server that was not reachable yet).
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Self::Build { source, .. } => source.is_retryable(),
+            Self::Store(error) => error.is_retryable(),
+            _ => false,
+        }
+    }
 }

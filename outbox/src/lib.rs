@@ -23,19 +23,28 @@ pub use outbox_core::*;
 
 pub mod config;
 mod error;
-mod routes;
-#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
-mod store;
+mod outbox;
+pub mod registry;
 
 pub use config::Config;
 pub use error::Error;
-pub use routes::{build_relay, build_relay_with, build_sink};
-#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
-pub use store::AnyStore;
+pub use outbox::{Outbox, OutboxBuilder};
+pub use registry::Registry;
 
+/// The HTTP / webhook sink (feature `http`).
 #[cfg(feature = "http")]
 pub use outbox_sink_http as http;
+/// The Redis Streams sink (feature `redis`).
 #[cfg(feature = "redis")]
 pub use outbox_sink_redis as redis;
+/// The MySQL / MariaDB store (feature `mysql`).
+#[cfg(feature = "mysql")]
+pub use outbox_sqlx::mysql;
+/// The PostgreSQL store (feature `postgres`).
+#[cfg(feature = "postgres")]
+pub use outbox_sqlx::postgres;
+/// The SQLite store (feature `sqlite`).
+#[cfg(feature = "sqlite")]
+pub use outbox_sqlx::sqlite;
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
-pub use outbox_sqlx as sqlx_store;
+pub use outbox_sqlx::{Delivery, TableNames};

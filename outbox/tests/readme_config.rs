@@ -13,7 +13,7 @@ fn readme_config_parses() {
     assert_eq!(config.relay.concurrency, 2);
     assert_eq!(
         config.relay.ordering(),
-        outbox::Ordering::PerKey(outbox::DeadHead::Skip)
+        outbox::MessageOrder::PerKey(outbox::DeadHead::Skip)
     );
     assert_eq!(config.routes.len(), 2);
     assert_eq!(config.metrics.listen.as_deref(), Some("0.0.0.0:9464"));

@@ -87,3 +87,17 @@ pub use config::HttpSinkConfig;
 pub use error::{HttpSinkError, parse_retry_after};
 pub use fanout::{FanOutError, fan_out};
 pub use sink::HttpSink;
+
+/// The driver for `http://` and `https://` routes: parses the route's settings as an
+/// [`HttpSinkConfig`] and builds the sink.
+pub const DRIVER: outbox_core::registry::SinkDriver = outbox_core::registry::SinkDriver {
+    schemes: &["http", "https"],
+    build: |route| {
+        Box::pin(async move {
+            let config: HttpSinkConfig = route.parse()?;
+            let sink = HttpSink::new(config)
+                .map_err(|e| outbox_core::registry::BuildError::config(e.to_string()))?;
+            Ok(std::sync::Arc::new(sink) as std::sync::Arc<dyn outbox_core::DynSink>)
+        })
+    },
+};

@@ -116,6 +116,15 @@ pub enum RedisSinkError {
     },
 }
 
+impl RedisSinkError {
+    /// Whether trying again can help: only when the server could not be reached (or
+    /// refused a start-up command for now); every other error needs a configuration or
+    /// server change.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, Self::Connect { .. })
+    }
+}
+
 /// Classifies an error from the Redis client (a whole round trip or one reply) as a
 /// [`Failure`]; see the [module docs](self) for the table.
 ///

@@ -104,5 +104,24 @@ pub use config::{
 pub use error::{RedisSinkError, classify, classify_reply};
 pub use sink::RedisSink;
 
+/// The driver for `redis://` and `rediss://` routes: parses the route's settings as a
+/// [`RedisSinkConfig`] and [`connect`](RedisSink::connect)s, checking the server.
+pub const DRIVER: outbox_core::registry::SinkDriver = outbox_core::registry::SinkDriver {
+    schemes: &["redis", "rediss"],
+    build: |route| {
+        Box::pin(async move {
+            let config: RedisSinkConfig = route.parse()?;
+            let sink = RedisSink::connect(config).await.map_err(|e| {
+                if e.is_retryable() {
+                    outbox_core::registry::BuildError::unavailable(e.to_string())
+                } else {
+                    outbox_core::registry::BuildError::config(e.to_string())
+                }
+            })?;
+            Ok(std::sync::Arc::new(sink) as std::sync::Arc<dyn outbox_core::DynSink>)
+        })
+    },
+};
+
 /// The `redis` client crate this sink is built on, for matching versions.
-pub use redis;
+pub use redis as client;

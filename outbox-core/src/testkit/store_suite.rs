@@ -3,7 +3,7 @@
 //! Each check is a plain async function taking a fresh [`StoreHarness`]; it panics with a
 //! message saying which part of the contract broke. [`run_all`] runs them all with a
 //! harness factory, and [`run_ordering`] runs the per-key ordering checks for stores that
-//! support [`Ordering::PerKey`]:
+//! support [`MessageOrder::PerKey`]:
 //!
 //! ```
 //! # tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap().block_on(async {
@@ -25,7 +25,7 @@ use crate::message::{MessageId, NewMessage};
 use crate::relay::Relay;
 use crate::retry::RetryPolicy;
 use crate::store::{
-    ClaimRequest, Completion, DeadHead, DeadLetterFilter, DeadLetters, Ordering, Purge,
+    ClaimRequest, Completion, DeadHead, DeadLetterFilter, DeadLetters, MessageOrder, Purge,
     PurgeRequest, Store, StoreStats, purge_all,
 };
 use crate::testkit::{FlakySink, RecordingSink};
@@ -740,7 +740,7 @@ pub async fn purge_is_bounded_and_keeps_unfinished<H: StoreHarness>(h: &H) {
 }
 
 /// Runs every per-key ordering check, each on a fresh harness, for stores that support
-/// [`Ordering::PerKey`].
+/// [`MessageOrder::PerKey`].
 pub async fn run_ordering<H, F, Fut>(factory: F)
 where
     H: StoreHarness,
@@ -772,7 +772,7 @@ fn keyed(key: &str, n: usize) -> NewMessage {
 }
 
 fn per_key(batch: usize, policy: DeadHead) -> ClaimRequest {
-    request(batch).ordering(Ordering::PerKey(policy))
+    request(batch).ordering(MessageOrder::PerKey(policy))
 }
 
 async fn claim_ids<H: StoreHarness>(

@@ -1,0 +1,127 @@
+//! The store drivers: open a store from [`StoreSettings`] (URL, table names, pool size).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use outbox_core::registry::{BuildError, StoreDriver};
+use outbox_core::{DynStore, StoreSettings, redact};
+use outbox_sql::TableNames;
+
+/// How long connecting may take before it is reported as unreachable.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// `postgres://` and `postgresql://` URLs: a [`PgOutbox`](crate::postgres::PgOutbox).
+#[cfg(feature = "postgres")]
+pub const POSTGRES: StoreDriver = StoreDriver {
+    schemes: &["postgres", "postgresql"],
+    connect: |settings| Box::pin(postgres(settings)),
+};
+
+/// `sqlite:` URLs (`sqlite:outbox.db`, `sqlite::memory:`): a
+/// [`SqliteOutbox`](crate::sqlite::SqliteOutbox); the file is created if missing.
+#[cfg(feature = "sqlite")]
+pub const SQLITE: StoreDriver = StoreDriver {
+    schemes: &["sqlite"],
+    connect: |settings| Box::pin(sqlite(settings)),
+};
+
+/// `mysql://` and `mariadb://` URLs: a [`MySqlOutbox`](crate::mysql::MySqlOutbox).
+#[cfg(feature = "mysql")]
+pub const MYSQL: StoreDriver = StoreDriver {
+    schemes: &["mysql", "mariadb"],
+    connect: |settings| Box::pin(mysql(settings)),
+};
+
+/// The table names the settings ask for.
+fn names(settings: &StoreSettings) -> Result<TableNames, BuildError> {
+    let mut names = TableNames::default();
+    if let Some(schema) = &settings.schema {
+        names = names
+            .schema(schema)
+            .map_err(|e| BuildError::config(format!("store.schema: {e}")))?;
+    }
+    if let Some(table) = &settings.table {
+        names = names
+            .outbox(table)
+            .map_err(|e| BuildError::config(format!("store.table: {e}")))?;
+    }
+    if let Some(table) = &settings.inbox_table {
+        names = names
+            .inbox(table)
+            .map_err(|e| BuildError::config(format!("store.inbox_table: {e}")))?;
+    }
+    Ok(names)
+}
+
+fn unreachable(settings: &StoreSettings, reason: impl std::fmt::Display) -> BuildError {
+    BuildError::unavailable(format!(
+        "cannot connect to {}: {reason}",
+        redact::url(&settings.url)
+    ))
+}
+
+/// Opens and closes one connection first, so that an unreachable server is reported with
+/// its real cause ("Connection refused", a bad password, an unknown database) at once:
+/// the pool retries such errors until its acquire timeout and then says only "timed out".
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+async fn probe<C: sqlx::Connection>(settings: &StoreSettings, url: &str) -> Result<(), BuildError> {
+    match tokio::time::timeout(CONNECT_TIMEOUT, C::connect(url)).await {
+        Ok(Ok(connection)) => {
+            let _ = connection.close().await;
+            Ok(())
+        }
+        Ok(Err(error)) => Err(unreachable(settings, error)),
+        Err(_) => Err(unreachable(settings, "no answer within 10 s")),
+    }
+}
+
+#[cfg(feature = "postgres")]
+async fn postgres(settings: &StoreSettings) -> Result<Arc<dyn DynStore>, BuildError> {
+    let names = names(settings)?;
+    let url = settings.url.replacen("postgresql://", "postgres://", 1);
+    probe::<sqlx::PgConnection>(settings, &url).await?;
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(settings.max_connections)
+        .acquire_timeout(CONNECT_TIMEOUT)
+        .connect(&url)
+        .await
+        .map_err(|e| unreachable(settings, e))?;
+    Ok(Arc::new(
+        crate::postgres::PgOutbox::with_names(pool, names).published_rows(settings.published_rows),
+    ))
+}
+
+#[cfg(feature = "sqlite")]
+async fn sqlite(settings: &StoreSettings) -> Result<Arc<dyn DynStore>, BuildError> {
+    use std::str::FromStr;
+    let names = names(settings)?;
+    let options = sqlx::sqlite::SqliteConnectOptions::from_str(&settings.url)
+        .map_err(|e| BuildError::config(format!("store.url: {e}")))?
+        .create_if_missing(true)
+        .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
+        .busy_timeout(CONNECT_TIMEOUT);
+    let pool = sqlx::sqlite::SqlitePoolOptions::new()
+        .max_connections(settings.max_connections)
+        .connect_with(options)
+        .await
+        .map_err(|e| unreachable(settings, e))?;
+    Ok(Arc::new(
+        crate::sqlite::SqliteOutbox::with_names(pool, names).published_rows(settings.published_rows),
+    ))
+}
+
+#[cfg(feature = "mysql")]
+async fn mysql(settings: &StoreSettings) -> Result<Arc<dyn DynStore>, BuildError> {
+    let names = names(settings)?;
+    let url = settings.url.replacen("mariadb://", "mysql://", 1);
+    probe::<sqlx::MySqlConnection>(settings, &url).await?;
+    let pool = sqlx::mysql::MySqlPoolOptions::new()
+        .max_connections(settings.max_connections)
+        .acquire_timeout(CONNECT_TIMEOUT)
+        .connect(&url)
+        .await
+        .map_err(|e| unreachable(settings, e))?;
+    Ok(Arc::new(
+        crate::mysql::MySqlOutbox::with_names(pool, names).published_rows(settings.published_rows),
+    ))
+}

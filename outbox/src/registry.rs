@@ -1,0 +1,162 @@
+//! The registry: URL scheme → driver, for stores and sinks.
+
+use std::sync::Arc;
+
+use outbox_core::registry::{SinkDriver, StoreDriver, scheme};
+use outbox_core::{DynSink, DynStore, StoreSettings, redact};
+
+use crate::Error;
+use crate::config::RouteTable;
+
+/// The schemes this crate has drivers for, with the Cargo feature that compiles each in.
+const KNOWN: &[(&str, &str, &str)] = &[
+    ("store", "postgres", "postgres"),
+    ("store", "postgresql", "postgres"),
+    ("store", "sqlite", "sqlite"),
+    ("store", "mysql", "mysql"),
+    ("store", "mariadb", "mysql"),
+    ("sink", "http", "http"),
+    ("sink", "https", "http"),
+    ("sink", "redis", "redis"),
+    ("sink", "rediss", "redis"),
+];
+
+/// The drivers stores and sinks are built with, by URL scheme.
+///
+/// [`Registry::default`] holds the drivers this crate's Cargo features compiled in; add
+/// your own (a test sink, a broker this crate does not ship) with
+/// [`with_sink`](Self::with_sink) and [`with_store`](Self::with_store). A scheme no
+/// driver handles fails with an error naming the feature that would, if there is one.
+///
+/// ```
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// use std::sync::Arc;
+/// use outbox::config::RouteTable;
+/// use outbox::registry::SinkDriver;
+/// use outbox::{DynSink, Registry, testkit::RecordingSink};
+///
+/// const MEMORY: SinkDriver = SinkDriver {
+///     schemes: &["memory"],
+///     build: |_| Box::pin(async { Ok(Arc::new(RecordingSink::new()) as Arc<dyn DynSink>) }),
+/// };
+/// let registry = Registry::default().with_sink(MEMORY);
+/// let route = RouteTable::new([("url", "memory://billing".into())]);
+/// let sink = registry.build_sink("billing", &route).await?;
+/// # Ok::<(), outbox::Error>(())
+/// # }).unwrap();
+/// ```
+#[derive(Debug, Clone)]
+pub struct Registry {
+    stores: Vec<StoreDriver>,
+    sinks: Vec<SinkDriver>,
+}
+
+impl Default for Registry {
+    /// The drivers of the enabled features.
+    fn default() -> Self {
+        let mut registry = Self::empty();
+        #[cfg(feature = "postgres")]
+        registry.stores.push(outbox_sqlx::POSTGRES);
+        #[cfg(feature = "sqlite")]
+        registry.stores.push(outbox_sqlx::SQLITE);
+        #[cfg(feature = "mysql")]
+        registry.stores.push(outbox_sqlx::MYSQL);
+        #[cfg(feature = "http")]
+        registry.sinks.push(outbox_sink_http::DRIVER);
+        #[cfg(feature = "redis")]
+        registry.sinks.push(outbox_sink_redis::DRIVER);
+        registry
+    }
+}
+
+impl Registry {
+    /// No drivers at all.
+    pub fn empty() -> Self {
+        Self {
+            stores: Vec::new(),
+            sinks: Vec::new(),
+        }
+    }
+
+    /// Adds a store driver; it is consulted before the ones already there.
+    #[must_use]
+    pub fn with_store(mut self, driver: StoreDriver) -> Self {
+        self.stores.insert(0, driver);
+        self
+    }
+
+    /// Adds a sink driver; it is consulted before the ones already there.
+    #[must_use]
+    pub fn with_sink(mut self, driver: SinkDriver) -> Self {
+        self.sinks.insert(0, driver);
+        self
+    }
+
+    /// Opens the store `settings` describe (nothing is created; see
+    /// [`Backend::migrate`](outbox_core::Backend::migrate)).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::FeatureDisabled`] or [`Error::UnsupportedScheme`] for a scheme no driver
+    /// handles; [`Error::Build`] when the driver fails (retryable if the server was not
+    /// reachable).
+    pub async fn connect_store(&self, settings: &StoreSettings) -> Result<Arc<dyn DynStore>, Error> {
+        let Some(driver) = self.stores.iter().find(|d| d.handles(&settings.url)) else {
+            let known = self.stores.iter().flat_map(|d| d.schemes.iter().copied());
+            return Err(unknown("store", &settings.url, known));
+        };
+        (driver.connect)(settings).await.map_err(|source| Error::Build {
+            what: "store".to_owned(),
+            source,
+        })
+    }
+
+    /// Builds the sink of `route` from its table (its `url` scheme picks the driver),
+    /// wrapped in the route policies the table sets.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] for a missing `url` or a bad policy; as for
+    /// [`connect_store`](Self::connect_store) otherwise.
+    pub async fn build_sink(&self, route: &str, table: &RouteTable) -> Result<Arc<dyn DynSink>, Error> {
+        let url = table
+            .url()
+            .ok_or_else(|| Error::Config(format!("routes.{route}: missing `url`")))?;
+        let Some(driver) = self.sinks.iter().find(|d| d.handles(url)) else {
+            let known = self.sinks.iter().flat_map(|d| d.schemes.iter().copied());
+            return Err(unknown("sink", url, known));
+        };
+        let policy = table.policy(route)?;
+        let sink = (driver.build)(&table.sink_settings(route))
+            .await
+            .map_err(|source| Error::Build {
+                what: format!("route {route:?}"),
+                source,
+            })?;
+        Ok(policy.apply(sink))
+    }
+}
+
+fn unknown<'a>(what: &'static str, url: &str, known: impl Iterator<Item = &'a str>) -> Error {
+    let wanted = scheme(url);
+    if let Some((_, _, feature)) = KNOWN
+        .iter()
+        .find(|(kind, scheme, _)| *kind == what && *scheme == wanted)
+    {
+        return Error::FeatureDisabled {
+            what,
+            scheme: wanted.to_owned(),
+            feature,
+        };
+    }
+    let known: Vec<String> = known.map(|s| format!("{s}:")).collect();
+    Error::UnsupportedScheme {
+        what,
+        url: redact::url(url),
+        known: if known.is_empty() {
+            "none".to_owned()
+        } else {
+            known.join(", ")
+        },
+    }
+}
