@@ -29,14 +29,15 @@ use std::time::{Duration, Instant};
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use outbox::redis::{RedisSink, RedisSinkConfig, redis};
-use outbox::sqlx_store::TableNames;
-use outbox::sqlx_store::postgres::PgOutbox;
+use outbox::redis::{RedisSink, RedisSinkConfig, client as redis};
+use outbox::TableNames;
+use outbox::postgres::PgOutbox;
 use outbox::{
     DeadHead, DeadLetterFilter, DeadLetters, NewMessage, MessageOrder, Relay, RetryPolicy, StoreStats,
     deterministic_key,
 };
-use outbox_sink_http::{EndpointConfig, HttpSinkConfig, RateLimit};
+use outbox::layers::{RateLimit, SinkExt};
+use outbox_sink_http::{HttpSink, HttpSinkConfig};
 use serde_json::json;
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -404,16 +405,13 @@ async fn story(
     let (base, server) = support::serve(app).await?;
 
     // The relay: the provider's API with our account's rate limit, and the ads stream.
-    let whatsapp = HttpSinkConfig::new()
-        .route(
-            WHATSAPP,
-            EndpointConfig::new(format!("{base}/v1/messages"))
-                .header("authorization", format!("Bearer {API_TOKEN}"))
-                .rate_limit(RateLimit::per_second(SEND_RATE).burst(SEND_BURST))
-                .timeout(Duration::from_secs(5))
-                .allow(LOOPBACK),
-        )
-        .build()?;
+    let whatsapp = HttpSink::new(
+        HttpSinkConfig::new(format!("{base}/v1/messages"))
+            .header("authorization", format!("Bearer {API_TOKEN}"))
+            .request_timeout(Duration::from_secs(5))
+            .allow(LOOPBACK),
+    )?
+    .rate_limited(RateLimit::per_second(SEND_RATE).burst(SEND_BURST));
     let conversions =
         RedisSink::connect(RedisSinkConfig::new(support::redis_url()).stream(names.stream.clone()))
             .await?;

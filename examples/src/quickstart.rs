@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
-use outbox::sqlx_store::sqlite::{SqliteInbox, SqliteOutbox};
-use outbox::{DeadLetterFilter, DeadLetters, NewMessage, Relay, RetryPolicy, StoreStats, Wakeup};
-use outbox_sink_http::receiver::WebhookReceiver;
-use outbox_sink_http::{EndpointConfig, HttpSinkConfig};
+use outbox::sqlite::{SqliteInbox, SqliteOutbox};
+use outbox::http::receiver::WebhookReceiver;
+use outbox::http::{HttpSink, HttpSinkConfig};
+use outbox::{Backend, DeadLetterFilter, DeadLetters, NewMessage, Outbox, RetryPolicy, StoreStats};
 use sqlx::SqlitePool;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
 
@@ -146,33 +146,26 @@ pub async fn run(dir: PathBuf) -> Result<Summary, Error> {
 
     // The order service: business row and outbox row in one transaction.
     let shop_db = sqlite(dir.join("shop.db")).await?;
-    let outbox = SqliteOutbox::new(shop_db.clone());
-    outbox.migrate().await?;
     sqlx::query("CREATE TABLE orders (id INTEGER PRIMARY KEY, total_cents INTEGER NOT NULL)")
         .execute(&shop_db)
         .await?;
-    let wakeup = Wakeup::new();
+    let outbox = SqliteOutbox::new(shop_db.clone());
+    outbox.migrate().await?;
 
     // The relay: signed webhooks; loopback is allowed explicitly (the SSRF guard refuses
     // private addresses by default).
-    let sink = HttpSinkConfig::new()
-        .route(
-            "mailer",
-            EndpointConfig::new(url)
-                .secret(SECRET)
-                .allow("127.0.0.1/32"),
-        )
-        .build()?;
-    let relay = Relay::builder(outbox.clone())
-        .route("mailer", sink)
-        .wakeup(wakeup.clone())
-        .poll_interval(Duration::from_millis(200))
-        .retry(
-            RetryPolicy::default()
-                .initial_delay(Duration::from_millis(50))
-                .max_delay(Duration::from_millis(200)),
-        )
-        .build()?;
+    let webhooks = HttpSink::new(HttpSinkConfig::new(url).secret(SECRET).allow("127.0.0.1/32"))?;
+    let relay = Outbox::builder(outbox.clone())
+        .route("mailer", webhooks)
+        .relay(|relay| {
+            relay.poll_interval(Duration::from_millis(200)).retry(
+                RetryPolicy::default()
+                    .initial_delay(Duration::from_millis(50))
+                    .max_delay(Duration::from_millis(200)),
+            )
+        })
+        .build()
+        .await?;
     let running = tokio::spawn(relay.run(std::future::pending()));
 
     for order in 1..=ORDERS {
@@ -188,7 +181,7 @@ pub async fn run(dir: PathBuf) -> Result<Summary, Error> {
             .build()?;
         outbox.enqueue(&mut tx, &message).await?;
         tx.commit().await?;
-        wakeup.notify(); // same process: wake the relay now instead of at its next poll
+        outbox.notify().await?; // after commit: the relay claims now, not at its next poll
     }
 
     // Wait until every committed order is published or dead.

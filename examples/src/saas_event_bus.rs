@@ -9,7 +9,7 @@
 //! with two relay workers and a retried delivery in between.
 //!
 //! The relay is not written in code: it is built from a TOML text by the front crate
-//! ([`outbox::Config::from_toml`], [`AnyStore::connect`], [`outbox::build_relay_with`]),
+//! ([`outbox::Config::from_toml`], [`outbox::Outbox::from_config`]),
 //! exactly as `outbox relay --config outbox.toml` builds it. On Monday the route's `url` is
 //! `redis://…`: an analytics consumer reads the stream with a consumer group. On Tuesday
 //! the text says `http://…` instead: a webhook consumer receives the same kind of events,
@@ -26,10 +26,10 @@ use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
-use outbox::redis::client;
-use outbox::sqlx_store::TableNames;
-use outbox::sqlx_store::postgres::{PgNotifier, PgOutbox};
-use outbox::{AnyStore, NewMessage};
+use outbox::redis::client as redis;
+use outbox::TableNames;
+use outbox::postgres::{PgNotifier, PgOutbox};
+use outbox::NewMessage;
 use outbox_sink_http::receiver::WebhookReceiver;
 use serde_json::json;
 use sqlx::PgPool;
@@ -104,31 +104,12 @@ max_delay = "1s"
 }
 
 /// A relay running from `text`: what `outbox relay --config` does.
-struct ConfiguredRelay {
-    running: RunningRelay,
-    /// Keeps the LISTEN connection open.
-    _listening: Option<Box<dyn std::any::Any + Send>>,
-}
-
-async fn start_relay(text: &str) -> Result<ConfiguredRelay, Error> {
+async fn start_relay(text: &str) -> Result<RunningRelay, Error> {
     // A deployed relay reads a file with `Config::load(path)`, which also applies
-    // `OUTBOX_…` environment overrides; here the text is all there is.
-    let config = outbox::Config::from_toml(text, std::iter::empty())?;
-    let store = AnyStore::connect(&config.store).await?;
-    let wakeup = if config.relay.wakeups {
-        store.listen().await?
-    } else {
-        None
-    };
-    let relay = outbox::build_relay_with(&config, store, |builder| match &wakeup {
-        Some((signal, _)) => builder.wakeup(signal.clone()),
-        None => builder,
-    })
-    .await?;
-    Ok(ConfiguredRelay {
-        running: RunningRelay::start(relay),
-        _listening: wakeup.map(|(_, guard)| guard),
-    })
+    // `OUTBOX_…` environment settings; here the text is all there is.
+    let config = outbox::Config::from_toml(text, std::iter::empty::<(&str, &str)>())?;
+    let outbox = outbox::Outbox::from_config(&config).await?;
+    Ok(RunningRelay::start_outbox(outbox))
 }
 
 // ---------------------------------------------------------------------------------------
@@ -620,7 +601,7 @@ async fn run_day(billing: &mut Billing, config: &str, day: &str) -> Result<Vec<S
         .map(|_| ()),
         Err(_) => Ok(()),
     };
-    relay.running.stop().await?;
+    relay.stop().await?;
     settled?;
     events
 }

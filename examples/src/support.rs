@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use outbox::redis::client;
+use outbox::redis::client as redis;
 use outbox::{DestinationStats, Relay, Store, StoreStats};
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
@@ -196,6 +196,15 @@ impl RunningRelay {
     pub(crate) fn start<S: Store>(relay: Relay<S>) -> Self {
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(relay.run(async {
+            let _ = stopped.await;
+        }));
+        Self { stop, task }
+    }
+
+    /// Spawns `outbox.run(..)`.
+    pub(crate) fn start_outbox(outbox: outbox::Outbox) -> Self {
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(outbox.run(async {
             let _ = stopped.await;
         }));
         Self { stop, task }

@@ -34,16 +34,20 @@ use std::time::{Duration, Instant};
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use outbox::sqlx_store::TableNames;
-use outbox::sqlx_store::postgres::{PgInbox, PgNotifier, PgOutbox};
+use outbox::TableNames;
+use outbox::postgres::{PgInbox, PgNotifier, PgOutbox};
 use outbox::{DeadLetterFilter, DeadLetters, Relay, RetryPolicy, deterministic_key};
 use outbox_sink_http::receiver::WebhookReceiver;
-use outbox_sink_http::{CircuitConfig, EndpointConfig, HttpSinkConfig, fan_out};
+use outbox::layers::{CircuitConfig, SinkExt};
+use outbox_sink_http::{HttpSink, HttpSinkConfig, fan_out};
 use serde_json::json;
 use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::support::{self, Error, LOOPBACK, RunningRelay};
+
+/// A subscriber's endpoint behind its circuit breaker.
+type Circuit = outbox::layers::CircuitBreaker<HttpSink>;
 
 /// How long globex's circuit stays open after three failures in a row.
 pub const GLOBEX_COOL_DOWN: Duration = Duration::from_secs(1);
@@ -466,42 +470,42 @@ async fn story(pool: &PgPool, names: &Names, replay: Replay) -> Result<Summary, 
     }
 
     // The relay: one signed endpoint per subscriber, each with its own circuit breaker.
-    let sink = HttpSinkConfig::new()
-        .route(
-            "webhooks/acme",
-            EndpointConfig::new(&urls[0])
-                .secret(ACME_SECRET)
-                .circuit(CircuitConfig::default()) // 5 failures in a row → 30 s open
-                .allow(LOOPBACK),
-        )
-        .route(
-            "webhooks/globex",
-            EndpointConfig::new(&urls[1])
-                .secret(GLOBEX_SECRET)
-                .circuit(
-                    CircuitConfig::default()
-                        .failures(3)
-                        .cool_down(GLOBEX_COOL_DOWN),
-                )
-                .concurrency(1) // one request at a time: a fragile server
-                .allow(LOOPBACK),
-        )
-        .route(
-            BROKEN_DESTINATION,
-            EndpointConfig::new(&urls[2])
-                .secret(INITECH_SECRET)
-                .circuit(
-                    CircuitConfig::default()
-                        .failures(5)
-                        .cool_down(Duration::from_secs(10)),
-                )
-                .allow(LOOPBACK),
-        )
-        .build()?;
+    let endpoint = |url: &str, secret: &str| HttpSinkConfig::new(url).secret(secret).allow(LOOPBACK);
+    let acme_sink = Arc::new(
+        HttpSink::new(endpoint(&urls[0], ACME_SECRET))?
+            .circuit_breaker(CircuitConfig::default()) // 5 failures in a row → 30 s open
+            .named("webhooks/acme"),
+    );
+    let globex_sink = Arc::new(
+        // One request at a time: a fragile server.
+        HttpSink::new(endpoint(&urls[1], GLOBEX_SECRET).max_in_flight(1))?
+            .circuit_breaker(
+                CircuitConfig::default()
+                    .failures(3)
+                    .cool_down(GLOBEX_COOL_DOWN),
+            )
+            .named("webhooks/globex"),
+    );
+    let initech_sink = Arc::new(
+        HttpSink::new(endpoint(&urls[2], INITECH_SECRET))?
+            .circuit_breaker(
+                CircuitConfig::default()
+                    .failures(5)
+                    .cool_down(Duration::from_secs(10)),
+            )
+            .named(BROKEN_DESTINATION),
+    );
+    let circuits = [
+        ("webhooks/acme", Arc::clone(&acme_sink)),
+        ("webhooks/globex", Arc::clone(&globex_sink)),
+        (BROKEN_DESTINATION, Arc::clone(&initech_sink)),
+    ];
     // LISTEN/NOTIFY: the API's commits wake the relay, wherever it runs.
     let listener = outbox.listen().await?;
-    let relay = sink
-        .register(Relay::builder(outbox.clone()))
+    let relay = Relay::builder(outbox.clone())
+        .route("webhooks/acme", acme_sink)
+        .route("webhooks/globex", globex_sink)
+        .route(BROKEN_DESTINATION, initech_sink)
         .wakeup(listener.wakeup())
         .poll_interval(Duration::from_millis(250))
         .retry(
@@ -526,7 +530,7 @@ async fn story(pool: &PgPool, names: &Names, replay: Replay) -> Result<Summary, 
     let (api, api_server) = support::serve(app).await?;
     servers.push(api_server);
 
-    let result = drive(pool, names, &outbox, &api, &initech, &sink, replay).await;
+    let result = drive(pool, names, &outbox, &api, &initech, &circuits, replay).await;
     running.stop().await?;
     for server in servers {
         server.abort();
@@ -587,7 +591,7 @@ async fn drive(
     outbox: &PgOutbox,
     api: &str,
     initech: &Endpoint,
-    sink: &outbox_sink_http::HttpSink,
+    circuits: &[(&str, Arc<Circuit>); 3],
     replay: Replay,
 ) -> Result<Summary, Error> {
     let mut summary = Summary::default();
@@ -709,13 +713,12 @@ async fn drive(
     if totals.dead != 0 {
         return Err(format!("{} deliveries still dead after the replay", totals.dead).into());
     }
-    for destination in sink.destinations() {
-        if let Some(health) = sink.health(destination) {
-            println!(
-                "  {destination}: circuit {:?}, {} failures in a row",
-                health.circuit, health.consecutive_failures
-            );
-        }
+    for (destination, circuit) in circuits {
+        let health = circuit.health();
+        println!(
+            "  {destination}: circuit {:?}, {} failures in a row",
+            health.circuit, health.consecutive_failures
+        );
     }
     Ok(summary)
 }

@@ -14,8 +14,10 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use outbox::config::{Config, StoreConfig};
-use outbox::{AnyStore, DeadLetterFilter, DeadLetters, MessageId, PurgeRequest, StoreStats};
+use outbox::{
+    AnyStore, Backend, Config, DeadLetterFilter, DeadLetters, MessageId, PurgeRequest, Registry,
+    StoreSettings, StoreStats,
+};
 
 mod serve;
 
@@ -139,7 +141,7 @@ impl FilterArgs {
 }
 
 fn parse_duration(text: &str) -> Result<Duration, String> {
-    outbox::config::parse_duration(text)
+    outbox::duration::parse(text)
 }
 
 type Result<T, E = String> = std::result::Result<T, E>;
@@ -172,16 +174,9 @@ fn load_config(cli: &Cli) -> Result<Option<Config>> {
         .transpose()
 }
 
-async fn connect(cli: &Cli, config: Option<&Config>) -> Result<AnyStore> {
-    let mut store: StoreConfig = match (config, &cli.store) {
-        (_, Some(url)) => {
-            Config::from_toml(
-                &format!("[store]\nurl = {}\n", toml_string(url)),
-                std::iter::empty(),
-            )
-            .map_err(|e| e.to_string())?
-            .store
-        }
+fn store_settings(cli: &Cli, config: Option<&Config>) -> Result<StoreSettings> {
+    let mut store = match (config, &cli.store) {
+        (_, Some(url)) => StoreSettings::new(url.clone()),
         (Some(config), None) => config.store.clone(),
         (None, None) => {
             return Err(
@@ -192,11 +187,15 @@ async fn connect(cli: &Cli, config: Option<&Config>) -> Result<AnyStore> {
     if let Some(table) = &cli.table {
         store.table = Some(table.clone());
     }
-    AnyStore::connect(&store).await.map_err(|e| e.to_string())
+    Ok(store)
 }
 
-fn toml_string(text: &str) -> String {
-    serde_json::to_string(text).expect("strings serialize")
+async fn connect(cli: &Cli, config: Option<&Config>) -> Result<AnyStore> {
+    let settings = store_settings(cli, config)?;
+    Registry::default()
+        .connect_store(&settings)
+        .await
+        .map_err(|e| e.to_string())
 }
 
 async fn run(cli: Cli) -> Result<()> {
@@ -208,9 +207,10 @@ async fn run(cli: Cli) -> Result<()> {
             println!("migrated");
         }
         Command::Relay => {
-            let config =
+            let mut config =
                 config.ok_or("`outbox relay` needs --config FILE (routes come from it)")?;
-            serve::relay(&config, connect(&cli, Some(&config)).await?).await?;
+            config.store = store_settings(&cli, Some(&config))?;
+            serve::relay(&config).await?;
         }
         Command::Status { json } => status(&connect(&cli, config.as_ref()).await?, *json).await?,
         Command::Dead { action } => dead(&connect(&cli, config.as_ref()).await?, action).await?,

@@ -2,29 +2,16 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
 
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
-use outbox::config::Config;
-use outbox::{AnyStore, StoreStats};
+use outbox::{Config, Outbox};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-pub(crate) async fn relay(config: &Config, store: AnyStore) -> Result<(), String> {
+pub(crate) async fn relay(config: &Config) -> Result<(), String> {
     let metrics = PrometheusBuilder::new()
         .install_recorder()
         .map_err(|e| format!("metrics: {e}"))?;
-    let listener = if config.relay.wakeups {
-        store.listen().await.map_err(|e| e.to_string())?
-    } else {
-        None
-    };
-    let wakeup = listener.as_ref().map(|(wakeup, _)| wakeup.clone());
-    let relay = outbox::build_relay_with(config, store.clone(), |builder| match wakeup {
-        Some(wakeup) => builder.wakeup(wakeup),
-        None => builder,
-    })
-    .await
-    .map_err(|e| e.to_string())?;
+    let outbox = Outbox::from_config(config).await.map_err(|e| e.to_string())?;
     let alive = Arc::new(AtomicBool::new(true));
     if let Some(addr) = &config.metrics.listen {
         let server = tokio::net::TcpListener::bind(addr)
@@ -33,14 +20,13 @@ pub(crate) async fn relay(config: &Config, store: AnyStore) -> Result<(), String
         tokio::spawn(serve(server, metrics.clone(), alive.clone()));
         eprintln!("serving /metrics and /healthz on {addr}");
     }
-    tokio::spawn(store_gauges(store));
     eprintln!(
-        "relay running with {} route(s); Ctrl-C or SIGTERM stops it",
-        config.routes.len()
+        "relay running with {} route(s){}; Ctrl-C or SIGTERM stops it",
+        outbox.routes().len(),
+        if outbox.listens() { ", listening for wakeups" } else { "" }
     );
-    relay.run(shutdown_signal()).await;
+    outbox.run(shutdown_signal()).await;
     alive.store(false, Ordering::SeqCst);
-    drop(listener);
     eprintln!("relay stopped");
     Ok(())
 }
@@ -57,28 +43,6 @@ async fn shutdown_signal() {
     tokio::select! {
         _ = ctrl_c => {}
         _ = term.recv() => {}
-    }
-}
-
-/// Every 10 s: backlog, oldest pending age and dead letters per destination as gauges.
-async fn store_gauges(store: AnyStore) {
-    loop {
-        if let Ok(stats) = store.stats().await {
-            let now = chrono::Utc::now();
-            for d in &stats.destinations {
-                let destination = d.destination.clone();
-                metrics::gauge!("outbox_backlog", "destination" => destination.clone())
-                    .set(d.backlog() as f64);
-                metrics::gauge!("outbox_dead_letters", "destination" => destination.clone())
-                    .set(d.dead as f64);
-                metrics::gauge!("outbox_halted_keys", "destination" => destination.clone())
-                    .set(d.halted_keys as f64);
-                let age = d.oldest_pending_age(now).map_or(0.0, |a| a.as_secs_f64());
-                metrics::gauge!("outbox_oldest_pending_age_seconds", "destination" => destination)
-                    .set(age);
-            }
-        }
-        tokio::time::sleep(Duration::from_secs(10)).await;
     }
 }
 

@@ -3,8 +3,8 @@
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use outbox::sqlx_store::TableNames;
-use outbox::sqlx_store::postgres::PgOutbox;
+use outbox::TableNames;
+use outbox::postgres::PgOutbox;
 use outbox::{ClaimRequest, Completion, NewMessage, Store};
 
 const URL_VAR: &str = "OUTBOX_TEST_POSTGRES_URL";
@@ -272,7 +272,7 @@ fn bad_configuration_gives_one_line_errors_and_a_failure_code() {
                 bad_duration.display().to_string(),
                 "status".into(),
             ],
-            "soon",
+            "relay.lease: not a duration",
         ),
         (
             vec![

@@ -6,8 +6,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use outbox::NewMessage;
-use outbox::sqlx_store::TableNames;
-use outbox::sqlx_store::postgres::PgOutbox;
+use outbox::TableNames;
+use outbox::postgres::PgOutbox;
 use outbox_test_support::{ChildGuard, wait_for, wait_until};
 
 mod common;

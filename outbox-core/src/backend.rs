@@ -163,67 +163,92 @@ where
     }
 }
 
-impl Store for Arc<dyn DynStore> {
+/// A store chosen at run time: a cheap-to-clone handle to any [`DynStore`], and a store
+/// itself (every store trait), so a relay runs over it like over a concrete store.
+///
+/// ```
+/// use outbox_core::{AnyStore, MemoryStore, Relay, testkit::RecordingSink};
+///
+/// let store = AnyStore::new(MemoryStore::new());
+/// assert!(store.downcast_ref::<MemoryStore>().is_some());
+/// let relay = Relay::builder(store).route("billing", RecordingSink::new()).build()?;
+/// # Ok::<(), outbox_core::ConfigError>(())
+/// ```
+#[derive(Clone)]
+pub struct AnyStore(Arc<dyn DynStore>);
+
+impl AnyStore {
+    /// Wraps a concrete store.
+    pub fn new(store: impl DynStore) -> Self {
+        Self(Arc::new(store))
+    }
+
+    /// Wraps a store that is already shared.
+    pub fn from_arc(store: Arc<dyn DynStore>) -> Self {
+        Self(store)
+    }
+
+    /// The concrete store, if it is a `T` (to enqueue with its own connection types).
+    pub fn downcast_ref<T: 'static>(&self) -> Option<&T> {
+        self.0.as_any().downcast_ref()
+    }
+}
+
+impl fmt::Debug for AnyStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AnyStore").finish_non_exhaustive()
+    }
+}
+
+impl Store for AnyStore {
     async fn claim(&self, request: &ClaimRequest) -> Result<Claim, StoreError> {
-        self.as_ref().claim_dyn(request).await
+        self.0.claim_dyn(request).await
     }
     async fn complete(
         &self,
         token: LeaseToken,
         completions: &[Completion],
     ) -> Result<CompleteReport, StoreError> {
-        self.as_ref().complete_dyn(token, completions).await
+        self.0.complete_dyn(token, completions).await
     }
     async fn release(&self, token: LeaseToken, ids: &[MessageId]) -> Result<CompleteReport, StoreError> {
-        self.as_ref().release_dyn(token, ids).await
+        self.0.release_dyn(token, ids).await
     }
 }
 
-impl StoreStats for Arc<dyn DynStore> {
+impl StoreStats for AnyStore {
     async fn stats(&self) -> Result<Stats, StoreError> {
-        self.as_ref().stats_dyn().await
+        self.0.stats_dyn().await
     }
 }
 
-impl DeadLetters for Arc<dyn DynStore> {
+impl DeadLetters for AnyStore {
     async fn list_dead(&self, filter: &DeadLetterFilter, limit: usize) -> Result<Vec<DeadLetter>, StoreError> {
-        self.as_ref().list_dead_dyn(filter, limit).await
+        self.0.list_dead_dyn(filter, limit).await
     }
     async fn replay_dead(&self, filter: &DeadLetterFilter) -> Result<u64, StoreError> {
-        self.as_ref().replay_dead_dyn(filter).await
+        self.0.replay_dead_dyn(filter).await
     }
     async fn discard_dead(&self, filter: &DeadLetterFilter) -> Result<u64, StoreError> {
-        self.as_ref().discard_dead_dyn(filter).await
+        self.0.discard_dead_dyn(filter).await
     }
 }
 
-impl Purge for Arc<dyn DynStore> {
+impl Purge for AnyStore {
     async fn purge(&self, request: &PurgeRequest) -> Result<u64, StoreError> {
-        self.as_ref().purge_dyn(request).await
+        self.0.purge_dyn(request).await
     }
 }
 
-impl Backend for Arc<dyn DynStore> {
+impl Backend for AnyStore {
     async fn migrate(&self) -> Result<(), StoreError> {
-        self.as_ref().migrate_dyn().await
+        self.0.migrate_dyn().await
     }
     async fn listen(&self) -> Result<Option<Listener>, StoreError> {
-        self.as_ref().listen_dyn().await
+        self.0.listen_dyn().await
     }
     async fn notify(&self) -> Result<(), StoreError> {
-        self.as_ref().notify_dyn().await
+        self.0.notify_dyn().await
     }
 }
 
-/// The concrete store behind `store`, if it is a `T`.
-///
-/// ```
-/// use std::sync::Arc;
-/// use outbox_core::{DynStore, MemoryStore, backend::downcast};
-///
-/// let store: Arc<dyn DynStore> = Arc::new(MemoryStore::new());
-/// assert!(downcast::<MemoryStore>(&store).is_some());
-/// ```
-pub fn downcast<T: 'static>(store: &Arc<dyn DynStore>) -> Option<&T> {
-    (**store).as_any().downcast_ref()
-}

@@ -53,7 +53,7 @@ pub mod webhooks;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 
-pub use backend::{Backend, DynStore, Listener};
+pub use backend::{AnyStore, Backend, DynStore, Listener};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{ConfigError, MessageError, StoreError, StoreErrorKind};
 pub use memory::{MemoryStore, RowSnapshot};

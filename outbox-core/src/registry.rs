@@ -22,7 +22,7 @@ use std::sync::Arc;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use crate::backend::DynStore;
+use crate::backend::AnyStore;
 use crate::sink::{BoxFuture, DynSink};
 
 /// What building a store or sink from settings can fail with. It says whether trying
@@ -215,7 +215,7 @@ pub struct StoreDriver {
     /// The URL schemes it handles, e.g. `["postgres", "postgresql"]`.
     pub schemes: &'static [&'static str],
     /// Connects (nothing is created; see [`Backend::migrate`](crate::Backend::migrate)).
-    pub connect: for<'a> fn(&'a StoreSettings) -> BoxFuture<'a, Result<Arc<dyn DynStore>, BuildError>>,
+    pub connect: for<'a> fn(&'a StoreSettings) -> BoxFuture<'a, Result<AnyStore, BuildError>>,
 }
 
 impl StoreDriver {

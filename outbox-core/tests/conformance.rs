@@ -56,15 +56,10 @@ async fn sink_suite_catches_a_lying_sink() {
         async fn publish(
             &self,
             batch: &[outbox_core::Message],
+            cx: &outbox_core::PublishContext,
         ) -> Result<Vec<outbox_core::Outcome>, outbox_core::Failure> {
             // Acknowledge everything, deliver only the first message.
-            let _ = self
-                .0
-                .publish(
-                    &batch[..batch.len().min(1)],
-                    &outbox_core::PublishContext::default(),
-                )
-                .await?;
+            let _ = self.0.publish(&batch[..batch.len().min(1)], cx).await?;
             Ok(vec![outbox_core::Outcome::published(); batch.len()])
         }
     }

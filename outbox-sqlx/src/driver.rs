@@ -1,10 +1,9 @@
 //! The store drivers: open a store from [`StoreSettings`] (URL, table names, pool size).
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use outbox_core::registry::{BuildError, StoreDriver};
-use outbox_core::{DynStore, StoreSettings, redact};
+use outbox_core::{AnyStore, StoreSettings, redact};
 use outbox_sql::TableNames;
 
 /// How long connecting may take before it is reported as unreachable.
@@ -76,7 +75,7 @@ async fn probe<C: sqlx::Connection>(settings: &StoreSettings, url: &str) -> Resu
 }
 
 #[cfg(feature = "postgres")]
-async fn postgres(settings: &StoreSettings) -> Result<Arc<dyn DynStore>, BuildError> {
+async fn postgres(settings: &StoreSettings) -> Result<AnyStore, BuildError> {
     let names = names(settings)?;
     let url = settings.url.replacen("postgresql://", "postgres://", 1);
     probe::<sqlx::PgConnection>(settings, &url).await?;
@@ -86,13 +85,13 @@ async fn postgres(settings: &StoreSettings) -> Result<Arc<dyn DynStore>, BuildEr
         .connect(&url)
         .await
         .map_err(|e| unreachable(settings, e))?;
-    Ok(Arc::new(
+    Ok(AnyStore::new(
         crate::postgres::PgOutbox::with_names(pool, names).published_rows(settings.published_rows),
     ))
 }
 
 #[cfg(feature = "sqlite")]
-async fn sqlite(settings: &StoreSettings) -> Result<Arc<dyn DynStore>, BuildError> {
+async fn sqlite(settings: &StoreSettings) -> Result<AnyStore, BuildError> {
     use std::str::FromStr;
     let names = names(settings)?;
     let options = sqlx::sqlite::SqliteConnectOptions::from_str(&settings.url)
@@ -105,13 +104,13 @@ async fn sqlite(settings: &StoreSettings) -> Result<Arc<dyn DynStore>, BuildErro
         .connect_with(options)
         .await
         .map_err(|e| unreachable(settings, e))?;
-    Ok(Arc::new(
+    Ok(AnyStore::new(
         crate::sqlite::SqliteOutbox::with_names(pool, names).published_rows(settings.published_rows),
     ))
 }
 
 #[cfg(feature = "mysql")]
-async fn mysql(settings: &StoreSettings) -> Result<Arc<dyn DynStore>, BuildError> {
+async fn mysql(settings: &StoreSettings) -> Result<AnyStore, BuildError> {
     let names = names(settings)?;
     let url = settings.url.replacen("mariadb://", "mysql://", 1);
     probe::<sqlx::MySqlConnection>(settings, &url).await?;
@@ -121,7 +120,7 @@ async fn mysql(settings: &StoreSettings) -> Result<Arc<dyn DynStore>, BuildError
         .connect(&url)
         .await
         .map_err(|e| unreachable(settings, e))?;
-    Ok(Arc::new(
+    Ok(AnyStore::new(
         crate::mysql::MySqlOutbox::with_names(pool, names).published_rows(settings.published_rows),
     ))
 }

@@ -76,6 +76,7 @@ use outbox_core::{
     NewMessage, MessageOrder, Purge, PurgeRequest, Rejected, Stats, Store, StoreError, StoreErrorKind,
     StoreStats,
 };
+use outbox_core::Wakeup;
 use outbox_sql::mysql::{
     DeadFilterShape, MAX_ERROR_BYTES, MAX_OWNER_CHARS, RELAY_ISOLATION, Statements,
 };
@@ -118,6 +119,9 @@ const MAX_FILTER_VALUES: usize = 60_000;
 pub struct MySqlOutbox {
     pool: MySqlPool,
     inner: Arc<Inner>,
+    /// Raised by [`Backend::notify`](outbox_core::Backend::notify): relays in this process
+    /// that listen wake up at once; others find the rows at their next poll.
+    wakeup: Wakeup,
 }
 
 #[derive(Debug)]
@@ -137,6 +141,7 @@ impl MySqlOutbox {
     pub fn with_names(pool: MySqlPool, names: TableNames) -> Self {
         Self {
             pool,
+            wakeup: Wakeup::new(),
             inner: Arc::new(Inner {
                 sql: Statements::new(&names),
                 names,
@@ -155,6 +160,7 @@ impl MySqlOutbox {
         Self {
             pool: self.pool,
             inner: Arc::new(inner),
+            wakeup: self.wakeup,
         }
     }
 
@@ -713,9 +719,20 @@ fn unique(ids: impl Iterator<Item = MessageId>) -> Vec<MessageId> {
     ids.filter(|id| seen.insert(*id)).collect()
 }
 
+/// The wakeup is in-process: call [`notify`](outbox_core::Backend::notify) after a commit
+/// to wake relays of this process at once; relays elsewhere poll.
 impl outbox_core::Backend for MySqlOutbox {
     async fn migrate(&self) -> Result<(), StoreError> {
         MySqlOutbox::migrate(self).await
+    }
+
+    async fn listen(&self) -> Result<Option<outbox_core::Listener>, StoreError> {
+        Ok(Some(outbox_core::Listener::new(self.wakeup.clone(), ())))
+    }
+
+    async fn notify(&self) -> Result<(), StoreError> {
+        self.wakeup.notify();
+        Ok(())
     }
 }
 

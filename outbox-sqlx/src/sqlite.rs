@@ -104,6 +104,7 @@ use outbox_core::{
     MessageId, NewMessage, MessageOrder, Purge, PurgeRequest, Rejected, Stats, Store, StoreError,
     StoreErrorKind, StoreStats,
 };
+use outbox_core::Wakeup;
 use outbox_sql::sqlite::Statements;
 use outbox_sql::{Dialect, TableNames};
 use sqlx::Row;
@@ -126,6 +127,9 @@ use crate::{Delivery, PublishedRows};
 pub struct SqliteOutbox {
     pool: SqlitePool,
     inner: Arc<Inner>,
+    /// Raised by [`Backend::notify`](outbox_core::Backend::notify): relays in this process
+    /// that listen wake up at once; others find the rows at their next poll.
+    wakeup: Wakeup,
 }
 
 #[derive(Debug)]
@@ -149,6 +153,7 @@ impl SqliteOutbox {
     pub fn with_names(pool: SqlitePool, names: TableNames) -> Self {
         Self {
             pool,
+            wakeup: Wakeup::new(),
             inner: Arc::new(Inner {
                 sql: Statements::new(&names),
                 names,
@@ -167,6 +172,7 @@ impl SqliteOutbox {
         Self {
             pool: self.pool,
             inner: Arc::new(inner),
+            wakeup: self.wakeup,
         }
     }
 
@@ -482,9 +488,20 @@ fn report(requested: impl Iterator<Item = MessageId>, applied: &HashSet<Uuid>) -
     report
 }
 
+/// The wakeup is in-process: call [`notify`](outbox_core::Backend::notify) after a commit
+/// to wake relays of this process at once; relays elsewhere poll.
 impl outbox_core::Backend for SqliteOutbox {
     async fn migrate(&self) -> Result<(), StoreError> {
         SqliteOutbox::migrate(self).await
+    }
+
+    async fn listen(&self) -> Result<Option<outbox_core::Listener>, StoreError> {
+        Ok(Some(outbox_core::Listener::new(self.wakeup.clone(), ())))
+    }
+
+    async fn notify(&self) -> Result<(), StoreError> {
+        self.wakeup.notify();
+        Ok(())
     }
 }
 

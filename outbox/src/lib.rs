@@ -21,6 +21,11 @@
 
 pub use outbox_core::*;
 
+/// The README's examples, compiled (and the self-contained one run) as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;
+
 pub mod config;
 mod error;
 mod outbox;

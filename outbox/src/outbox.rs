@@ -2,11 +2,11 @@
 //! shutdown, owned together.
 
 use std::future::Future;
-use std::sync::Arc;
 use std::time::Duration;
 
 use outbox_core::{
-    BatchReport, DynStore, Listener, Relay, RelayBuilder, Sink, StoreError, StoreStats,
+    AnyStore, BatchReport, Backend, DynStore, Listener, Relay, RelayBuilder, Sink, StoreError,
+    StoreStats,
 };
 
 use crate::config::{Config, RouteTable};
@@ -33,8 +33,8 @@ use crate::{Error, Registry};
 /// # }).unwrap();
 /// ```
 pub struct Outbox {
-    store: Arc<dyn DynStore>,
-    relay: Relay<Arc<dyn DynStore>>,
+    store: AnyStore,
+    relay: Relay<AnyStore>,
     routes: Vec<String>,
     listener: Option<Listener>,
 }
@@ -42,8 +42,8 @@ pub struct Outbox {
 /// Builds an [`Outbox`] in code.
 #[must_use = "a builder does nothing until `build` is awaited"]
 pub struct OutboxBuilder {
-    store: Arc<dyn DynStore>,
-    relay: RelayBuilder<Arc<dyn DynStore>>,
+    store: AnyStore,
+    relay: RelayBuilder<AnyStore>,
     registry: Registry,
     urls: Vec<(String, RouteTable)>,
     routes: Vec<String>,
@@ -53,13 +53,13 @@ pub struct OutboxBuilder {
 impl Outbox {
     /// Starts building an outbox over `store` (a `PgOutbox`, a `MemoryStore`, …).
     pub fn builder(store: impl DynStore) -> OutboxBuilder {
-        Self::builder_dyn(Arc::new(store))
+        Self::builder_any(AnyStore::new(store))
     }
 
     /// Like [`builder`](Self::builder), for a store chosen at run time.
-    pub fn builder_dyn(store: Arc<dyn DynStore>) -> OutboxBuilder {
+    pub fn builder_any(store: AnyStore) -> OutboxBuilder {
         OutboxBuilder {
-            relay: Relay::builder(Arc::clone(&store)),
+            relay: Relay::builder(store.clone()),
             store,
             registry: Registry::default(),
             urls: Vec::new(),
@@ -87,7 +87,7 @@ impl Outbox {
     /// [`Error`] naming the store, the route or the setting that is wrong.
     pub async fn from_config_with(registry: &Registry, config: &Config) -> Result<Self, Error> {
         let store = registry.connect_store(&config.store).await?;
-        let mut builder = Self::builder_dyn(store)
+        let mut builder = Self::builder_any(store)
             .registry(registry.clone())
             .wakeups(config.relay.wakeups.unwrap_or(true))
             .relay(|relay| relay.settings(&config.relay).retry(config.retry.policy()));
@@ -98,7 +98,7 @@ impl Outbox {
     }
 
     /// The store.
-    pub fn store(&self) -> &Arc<dyn DynStore> {
+    pub fn store(&self) -> &AnyStore {
         &self.store
     }
 
@@ -126,7 +126,7 @@ impl Outbox {
     /// pending age, dead letters and halted keys per destination). The wakeup listener
     /// lives until it returns.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send) {
-        let gauges = tokio::spawn(store_gauges(Arc::clone(&self.store)));
+        let gauges = tokio::spawn(store_gauges(self.store.clone()));
         self.relay.run(shutdown).await;
         gauges.abort();
         drop(self.listener);
@@ -165,7 +165,7 @@ impl OutboxBuilder {
     /// Adjusts the relay: batch size, workers, lease, retry policy, ordering, …
     pub fn relay(
         mut self,
-        adjust: impl FnOnce(RelayBuilder<Arc<dyn DynStore>>) -> RelayBuilder<Arc<dyn DynStore>>,
+        adjust: impl FnOnce(RelayBuilder<AnyStore>) -> RelayBuilder<AnyStore>,
     ) -> Self {
         self.relay = adjust(self.relay);
         self
@@ -196,7 +196,7 @@ impl OutboxBuilder {
             relay = relay.route_dyn(destination.clone(), sink);
             routes.push(destination);
         }
-        let listener = if wakeups { store.listen_dyn().await? } else { None };
+        let listener = if wakeups { store.listen().await? } else { None };
         if let Some(listener) = &listener {
             relay = relay.wakeup(listener.wakeup());
         }
@@ -211,7 +211,7 @@ impl OutboxBuilder {
 }
 
 /// Every 10 s: backlog, oldest pending age, dead letters and halted keys per destination.
-async fn store_gauges(store: Arc<dyn DynStore>) {
+async fn store_gauges(store: AnyStore) {
     loop {
         if let Ok(stats) = store.stats().await {
             let now = chrono::Utc::now();

@@ -2,8 +2,8 @@
 
 use std::sync::Arc;
 
-use outbox_core::registry::{SinkDriver, StoreDriver, scheme};
-use outbox_core::{DynSink, DynStore, StoreSettings, redact};
+pub use outbox_core::registry::{BuildError, RouteSettings, SinkDriver, StoreDriver, scheme};
+use outbox_core::{AnyStore, DynSink, StoreSettings, redact};
 
 use crate::Error;
 use crate::config::RouteTable;
@@ -100,7 +100,7 @@ impl Registry {
     /// [`Error::FeatureDisabled`] or [`Error::UnsupportedScheme`] for a scheme no driver
     /// handles; [`Error::Build`] when the driver fails (retryable if the server was not
     /// reachable).
-    pub async fn connect_store(&self, settings: &StoreSettings) -> Result<Arc<dyn DynStore>, Error> {
+    pub async fn connect_store(&self, settings: &StoreSettings) -> Result<AnyStore, Error> {
         let Some(driver) = self.stores.iter().find(|d| d.handles(&settings.url)) else {
             let known = self.stores.iter().flat_map(|d| d.schemes.iter().copied());
             return Err(unknown("store", &settings.url, known));

@@ -6,7 +6,7 @@ use common::{Recorded, SECRET, TestServer};
 use outbox_core::Headers;
 use outbox_core::testkit::{Delivered, SinkHarness, sink_suite};
 use outbox_core::webhooks::{Secret, Verifier};
-use outbox_sink_http::{EndpointConfig, HttpSink, headers};
+use outbox_sink_http::{HttpSink, headers};
 
 struct HttpHarness {
     server: TestServer,
@@ -17,10 +17,7 @@ struct HttpHarness {
 impl HttpHarness {
     async fn new() -> Self {
         let server = TestServer::start().await;
-        let sink = common::sink_to(
-            "suite",
-            EndpointConfig::new(server.url("/hooks")).secret(SECRET),
-        );
+        let sink = common::sink(common::config(server.url("/hooks")).secret(SECRET));
         Self {
             server,
             sink,
@@ -91,10 +88,10 @@ async fn http_sink_passes_the_sink_suite() {
 async fn content_type_and_method_reach_the_server() {
     let h = HttpHarness::new().await;
     let batch = sink_suite::messages("suite", 1);
-    use outbox_core::Sink;
+    use outbox_core::{PublishContext, Sink};
     assert!(
         h.sink
-            .publish(&batch, &outbox_core::PublishContext::default())
+            .publish(&batch, &PublishContext::default())
             .await
             .unwrap()[0]
             .is_published()

@@ -17,9 +17,11 @@ use axum::extract::{FromRef, State};
 use axum::http::StatusCode;
 use axum::routing::post;
 use common::SECRET;
-use outbox_core::{ClaimRequest, NewMessage, Relay, RetryPolicy, Sink, Store, StoreStats};
+use outbox_core::{
+    ClaimRequest, NewMessage, PublishContext, Relay, RetryPolicy, Sink, Store, StoreStats,
+};
+use outbox_sink_http::HttpSink;
 use outbox_sink_http::receiver::{WebhookReceiver, WebhookRequest};
-use outbox_sink_http::{EndpointConfig, HttpSink};
 use outbox_sqlx::TableNames;
 use outbox_sqlx::postgres::{PgInbox, PgOutbox};
 use sqlx::PgPool;
@@ -179,10 +181,8 @@ async fn exactly_one_side_effect_per_committed_message_despite_redeliveries() {
         duplicates: Arc::default(),
     };
     let addr = start_billing(app.clone()).await;
-    let sink: HttpSink = common::sink_to(
-        DESTINATION,
-        EndpointConfig::new(format!("http://{addr}/hooks/invoice")).secret(SECRET),
-    );
+    let sink: HttpSink =
+        common::sink(common::config(format!("http://{addr}/hooks/invoice")).secret(SECRET));
 
     // 20 messages commit; 5 roll back and must never be delivered.
     let committed: Vec<NewMessage> = (0..20).map(invoice).collect();
@@ -197,8 +197,8 @@ async fn exactly_one_side_effect_per_committed_message_despite_redeliveries() {
             .map(|m| m.idempotency_key().to_owned()),
     );
 
-    let relay = sink
-        .register(Relay::builder(outbox.clone()))
+    let relay = Relay::builder(outbox.clone())
+        .route(DESTINATION, sink.clone())
         .batch_size(7)
         .retry(
             RetryPolicy::default()
@@ -235,7 +235,7 @@ async fn exactly_one_side_effect_per_committed_message_despite_redeliveries() {
         .unwrap();
     assert_eq!(claim.messages.len(), 5);
     let outcomes = sink
-        .publish(&claim.messages, &outbox_core::PublishContext::default())
+        .publish(&claim.messages, &PublishContext::default())
         .await
         .unwrap();
     assert!(outcomes.iter().all(|o| o.is_published()));

@@ -9,13 +9,12 @@
 mod common;
 
 use common::{Canary, TestServer, message};
-use outbox_core::Sink;
-use outbox_sink_http::EndpointConfig;
+use outbox_core::{PublishContext, Sink};
 
 async fn child(url: String) {
-    let sink = common::sink_to("t", EndpointConfig::new(url));
+    let sink = common::sink(common::config(url));
     assert!(
-        sink.publish(&[message("t", 1)], &outbox_core::PublishContext::default())
+        sink.publish(&[message("t", 1)], &PublishContext::default())
             .await
             .unwrap()[0]
             .is_published()

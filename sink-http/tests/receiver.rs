@@ -13,9 +13,9 @@ use axum::extract::{FromRef, State};
 use axum::http::StatusCode;
 use axum::routing::post;
 use common::{OLD_SECRET, SECRET, message};
-use outbox_core::{FailureClass, NewMessage, Outcome, Sink, StoreError};
+use outbox_core::{FailureClass, NewMessage, Outcome, PublishContext, Sink, StoreError};
 use outbox_sink_http::receiver::{Inbox, ReceiveError, WebhookReceiver, WebhookRequest};
-use outbox_sink_http::{EndpointConfig, HttpSink};
+use outbox_sink_http::{HttpSink, HttpSinkConfig};
 use tokio::net::TcpListener;
 
 /// An in-memory inbox; the "connection" is unused.
@@ -81,11 +81,8 @@ async fn start(receiver: WebhookReceiver) -> (SocketAddr, App) {
     (addr, app)
 }
 
-fn sink(addr: SocketAddr, endpoint: impl Fn(EndpointConfig) -> EndpointConfig) -> HttpSink {
-    common::sink_to(
-        "hook",
-        endpoint(EndpointConfig::new(format!("http://{addr}/hook"))),
-    )
+fn sink(addr: SocketAddr, route: impl Fn(HttpSinkConfig) -> HttpSinkConfig) -> HttpSink {
+    common::sink(route(common::config(format!("http://{addr}/hook"))))
 }
 
 fn failure(outcome: &Outcome) -> &outbox_core::Failure {
@@ -106,10 +103,7 @@ async fn verified_deliveries_run_once_and_duplicates_are_acknowledged() {
     let m = message("hook", 1);
     for _ in 0..3 {
         let outcomes = sink
-            .publish(
-                std::slice::from_ref(&m),
-                &outbox_core::PublishContext::default(),
-            )
+            .publish(std::slice::from_ref(&m), &PublishContext::default())
             .await
             .unwrap();
         assert_eq!(outcomes, [Outcome::published_with("HTTP 204")]);
@@ -129,10 +123,7 @@ async fn bad_signatures_are_refused_and_dead_letter_at_the_sender() {
     let wrong = sink(addr, |e| e.secret(OLD_SECRET));
     let f = failure(
         &wrong
-            .publish(
-                &[message("hook", 1)],
-                &outbox_core::PublishContext::default(),
-            )
+            .publish(&[message("hook", 1)], &PublishContext::default())
             .await
             .unwrap()[0],
     )
@@ -148,10 +139,7 @@ async fn bad_signatures_are_refused_and_dead_letter_at_the_sender() {
     let unsigned = sink(addr, |e| e);
     let f = failure(
         &unsigned
-            .publish(
-                &[message("hook", 2)],
-                &outbox_core::PublishContext::default(),
-            )
+            .publish(&[message("hook", 2)], &PublishContext::default())
             .await
             .unwrap()[0],
     )
@@ -182,7 +170,7 @@ async fn oversized_bodies_are_refused_as_too_large() {
         .unwrap()
         .into_message(chrono::Utc::now());
     let outcomes = sink
-        .publish(&[big, fits], &outbox_core::PublishContext::default())
+        .publish(&[big, fits], &PublishContext::default())
         .await
         .unwrap();
     let f = failure(&outcomes[0]);

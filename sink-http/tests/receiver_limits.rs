@@ -11,8 +11,7 @@ use axum::http::StatusCode;
 use axum::routing::post;
 use common::SECRET;
 use outbox_core::webhooks::{Secret, SecretError, Verifier, VerifyError, signature_header};
-use outbox_core::{FailureClass, Outcome, Sink};
-use outbox_sink_http::EndpointConfig;
+use outbox_core::{FailureClass, Outcome, PublishContext, Sink};
 use outbox_sink_http::receiver::{WebhookReceiver, WebhookRequest};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -99,13 +98,11 @@ fn a_receiver_needs_a_secret_of_a_safe_length() {
         SecretError::TooShort
     );
     assert!(Secret::from_bytes(&[7; 16]).is_ok());
-    let route = outbox_sink_http::HttpSinkConfig::new()
-        .route(
-            "t",
-            EndpointConfig::new("https://example.com/hook").secret("whsec_AA=="),
-        )
+    let route = outbox_sink_http::HttpSinkConfig::new("https://example.com/hook")
+        .secret("whsec_AA==")
         .build()
         .expect_err("a short route secret is refused at build");
+    assert_eq!(route.setting(), "secrets", "{route}");
     assert!(route.to_string().contains("too short"), "{route}");
 }
 
@@ -150,11 +147,11 @@ fn ids_with_a_dot_are_refused_by_the_verifier() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sink_does_not_sign_an_idempotency_key_with_a_dot() {
     let server = common::TestServer::start().await;
-    let sink = common::sink_to("t", EndpointConfig::new(server.url("/hook")).secret(SECRET));
+    let sink = common::sink(common::config(server.url("/hook")).secret(SECRET));
     let mut message = common::message("t", 1);
     message.idempotency_key = "order.42.paid".into();
     let outcomes = sink
-        .publish(&[message], &outbox_core::PublishContext::default())
+        .publish(&[message], &PublishContext::default())
         .await
         .unwrap();
     match &outcomes[0] {

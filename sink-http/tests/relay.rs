@@ -1,16 +1,18 @@
-//! The sink under the relay (with the in-memory store): dead letters, retries and
-//! fan-out, message by message.
+//! The sink under the relay (with the in-memory store): dead letters, retries, fan-out,
+//! and the circuit breaker layer around the sink, message by message.
 
 mod common;
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::Utc;
 use common::{Reply, TestServer};
+use outbox_core::layers::{CircuitConfig, CircuitState, SinkExt};
 use outbox_core::state::RowState;
 use outbox_core::{MemoryStore, MessageId, NewMessage, Relay, RetryPolicy, Status};
-use outbox_sink_http::{CircuitConfig, EndpointConfig, fan_out, headers};
+use outbox_sink_http::{fan_out, headers};
 
 fn body_text(r: &common::Recorded) -> String {
     String::from_utf8(r.body.to_vec()).unwrap()
@@ -28,7 +30,7 @@ async fn a_permanent_4xx_dead_letters_its_message_while_the_others_flow() {
         }
     })
     .await;
-    let sink = common::sink_to("whatsapp", EndpointConfig::new(server.url("/v1/messages")));
+    let sink = common::sink(common::config(server.url("/v1/messages")));
     let store = MemoryStore::new();
     let mut bad = Vec::new();
     for n in 0..30 {
@@ -49,8 +51,8 @@ async fn a_permanent_4xx_dead_letters_its_message_while_the_others_flow() {
             bad.push(id);
         }
     }
-    let relay = sink
-        .register(Relay::builder(store.clone()))
+    let relay = Relay::builder(store.clone())
+        .route("whatsapp", sink)
         .batch_size(8)
         .build()
         .unwrap();
@@ -95,17 +97,6 @@ async fn retryable_answers_are_retried_and_retry_after_reaches_the_row() {
         _ => Reply::ok(),
     })
     .await;
-    let sink = common::config()
-        .route(
-            "throttled",
-            EndpointConfig::new(server.url("/throttled")).circuit(CircuitConfig::disabled()),
-        )
-        .route(
-            "flaky",
-            EndpointConfig::new(server.url("/flaky")).circuit(CircuitConfig::disabled()),
-        )
-        .build()
-        .unwrap();
     let store = MemoryStore::new();
     let throttled = store
         .enqueue(NewMessage::builder("throttled", "e").build().unwrap())
@@ -113,8 +104,13 @@ async fn retryable_answers_are_retried_and_retry_after_reaches_the_row() {
     let flaky = store
         .enqueue(NewMessage::builder("flaky", "e").build().unwrap())
         .unwrap();
-    let relay = sink
-        .register(Relay::builder(store.clone()))
+    // One sink per route, no circuit breaker: every attempt reaches the server.
+    let relay = Relay::builder(store.clone())
+        .route(
+            "throttled",
+            common::sink(common::config(server.url("/throttled"))),
+        )
+        .route("flaky", common::sink(common::config(server.url("/flaky"))))
         .retry(
             RetryPolicy::default()
                 .initial_delay(Duration::from_millis(50))
@@ -176,18 +172,6 @@ async fn fan_out_rows_are_delivered_and_tracked_on_their_own() {
     })
     .await;
     let subscribers = ["hooks/acme", "hooks/globex", "hooks/down"];
-    let sink = common::config()
-        .route(
-            "hooks/acme",
-            EndpointConfig::new(server.url("/acme")).secret(common::SECRET),
-        )
-        .route(
-            "hooks/globex",
-            EndpointConfig::new(server.url("/globex")).secret(common::OLD_SECRET),
-        )
-        .route("hooks/down", EndpointConfig::new(server.url("/down")))
-        .build()
-        .unwrap();
     let rows = fan_out(subscribers, "invoice.paid", |m| {
         m.json(&serde_json::json!({ "invoice": 42 }))
             .tenant_id("t-9")
@@ -197,8 +181,20 @@ async fn fan_out_rows_are_delivered_and_tracked_on_their_own() {
     let ids: Vec<MessageId> = rows.iter().map(NewMessage::id).collect();
     let store = MemoryStore::new();
     store.enqueue_all(rows).unwrap();
-    let relay = sink
-        .register(Relay::builder(store.clone()))
+    // One sink per subscriber endpoint, each with its own secret (or none).
+    let relay = Relay::builder(store.clone())
+        .route(
+            "hooks/acme",
+            common::sink(common::config(server.url("/acme")).secret(common::SECRET)),
+        )
+        .route(
+            "hooks/globex",
+            common::sink(common::config(server.url("/globex")).secret(common::OLD_SECRET)),
+        )
+        .route(
+            "hooks/down",
+            common::sink(common::config(server.url("/down"))),
+        )
         .build()
         .unwrap();
     // One batch: with `drain`, a short jittered backoff could bring the failed row back.
@@ -236,4 +232,183 @@ async fn fan_out_rows_are_delivered_and_tracked_on_their_own() {
             .header(headers::WEBHOOK_SIGNATURE)
             .is_none()
     );
+}
+
+/// Each row's attempts and last error, keyed by its id.
+fn rows(store: &MemoryStore, ids: &[MessageId]) -> Vec<(u32, String)> {
+    ids.iter()
+        .map(|id| {
+            let row = store.row(*id).unwrap().row;
+            assert_eq!(row.status(), Status::Pending, "{row:?}");
+            (row.attempts, row.last_error.unwrap_or_default())
+        })
+        .collect()
+}
+
+/// Waits until every row of `ids` can be claimed again.
+async fn wait_until_due(store: &MemoryStore, ids: &[MessageId]) {
+    outbox_test_support::wait_until("every row due again", Duration::from_secs(10), || async {
+        ids.iter().all(|id| {
+            matches!(store.row(*id).unwrap().row.state,
+                RowState::Pending { available_at } if available_at <= Utc::now())
+        })
+    })
+    .await;
+}
+
+fn enqueue(store: &MemoryStore, destination: &str, n: usize) -> Vec<MessageId> {
+    (0..n)
+        .map(|i| {
+            store
+                .enqueue(
+                    NewMessage::builder(destination, "e")
+                        .json(&serde_json::json!({ "n": i }))
+                        .build()
+                        .unwrap(),
+                )
+                .unwrap()
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_503_storm_opens_the_circuit_and_the_rest_wait_without_using_attempts() {
+    let server = TestServer::with(|_, _| Reply::status(503)).await;
+    // One request at a time, so the breaker's stop is seen by every message after the
+    // third failure.
+    let sink = Arc::new(
+        common::sink(common::config(server.url("/")).max_in_flight(1)).circuit_breaker(
+            CircuitConfig::default()
+                .failures(3)
+                .cool_down(Duration::from_secs(60)),
+        ),
+    );
+    let store = MemoryStore::new();
+    let ids = enqueue(&store, "api", 12);
+    let relay = Relay::builder(store.clone())
+        .route("api", Arc::clone(&sink))
+        .batch_size(12)
+        .retry(
+            RetryPolicy::default()
+                .initial_delay(Duration::from_millis(10))
+                .max_delay(Duration::from_millis(10)),
+        )
+        .build()
+        .unwrap();
+
+    let report = relay.run_once().await.unwrap();
+    assert_eq!((report.claimed, report.retried), (12, 12), "{report:?}");
+    // The breaker wraps the whole publish call: the third 503 opens it and stops the
+    // call, and the sink sends none of the rest of the batch.
+    assert_eq!(server.count(), 3, "requests after the circuit opened");
+    let health = sink.health();
+    assert_eq!(
+        (health.circuit, health.consecutive_failures),
+        (CircuitState::Open, 3)
+    );
+    let after_first = rows(&store, &ids);
+    let sent: Vec<_> = after_first
+        .iter()
+        .filter(|(_, e)| e.contains("HTTP 503"))
+        .collect();
+    assert_eq!(sent.len(), 3, "{after_first:?}");
+    assert!(sent.iter().all(|(attempts, _)| *attempts == 1), "{sent:?}");
+    for (attempts, error) in after_first.iter().filter(|(_, e)| !e.contains("HTTP 503")) {
+        assert_eq!(
+            *attempts, 0,
+            "a message never sent used no attempt: {error}"
+        );
+        assert!(
+            error.contains("not sent: the circuit breaker opened"),
+            "{error}"
+        );
+    }
+
+    // Back again after their short backoff, the open circuit refuses them all without a
+    // request, and asks for the rest of the cool-down.
+    wait_until_due(&store, &ids).await;
+    let before = Utc::now();
+    let report = relay.run_once().await.unwrap();
+    assert_eq!((report.claimed, report.retried), (12, 12), "{report:?}");
+    assert_eq!(server.count(), 3, "an open circuit sends nothing");
+    for ((attempts, error), (first_attempts, _)) in rows(&store, &ids).iter().zip(&after_first) {
+        assert_eq!(attempts, first_attempts, "no attempt used: {error}");
+        assert!(error.contains("circuit breaker is open"), "{error}");
+    }
+    for id in &ids {
+        let RowState::Pending { available_at } = store.row(*id).unwrap().row.state else {
+            unreachable!()
+        };
+        assert!(
+            available_at >= before + chrono::Duration::seconds(50),
+            "waits for the cool-down: {available_at} vs {before}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_429_with_retry_after_pauses_the_route() {
+    let server = TestServer::with(|_, _| Reply::status(429).header("retry-after", "30")).await;
+    let sink = common::sink(common::config(server.url("/")).max_in_flight(1))
+        .circuit_breaker(CircuitConfig::default());
+    let sink = Arc::new(sink);
+    let store = MemoryStore::new();
+    let ids = enqueue(&store, "api", 5);
+    let relay = Relay::builder(store.clone())
+        .route("api", Arc::clone(&sink))
+        .retry(
+            RetryPolicy::default()
+                .initial_delay(Duration::from_millis(10))
+                .max_delay(Duration::from_millis(10)),
+        )
+        .build()
+        .unwrap();
+    let before = Utc::now();
+    let report = relay.run_once().await.unwrap();
+    assert_eq!((report.claimed, report.retried), (5, 5), "{report:?}");
+    assert_eq!(server.count(), 1, "one 429 stops the rest of the batch");
+    assert!(sink.health().paused_for.is_some());
+    assert_eq!(sink.health().circuit, CircuitState::Closed, "one failure");
+
+    let after_first = rows(&store, &ids);
+    let (throttled, rest): (Vec<_>, Vec<_>) = ids
+        .iter()
+        .zip(&after_first)
+        .partition(|(_, (_, e))| e.contains("HTTP 429"));
+    assert_eq!(throttled.len(), 1, "{after_first:?}");
+    let RowState::Pending { available_at } = store.row(*throttled[0].0).unwrap().row.state else {
+        unreachable!()
+    };
+    assert!(
+        available_at >= before + chrono::Duration::seconds(29),
+        "the throttled message waits for Retry-After"
+    );
+    // The breaker stopped the call: the rest were not sent and used no attempt. (They
+    // carry no retry-after of their own, so they come back after the relay's backoff and
+    // meet the pause below.)
+    for (_, (attempts, error)) in &rest {
+        assert_eq!(*attempts, 0, "{error}");
+        assert!(
+            error.contains("not sent: the receiver asked to wait"),
+            "{error}"
+        );
+    }
+
+    // Claimed again within the pause: refused without a request, asked to wait it out.
+    let rest: Vec<MessageId> = rest.iter().map(|(id, _)| **id).collect();
+    wait_until_due(&store, &rest).await;
+    let report = relay.run_once().await.unwrap();
+    assert_eq!((report.claimed, report.retried), (4, 4), "{report:?}");
+    assert_eq!(server.count(), 1, "nothing is sent during the pause");
+    for id in &rest {
+        let row = store.row(*id).unwrap().row;
+        assert_eq!(row.attempts, 0, "{row:?}");
+        let RowState::Pending { available_at } = row.state else {
+            unreachable!()
+        };
+        assert!(
+            available_at >= before + chrono::Duration::seconds(25),
+            "waits for the pause: {available_at} vs {before}"
+        );
+    }
 }

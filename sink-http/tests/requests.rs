@@ -5,10 +5,14 @@ mod common;
 use std::time::Duration;
 
 use chrono::Utc;
+use common::config;
 use common::{Canary, OLD_SECRET, Reply, SECRET, TestServer, message};
+use outbox_core::layers::{CircuitConfig, SinkExt};
 use outbox_core::webhooks::{Secret, Verifier};
-use outbox_core::{Failure, FailureClass, Message, MessageId, NewMessage, Outcome, Sink};
-use outbox_sink_http::{CircuitConfig, EndpointConfig, HttpSinkConfig, headers};
+use outbox_core::{
+    Failure, FailureClass, Message, MessageId, NewMessage, Outcome, PublishContext, Sink,
+};
+use outbox_sink_http::{HttpSinkConfig, headers};
 use tokio::time::Instant;
 
 fn failure(outcome: &Outcome) -> &Failure {
@@ -18,17 +22,11 @@ fn failure(outcome: &Outcome) -> &Failure {
     }
 }
 
-/// An endpoint whose circuit never opens, so every request reaches the server.
-fn endpoint(url: String) -> EndpointConfig {
-    EndpointConfig::new(url).circuit(CircuitConfig::disabled())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_request_carries_identity_signatures_and_route_headers() {
     let server = TestServer::start().await;
-    let sink = common::sink_to(
-        "orders",
-        endpoint(server.url("/hooks?tenant=1"))
+    let sink = common::sink(
+        config(server.url("/hooks?tenant=1"))
             .method("put")
             .secret(SECRET)
             .secret(OLD_SECRET)
@@ -51,10 +49,7 @@ async fn every_request_carries_identity_signatures_and_route_headers() {
         .into_message(Utc::now());
     m.attempts = 3;
     let outcomes = sink
-        .publish(
-            std::slice::from_ref(&m),
-            &outbox_core::PublishContext::default(),
-        )
+        .publish(std::slice::from_ref(&m), &PublishContext::default())
         .await
         .unwrap();
     assert_eq!(outcomes, [Outcome::published_with("HTTP 200")]);
@@ -116,13 +111,10 @@ async fn every_request_carries_identity_signatures_and_route_headers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unsigned_routes_send_no_webhook_headers() {
     let server = TestServer::start().await;
-    let sink = common::sink_to("plain", endpoint(server.url("/")));
-    sink.publish(
-        &[message("plain", 1)],
-        &outbox_core::PublishContext::default(),
-    )
-    .await
-    .unwrap();
+    let sink = common::sink(config(server.url("/")));
+    sink.publish(&[message("plain", 1)], &PublishContext::default())
+        .await
+        .unwrap();
     let r = &server.requests()[0];
     for name in [
         headers::WEBHOOK_ID,
@@ -137,7 +129,7 @@ async fn unsigned_routes_send_no_webhook_headers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unsendable_messages_fail_permanently_without_a_request() {
     let server = TestServer::start().await;
-    let sink = common::sink_to("orders", endpoint(server.url("/")));
+    let sink = common::sink(config(server.url("/")));
     let reserved = NewMessage::builder("orders", "e")
         .header("content-length", "5")
         .build()
@@ -154,12 +146,14 @@ async fn unsendable_messages_fail_permanently_without_a_request() {
         1,
         Utc::now(),
     );
-    let unknown = message("nowhere", 1);
+    // Routing is the relay's job: the sink serves one route and sends every message it
+    // is given, whatever its destination (no `UnknownDestination` from the sink).
+    let elsewhere = message("elsewhere", 1);
     let ok = message("orders", 2);
     let outcomes = sink
         .publish(
-            &[reserved, broken_key, unknown, ok],
-            &outbox_core::PublishContext::default(),
+            &[reserved, broken_key, elsewhere, ok],
+            &PublishContext::default(),
         )
         .await
         .unwrap();
@@ -169,13 +163,9 @@ async fn unsendable_messages_fail_permanently_without_a_request() {
     let f = failure(&outcomes[1]);
     assert_eq!((f.class, f.retryable), (FailureClass::Serialization, false));
     assert!(f.message.contains(headers::IDEMPOTENCY_KEY), "{f}");
-    let f = failure(&outcomes[2]);
-    assert_eq!(
-        (f.class, f.retryable),
-        (FailureClass::UnknownDestination, false)
-    );
+    assert!(outcomes[2].is_published(), "{:?}", outcomes[2]);
     assert!(outcomes[3].is_published());
-    assert_eq!(server.count(), 1, "only the good message was sent");
+    assert_eq!(server.count(), 2, "only the sendable messages were sent");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -187,7 +177,7 @@ async fn statuses_are_classified() {
         Reply::status(status).body(format!("answer {status}"))
     })
     .await;
-    let sink = common::sink_to("s", endpoint(server.url("/")));
+    let sink = common::sink(config(server.url("/")));
     let cases: &[(u16, Option<(FailureClass, bool)>)] = &[
         (200, None),
         (201, None),
@@ -218,7 +208,7 @@ async fn statuses_are_classified() {
         })
         .collect();
     let outcomes = sink
-        .publish(&batch, &outbox_core::PublishContext::default())
+        .publish(&batch, &PublishContext::default())
         .await
         .unwrap();
     assert_eq!(outcomes.len(), cases.len());
@@ -246,53 +236,74 @@ async fn statuses_are_classified() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn retry_after_seconds_is_honoured_and_pauses_the_endpoint() {
+async fn retry_after_seconds_is_reported_and_the_circuit_breaker_pauses_the_route() {
     let server = TestServer::with(|_, _| Reply::status(429).header("retry-after", "2")).await;
-    let sink = common::sink_to("api", endpoint(server.url("/")));
-    let first = sink
-        .publish(
-            &[message("api", 1)],
-            &outbox_core::PublishContext::default(),
-        )
+    let cx = PublishContext::default();
+
+    // The sink alone reports the Retry-After and keeps sending: pausing is the circuit
+    // breaker layer's job.
+    let bare = common::sink(config(server.url("/")));
+    let outcomes = bare
+        .publish(&[message("api", 1), message("api", 2)], &cx)
         .await
         .unwrap();
-    let f = failure(&first[0]);
-    assert_eq!((f.class, f.retryable), (FailureClass::RateLimited, true));
-    assert_eq!(f.retry_after, Some(Duration::from_secs(2)));
+    for outcome in &outcomes {
+        let f = failure(outcome);
+        assert_eq!((f.class, f.retryable), (FailureClass::RateLimited, true));
+        assert_eq!(f.retry_after, Some(Duration::from_secs(2)));
+        assert!(!f.deferred, "it was sent: {f}");
+    }
+    assert_eq!(server.count(), 2);
 
-    // The endpoint asked to wait: the next messages are not sent until then.
+    // Behind the breaker, one request at a time: the 429 pauses the route and stops the
+    // call, so the rest of the batch is not sent.
+    let sink = common::sink(config(server.url("/")).max_in_flight(1))
+        .circuit_breaker(CircuitConfig::default());
+    let batch: Vec<Message> = (3..7).map(|n| message("api", n)).collect();
+    let outcomes = sink.publish(&batch, &cx).await.unwrap();
+    let (sent, held): (Vec<&Failure>, Vec<&Failure>) = outcomes
+        .iter()
+        .map(failure)
+        .partition(|f| f.message.starts_with("HTTP 429"));
+    assert_eq!(sent.len(), 1, "{outcomes:?}");
+    assert_eq!(sent[0].retry_after, Some(Duration::from_secs(2)));
+    for f in &held {
+        assert!(f.retryable && f.deferred, "{f}");
+        assert!(
+            f.message
+                .starts_with("not sent: the receiver asked to wait"),
+            "{f}"
+        );
+    }
+    assert_eq!(server.count(), 3);
+
+    // The next call, within the pause: nothing is sent.
     let paused = sink
-        .publish(
-            &[message("api", 2), message("api", 3)],
-            &outbox_core::PublishContext::default(),
-        )
+        .publish(&[message("api", 7), message("api", 8)], &cx)
         .await
         .unwrap();
     for outcome in &paused {
         let f = failure(outcome);
-        assert_eq!((f.class, f.retryable), (FailureClass::RateLimited, true));
-        assert!(f.message.contains("Retry-After"), "{f}");
+        assert_eq!(
+            (f.class, f.retryable, f.deferred),
+            (FailureClass::RateLimited, true, true),
+            "{f}"
+        );
+        assert!(f.message.contains("asked to wait"), "{f}");
         let wait = f.retry_after.unwrap();
         assert!(
             wait > Duration::ZERO && wait <= Duration::from_secs(2),
             "{wait:?}"
         );
     }
-    assert_eq!(server.count(), 1);
-    assert!(sink.health("api").unwrap().paused_for.is_some());
+    assert_eq!(server.count(), 3);
+    assert!(sink.health().paused_for.is_some());
 
     tokio::time::sleep(Duration::from_millis(2100)).await;
     server.set(|_, _| Reply::ok());
-    assert!(
-        sink.publish(
-            &[message("api", 4)],
-            &outbox_core::PublishContext::default()
-        )
-        .await
-        .unwrap()[0]
-            .is_published()
-    );
-    assert_eq!(server.count(), 2);
+    assert_eq!(sink.health().paused_for, None);
+    assert!(sink.publish(&[message("api", 9)], &cx).await.unwrap()[0].is_published());
+    assert_eq!(server.count(), 4);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -300,12 +311,9 @@ async fn retry_after_http_date_is_honoured_and_capped() {
     let date = httpdate::fmt_http_date(std::time::SystemTime::now() + Duration::from_secs(90));
     let server =
         TestServer::with(move |_, _| Reply::status(503).header("retry-after", &date)).await;
-    let sink = common::sink_to("api", endpoint(server.url("/")));
+    let sink = common::sink(config(server.url("/")));
     let outcomes = sink
-        .publish(
-            &[message("api", 1)],
-            &outbox_core::PublishContext::default(),
-        )
+        .publish(&[message("api", 1)], &PublishContext::default())
         .await
         .unwrap();
     let wait = failure(&outcomes[0]).retry_after.unwrap();
@@ -314,16 +322,9 @@ async fn retry_after_http_date_is_honoured_and_capped() {
         "{wait:?}"
     );
 
-    let capped = common::config()
-        .max_retry_after(Duration::from_secs(30))
-        .route("api", endpoint(server.url("/")))
-        .build()
-        .unwrap();
+    let capped = common::sink(config(server.url("/")).max_retry_after(Duration::from_secs(30)));
     let outcomes = capped
-        .publish(
-            &[message("api", 2)],
-            &outbox_core::PublishContext::default(),
-        )
+        .publish(&[message("api", 2)], &PublishContext::default())
         .await
         .unwrap();
     assert_eq!(
@@ -331,14 +332,14 @@ async fn retry_after_http_date_is_honoured_and_capped() {
         Some(Duration::from_secs(30))
     );
 
-    // A date in the past means "now": no wait, no pause.
+    // A date in the past means "now": no wait, and no pause behind a breaker.
     let past = httpdate::fmt_http_date(std::time::SystemTime::now() - Duration::from_secs(60));
     server.set(move |_, _| Reply::status(503).header("retry-after", &past));
-    let fresh = common::sink_to("api", endpoint(server.url("/")));
+    let fresh = common::sink(config(server.url("/"))).circuit_breaker(CircuitConfig::default());
     let outcomes = fresh
         .publish(
             &[message("api", 3), message("api", 4)],
-            &outbox_core::PublishContext::default(),
+            &PublishContext::default(),
         )
         .await
         .unwrap();
@@ -347,6 +348,17 @@ async fn retry_after_http_date_is_honoured_and_capped() {
         assert_eq!(f.retry_after, Some(Duration::ZERO));
         assert!(f.message.starts_with("HTTP 503"), "both were sent: {f}");
     }
+    assert_eq!(fresh.health().paused_for, None);
+    assert!(
+        fresh
+            .publish(&[message("api", 5)], &PublishContext::default())
+            .await
+            .unwrap()
+            .iter()
+            .all(|o| failure(o).message.starts_with("HTTP 503")),
+        "the next call is sent too"
+    );
+    assert_eq!(server.count(), 5);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -364,25 +376,21 @@ async fn a_redirect_to_loopback_is_not_followed() {
         Reply::status(status).header("location", &target)
     })
     .await;
-    let sink = common::config()
-        .route("found", endpoint(server.url("/found")))
-        .route("moved", endpoint(server.url("/moved")))
-        .route("temp", endpoint(server.url("/temp")))
-        .build()
-        .unwrap();
-    let outcomes = sink
-        .publish(
-            &[message("found", 1), message("moved", 2), message("temp", 3)],
-            &outbox_core::PublishContext::default(),
-        )
-        .await
-        .unwrap();
-    for (outcome, (code, retryable)) in
-        outcomes
-            .iter()
-            .zip([(302, true), (301, false), (307, true)])
+    // One route (one sink) per path.
+    for (n, (path, code, retryable)) in [
+        ("/found", 302, true),
+        ("/moved", 301, false),
+        ("/temp", 307, true),
+    ]
+    .into_iter()
+    .enumerate()
     {
-        let f = failure(outcome);
+        let sink = common::sink(config(server.url(path)));
+        let outcomes = sink
+            .publish(&[message("r", n as u64)], &PublishContext::default())
+            .await
+            .unwrap();
+        let f = failure(&outcomes[0]);
         assert!(f.message.starts_with(&format!("HTTP {code}")), "{f}");
         assert!(f.message.contains("not followed"), "{f}");
         assert!(
@@ -408,12 +416,11 @@ async fn response_bodies_are_read_with_a_cap() {
         Reply::status(status).body(huge.clone())
     })
     .await;
-    let sink = common::config()
-        .max_response_body(4096)
-        .max_error_body(100)
-        .route("big", endpoint(server.url("/")))
-        .build()
-        .unwrap();
+    let sink = common::sink(
+        config(server.url("/"))
+            .max_response_body(4096)
+            .max_error_body(100),
+    );
     let bad = message("big", 1);
     let good = NewMessage::builder("big", "e")
         .json("ok")
@@ -422,7 +429,7 @@ async fn response_bodies_are_read_with_a_cap() {
         .into_message(Utc::now());
     let started = Instant::now();
     let outcomes = sink
-        .publish(&[bad, good], &outbox_core::PublishContext::default())
+        .publish(&[bad, good], &PublishContext::default())
         .await
         .unwrap();
     let f = failure(&outcomes[0]);
@@ -439,20 +446,15 @@ async fn response_bodies_are_read_with_a_cap() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_endpoints_time_out_retryably() {
     let server = TestServer::with(|_, _| Reply::ok().delay(Duration::from_secs(3))).await;
-    let sink = common::sink_to(
-        "slow",
-        endpoint(server.url("/")).timeout(Duration::from_millis(300)),
-    );
+    let sink = common::sink(config(server.url("/")).request_timeout(Duration::from_millis(300)));
     let started = Instant::now();
     let outcomes = sink
-        .publish(
-            &[message("slow", 1)],
-            &outbox_core::PublishContext::default(),
-        )
+        .publish(&[message("slow", 1)], &PublishContext::default())
         .await
         .unwrap();
     let f = failure(&outcomes[0]);
     assert_eq!((f.class, f.retryable), (FailureClass::Timeout, true), "{f}");
+    assert!(f.message.starts_with("request timed out"), "{f}");
     assert!(started.elapsed() < Duration::from_secs(10));
 }
 
@@ -467,15 +469,15 @@ async fn the_publish_deadline_bounds_a_batch() {
         }
     })
     .await;
-    let sink = common::config()
-        .publish_deadline(Duration::from_millis(1500))
-        .route("slow", endpoint(server.url("/")).concurrency(1))
-        .build()
-        .unwrap();
+    let sink = common::sink(config(server.url("/")).max_in_flight(1));
     let batch: Vec<Message> = (0..5).map(|n| message("slow", n)).collect();
     let started = Instant::now();
+    // The deadline is the context's (the relay's publish timeout).
     let outcomes = sink
-        .publish(&batch, &outbox_core::PublishContext::default())
+        .publish(
+            &batch,
+            &PublishContext::timeout(Duration::from_millis(1500)),
+        )
         .await
         .unwrap();
     let elapsed = started.elapsed();
@@ -484,11 +486,14 @@ async fn the_publish_deadline_bounds_a_batch() {
     let cut = failure(&outcomes[1]);
     assert_eq!((cut.class, cut.retryable), (FailureClass::Timeout, true));
     assert!(cut.message.contains("may have been delivered"), "{cut}");
+    assert!(!cut.deferred, "it was sent: {cut}");
     for outcome in &outcomes[2..] {
         let f = failure(outcome);
         assert_eq!((f.class, f.retryable), (FailureClass::Timeout, true));
         assert!(f.message.starts_with("not sent"), "{f}");
+        assert!(f.deferred, "never sent: {f}");
     }
+    assert_eq!(server.count(), 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -497,15 +502,11 @@ async fn connection_errors_are_retryable_and_do_not_leak_the_url() {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         listener.local_addr().unwrap().port()
     };
-    let sink = common::sink_to(
-        "gone",
-        endpoint(format!("http://user:pw@127.0.0.1:{port}/T000/secret-token")),
-    );
+    let sink = common::sink(config(format!(
+        "http://user:pw@127.0.0.1:{port}/T000/secret-token"
+    )));
     let outcomes = sink
-        .publish(
-            &[message("gone", 1)],
-            &outbox_core::PublishContext::default(),
-        )
+        .publish(&[message("gone", 1)], &PublishContext::default())
         .await
         .unwrap();
     let f = failure(&outcomes[0]);
@@ -523,13 +524,10 @@ async fn connection_errors_are_retryable_and_do_not_leak_the_url() {
 async fn url_credentials_are_sent_as_basic_auth() {
     let server = TestServer::start().await;
     let url = format!("http://user:pa%20ss@{}/", server.addr);
-    let sink = common::sink_to("auth", endpoint(url));
-    sink.publish(
-        &[message("auth", 1)],
-        &outbox_core::PublishContext::default(),
-    )
-    .await
-    .unwrap();
+    let sink = common::sink(config(url));
+    sink.publish(&[message("auth", 1)], &PublishContext::default())
+        .await
+        .unwrap();
     // base64("user:pa ss")
     assert_eq!(
         server.requests()[0].header("authorization"),
@@ -538,13 +536,13 @@ async fn url_credentials_are_sent_as_basic_auth() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn concurrency_is_limited_per_endpoint() {
+async fn requests_in_flight_are_limited_per_route() {
     let server = TestServer::with(|_, _| Reply::ok().delay(Duration::from_millis(150))).await;
-    let sink = common::sink_to("c", endpoint(server.url("/")).concurrency(3));
+    let sink = common::sink(config(server.url("/")).max_in_flight(3));
     let batch: Vec<Message> = (0..12).map(|n| message("c", n)).collect();
     let started = Instant::now();
     let outcomes = sink
-        .publish(&batch, &outbox_core::PublishContext::default())
+        .publish(&batch, &PublishContext::default())
         .await
         .unwrap();
     assert!(outcomes.iter().all(Outcome::is_published));
@@ -566,7 +564,7 @@ async fn messages_sharing_a_partition_key_go_in_batch_order() {
         Reply::ok().delay(Duration::from_millis(10 * (8 - n % 8)))
     })
     .await;
-    let sink = common::sink_to("k", endpoint(server.url("/")));
+    let sink = common::sink(config(server.url("/")));
     let batch: Vec<Message> = (0..16)
         .map(|n| {
             NewMessage::builder("k", "e")
@@ -578,7 +576,7 @@ async fn messages_sharing_a_partition_key_go_in_batch_order() {
         })
         .collect();
     assert!(
-        sink.publish(&batch, &outbox_core::PublishContext::default())
+        sink.publish(&batch, &PublishContext::default())
             .await
             .unwrap()
             .iter()
@@ -602,183 +600,126 @@ async fn messages_sharing_a_partition_key_go_in_batch_order() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn config_files_deserialize_and_build() {
+async fn a_route_config_deserializes_and_builds() {
     let server = TestServer::start().await;
+    // One route's table, as in `[routes.orders]` of a config file.
     let json = serde_json::json!({
-        "publish_deadline": "8s",
-        "ssrf": { "allow": ["127.0.0.1/32"] },
-        "routes": {
-            "orders": {
-                "url": server.url("/o"),
-                "secrets": [SECRET],
-                "timeout": "1500ms",
-                "concurrency": 2,
-                "rate_limit": { "per_second": 100.0, "burst": 5, "max_wait": "1s" },
-                "circuit": { "failures": 3, "cool_down": "10s" },
-                "headers": { "authorization": "Bearer t" }
-            }
-        }
+        "url": server.url("/o"),
+        "secrets": [SECRET],
+        "request_timeout": "1500ms",
+        "max_in_flight": 2,
+        "allow": ["127.0.0.1/32"],
+        "headers": { "authorization": "Bearer t" }
     });
     let config: HttpSinkConfig = serde_json::from_value(json).unwrap();
-    assert_eq!(config.publish_deadline, Duration::from_secs(8));
-    assert_eq!(config.routes["orders"].timeout, Duration::from_millis(1500));
+    assert_eq!(config.request_timeout, Duration::from_millis(1500));
+    assert_eq!(config.max_in_flight, 2);
+    assert_eq!(config.method, "POST", "defaults fill the rest");
     let sink = config.build().unwrap();
     assert!(
-        sink.publish(
-            &[message("orders", 1)],
-            &outbox_core::PublishContext::default()
-        )
-        .await
-        .unwrap()[0]
+        sink.publish(&[message("orders", 1)], &PublishContext::default())
+            .await
+            .unwrap()[0]
             .is_published()
     );
-    assert!(
-        server.requests()[0]
-            .header(headers::WEBHOOK_SIGNATURE)
-            .is_some()
-    );
+    let r = &server.requests()[0];
+    assert!(r.header(headers::WEBHOOK_SIGNATURE).is_some());
+    assert_eq!(r.header("authorization"), Some("Bearer t"));
 
-    let typo =
-        serde_json::json!({ "routes": { "o": { "url": "https://x.example/", "timout": "1s" } } });
-    let err = serde_json::from_value::<HttpSinkConfig>(typo)
-        .err()
-        .unwrap();
-    assert!(err.to_string().contains("timout"), "{err}");
-    let unitless =
-        serde_json::json!({ "routes": { "o": { "url": "https://x.example/", "timeout": "10" } } });
-    let err = serde_json::from_value::<HttpSinkConfig>(unitless)
-        .err()
-        .unwrap();
-    assert!(err.to_string().contains("needs a unit"), "{err}");
+    let route = |extra: serde_json::Value| {
+        let mut table = serde_json::json!({ "url": "https://x.example/" });
+        table
+            .as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        serde_json::from_value::<HttpSinkConfig>(table)
+            .err()
+            .map(|e| e.to_string())
+    };
+    assert_eq!(
+        route(serde_json::json!({})),
+        None,
+        "the URL alone is a route"
+    );
+    // Unknown keys are refused: a typo, the old names, and a whole multi-route table.
+    for (key, value) in [
+        ("request_timout", serde_json::json!("1s")),
+        ("concurrency", serde_json::json!(4)),
+        ("routes", serde_json::json!({})),
+    ] {
+        let err = route(serde_json::Value::Object(
+            [(key.to_owned(), value)].into_iter().collect(),
+        ))
+        .expect(key);
+        assert!(err.contains(&format!("unknown field `{key}`")), "{err}");
+    }
+    // Durations need a unit, and a bad one is not echoed (it may be a misplaced secret).
+    for value in [serde_json::json!("10"), serde_json::json!(10)] {
+        let err = route(serde_json::json!({ "request_timeout": value })).unwrap();
+        assert!(err.contains("needs a unit"), "{err}");
+    }
+    let err = route(serde_json::json!({ "connect_timeout": "whsec_oops" })).unwrap();
+    assert!(err.contains("not a duration"), "{err}");
+    assert!(!err.contains("whsec_oops"), "{err}");
 }
 
 #[test]
-fn invalid_configuration_names_the_route_and_setting() {
-    let base = || EndpointConfig::new("https://hooks.example.com/");
-    let cases: Vec<(HttpSinkConfig, Option<&str>, &str, &str)> = vec![
-        (HttpSinkConfig::new(), None, "routes", "no routes"),
+fn invalid_configuration_names_the_setting() {
+    let base = || HttpSinkConfig::new("https://hooks.example.com/");
+    let mut unset_env = base();
+    unset_env.secrets_env = Some("OUTBOX_TEST_SURELY_UNSET_SECRETS".into());
+    let cases: Vec<(HttpSinkConfig, &str, &str)> = vec![
+        (HttpSinkConfig::new("not a url"), "url", ""),
         (
-            HttpSinkConfig::new().route("r", EndpointConfig::new("not a url")),
-            Some("r"),
-            "url",
-            "",
-        ),
-        (
-            HttpSinkConfig::new().route("r", EndpointConfig::new("ftp://x.example/")),
-            Some("r"),
+            HttpSinkConfig::new("ftp://x.example/"),
             "url",
             "http or https",
         ),
         (
-            HttpSinkConfig::new()
-                .require_https(true)
-                .route("r", EndpointConfig::new("http://x.example/")),
-            Some("r"),
+            HttpSinkConfig::new("http://x.example/").require_https(true),
             "url",
             "https",
         ),
+        (HttpSinkConfig::new("http://10.0.0.1/"), "url", "SSRF"),
+        (base().method("GET"), "method", "GET"),
         (
-            HttpSinkConfig::new().route("r", EndpointConfig::new("http://10.0.0.1/")),
-            Some("r"),
-            "url",
-            "SSRF",
-        ),
-        (
-            HttpSinkConfig::new().route("r", base().method("GET")),
-            Some("r"),
-            "method",
-            "GET",
-        ),
-        (
-            HttpSinkConfig::new().route("r", base().header("content-length", "1")),
-            Some("r"),
+            base().header("content-length", "1"),
             "headers",
             "content-length",
         ),
+        (base().header("bad name", "1"), "headers", "bad name"),
+        (base().header("x-a", "a\nb"), "headers", "x-a"),
+        (base().secret("whsec_???"), "secrets", "secret 1"),
+        (base().secret("nope"), "secrets", "whsec_"),
+        (unset_env, "secrets_env", "OUTBOX_TEST_SURELY_UNSET_SECRETS"),
+        (base().max_in_flight(0), "max_in_flight", "1..=1024"),
+        (base().max_in_flight(1025), "max_in_flight", "1..=1024"),
         (
-            HttpSinkConfig::new().route("r", base().header("bad name", "1")),
-            Some("r"),
-            "headers",
-            "bad name",
-        ),
-        (
-            HttpSinkConfig::new().route("r", base().header("x-a", "a\nb")),
-            Some("r"),
-            "headers",
-            "x-a",
-        ),
-        (
-            HttpSinkConfig::new().route("r", base().secret("whsec_???")),
-            Some("r"),
-            "secrets",
-            "secret 1",
-        ),
-        (
-            HttpSinkConfig::new().route("r", base().secret("nope")),
-            Some("r"),
-            "secrets",
-            "whsec_",
-        ),
-        (
-            HttpSinkConfig::new().route(
-                "r",
-                base().rate_limit(outbox_sink_http::RateLimit::per_second(0.0)),
-            ),
-            Some("r"),
-            "rate_limit",
-            "per_second",
-        ),
-        (
-            HttpSinkConfig::new().route("r", base().concurrency(0)),
-            Some("r"),
-            "concurrency",
-            "1..=1024",
-        ),
-        (
-            HttpSinkConfig::new().route("r", base().timeout(Duration::ZERO)),
-            Some("r"),
-            "timeout",
+            base().request_timeout(Duration::ZERO),
+            "request_timeout",
             "zero",
         ),
         (
-            HttpSinkConfig::new().route("r", base().allow("not a rule!")),
-            Some("r"),
-            "allow",
-            "not a rule!",
-        ),
-        (
-            HttpSinkConfig::new().route(
-                "r",
-                base().circuit(CircuitConfig::default().cool_down(Duration::ZERO)),
-            ),
-            Some("r"),
-            "circuit",
-            "cool_down",
-        ),
-        (
-            HttpSinkConfig::new()
-                .publish_deadline(Duration::ZERO)
-                .route("r", base()),
-            None,
-            "publish_deadline",
+            base().connect_timeout(Duration::ZERO),
+            "connect_timeout",
             "zero",
         ),
+        (base().user_agent("a\nb"), "user_agent", "header value"),
+        (base().allow("not a rule!"), "allow", "not a rule!"),
     ];
-    for (config, route, setting, needle) in cases {
+    for (config, setting, needle) in cases {
         let err = config.build().unwrap_err();
-        assert_eq!((err.route(), err.setting()), (route, setting), "{err}");
+        assert_eq!(err.setting(), setting, "{err}");
+        assert!(!err.is_retryable(), "{err}");
         assert!(
-            err.to_string().contains(needle),
+            err.to_string().contains(needle) && err.reason().contains(needle),
             "{err} should mention {needle}"
         );
     }
-    // An allow entry for the endpoint lets an internal literal through.
+    // An allow entry for the route lets an internal literal through.
     assert!(
-        HttpSinkConfig::new()
-            .route(
-                "r",
-                EndpointConfig::new("http://10.0.0.1/").allow("10.0.0.0/8")
-            )
+        HttpSinkConfig::new("http://10.0.0.1/")
+            .allow("10.0.0.0/8")
             .build()
             .is_ok()
     );
@@ -786,12 +727,10 @@ fn invalid_configuration_names_the_route_and_setting() {
 
 #[test]
 fn debug_output_hides_secrets() {
-    let config = HttpSinkConfig::new().route(
-        "r",
-        EndpointConfig::new("https://u:hunter2@hooks.example.com/T0/B0/XXXXsecret?sig=abc")
+    let config =
+        HttpSinkConfig::new("https://u:hunter2@hooks.example.com/T0/B0/XXXXsecret?sig=abc")
             .secret(SECRET)
-            .header("authorization", "Bearer tok123"),
-    );
+            .header("authorization", "Bearer tok123");
     let sink = config.clone().build().unwrap();
     for shown in [format!("{config:?}"), format!("{sink:?}")] {
         assert!(shown.contains("hooks.example.com"), "{shown}");

@@ -5,8 +5,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use outbox_core::{MemoryStore, NewMessage, Outcome, Relay, Sink, Status};
-use outbox_sink_http::EndpointConfig;
+use outbox_core::{MemoryStore, NewMessage, Outcome, PublishContext, Relay, Sink, Status};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
@@ -45,16 +44,12 @@ async fn trickling_server(head: &'static str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_2xx_whose_body_trickles_is_published_at_once() {
     let url = trickling_server("HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n").await;
-    let sink = common::config()
-        .route("t", EndpointConfig::new(format!("{url}/hook")))
-        .publish_deadline(Duration::from_secs(30))
-        .build()
-        .unwrap();
+    let sink = common::sink(common::config(format!("{url}/hook")));
     let started = Instant::now();
     let outcomes = sink
         .publish(
             &[common::message("t", 1)],
-            &outbox_core::PublishContext::default(),
+            &PublishContext::timeout(Duration::from_secs(30)),
         )
         .await
         .unwrap();
@@ -75,13 +70,10 @@ async fn a_2xx_whose_body_trickles_is_published_at_once() {
 async fn a_5xx_whose_body_trickles_fails_without_waiting_for_the_body() {
     let url =
         trickling_server("HTTP/1.1 503 Service Unavailable\r\ncontent-length: 100\r\n\r\n").await;
-    let sink = common::sink_to("t", EndpointConfig::new(format!("{url}/hook")));
+    let sink = common::sink(common::config(format!("{url}/hook")));
     let started = Instant::now();
     let outcomes = sink
-        .publish(
-            &[common::message("t", 1)],
-            &outbox_core::PublishContext::default(),
-        )
+        .publish(&[common::message("t", 1)], &PublishContext::default())
         .await
         .unwrap();
     let Outcome::Failed(failure) = &outcomes[0] else {
@@ -98,18 +90,15 @@ async fn a_5xx_whose_body_trickles_fails_without_waiting_for_the_body() {
     );
 }
 
-/// Two tenants' endpoints in one batch: the one that never answers holds only its own
-/// message; the other's is marked published while the first is still waiting.
+/// Two tenants' endpoints (one sink each) in one batch: the one that never answers holds
+/// only its own message; the other's is marked published while the first is still
+/// waiting.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_endpoint_does_not_hold_another_endpoints_messages() {
     let silent = trickling_server("").await;
     let fast = common::TestServer::start().await;
-    let sink = common::config()
-        .route("tenant-a", EndpointConfig::new(format!("{silent}/hook")))
-        .route("tenant-b", EndpointConfig::new(fast.url("/hook")))
-        .publish_deadline(Duration::from_secs(20))
-        .build()
-        .unwrap();
+    let tenant_a = common::sink(common::config(format!("{silent}/hook")));
+    let tenant_b = common::sink(common::config(fast.url("/hook")));
     let store = MemoryStore::new();
     let message = |destination: &str| {
         NewMessage::builder(destination, "invoice.paid")
@@ -122,9 +111,10 @@ async fn a_silent_endpoint_does_not_hold_another_endpoints_messages() {
         .map(|_| store.enqueue(message("tenant-b")).unwrap())
         .collect();
     let relay = Relay::builder(store.clone())
-        .route("tenant-a", sink.clone())
-        .route("tenant-b", sink)
+        .route("tenant-a", tenant_a)
+        .route("tenant-b", tenant_b)
         .lease(Duration::from_secs(60))
+        .publish_timeout(Duration::from_secs(20))
         .build()
         .unwrap();
     let batch = tokio::spawn(async move { relay.run_once().await });

@@ -15,9 +15,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{Canary, Reply, TestServer, message};
-use outbox_core::{BoxFuture, FailureClass, Outcome, Sink};
+use outbox_core::layers::{CircuitConfig, CircuitState, SinkExt};
+use outbox_core::{BoxFuture, FailureClass, Outcome, PublishContext, Sink};
+use outbox_sink_http::HttpSinkConfig;
 use outbox_sink_http::ssrf::{Lookup, SsrfPolicy, SystemLookup};
-use outbox_sink_http::{EndpointConfig, HttpSinkConfig};
 
 /// A resolver with fixed answers, counting its calls.
 #[derive(Clone, Default)]
@@ -135,9 +136,11 @@ const ELSEWHERE: &[&str] = &[
     "[100::1]",
 ];
 
-/// Tries to deliver one message to `url` with the default guard; returns the refusal.
-async fn refusal(config: HttpSinkConfig, url: &str) -> String {
-    let sink = match config.route("t", EndpointConfig::new(url)).build() {
+/// Tries to deliver one message with `config` (the default guard unless it says
+/// otherwise); returns the refusal.
+async fn refusal(config: HttpSinkConfig) -> String {
+    let url = config.url.clone();
+    let sink = match config.build() {
         Err(err) => {
             assert_eq!(err.setting(), "url", "{err}");
             assert!(err.reason().contains("SSRF guard refused"), "{url}: {err}");
@@ -146,7 +149,7 @@ async fn refusal(config: HttpSinkConfig, url: &str) -> String {
         Ok(sink) => sink,
     };
     let outcomes = sink
-        .publish(&[message("t", 1)], &outbox_core::PublishContext::default())
+        .publish(&[message("t", 1)], &PublishContext::default())
         .await
         .unwrap();
     match &outcomes[..] {
@@ -188,13 +191,13 @@ async fn blocked_address_forms_never_reach_the_canary() {
             url::Url::parse(&url).is_ok(),
             "{url} must parse for the check to mean anything"
         );
-        refused.push((url.clone(), refusal(HttpSinkConfig::new(), &url).await));
+        refused.push((url.clone(), refusal(HttpSinkConfig::new(&url)).await));
     }
     for (name, _) in fake_names {
         let url = format!("http://{name}:{port}/steal");
         refused.push((
             url.clone(),
-            refusal(HttpSinkConfig::new().lookup(dns.clone()), &url).await,
+            refusal(HttpSinkConfig::new(&url).lookup(dns.clone())).await,
         ));
     }
     // The machine's own name, through the system resolver, when it maps to this machine
@@ -208,7 +211,7 @@ async fn blocked_address_forms_never_reach_the_canary() {
                 && addrs.iter().all(|a| a.is_loopback()) =>
         {
             let url = format!("http://{hostname}:{port}/steal");
-            refused.push((url.clone(), refusal(HttpSinkConfig::new(), &url).await));
+            refused.push((url.clone(), refusal(HttpSinkConfig::new(&url)).await));
         }
         other => eprintln!(
             "note: host name {hostname:?} does not resolve to loopback ({other:?}); not tested"
@@ -216,9 +219,7 @@ async fn blocked_address_forms_never_reach_the_canary() {
     }
     for host in ELSEWHERE {
         let url = format!("http://{host}:{port}/steal");
-        let result = HttpSinkConfig::new()
-            .route("t", EndpointConfig::new(&url))
-            .build();
+        let result = HttpSinkConfig::new(&url).build();
         let err = result
             .err()
             .unwrap_or_else(|| panic!("{url} was accepted (and will not be sent to)"));
@@ -235,16 +236,12 @@ async fn blocked_address_forms_never_reach_the_canary() {
 
     // Control: the same spelling with the guard off does reach the canary, so a zero
     // above means the guard held, not that the canary was deaf.
-    let open = HttpSinkConfig::new()
+    let open = HttpSinkConfig::new(format!("http://2130706433:{port}/"))
         .ssrf(SsrfPolicy::disabled())
-        .route(
-            "t",
-            EndpointConfig::new(format!("http://2130706433:{port}/")),
-        )
         .build()
         .unwrap();
     let _ = open
-        .publish(&[message("t", 1)], &outbox_core::PublishContext::default())
+        .publish(&[message("t", 1)], &PublishContext::default())
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -258,10 +255,10 @@ async fn a_name_is_refused_when_any_of_its_addresses_is_blocked() {
     // 127.0.0.2 is allowed, 127.0.0.1 is not: filtering the answer down to the allowed
     // address would still follow a rebinding attacker's lead, so the name is refused.
     dns.set("mixed.example", &["127.0.0.2", "127.0.0.1"]);
-    let config = HttpSinkConfig::new()
+    let config = HttpSinkConfig::new(format!("http://mixed.example:{}/", canary.port))
         .ssrf(SsrfPolicy::default().allow("127.0.0.2/32").unwrap())
         .lookup(dns.clone());
-    let why = refusal(config, &format!("http://mixed.example:{}/", canary.port)).await;
+    let why = refusal(config).await;
     assert!(why.contains("127.0.0.1 (loopback)"), "{why}");
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(canary.connections(), 0);
@@ -273,19 +270,17 @@ async fn connections_go_to_the_checked_address_and_each_new_one_is_checked_again
     let server = TestServer::with(|_, _| Reply::ok().header("connection", "close")).await;
     let dns = FakeDns::default();
     dns.set("hooks.example", &["127.0.0.1"]);
-    let sink = common::config()
-        .lookup(dns.clone())
-        .route(
-            "t",
-            EndpointConfig::new(format!("http://hooks.example:{}/in", server.addr.port())),
-        )
-        .build()
-        .unwrap();
+    // Behind a circuit breaker, to see what the refusal does to the route's health.
+    let sink = common::sink(
+        common::config(format!("http://hooks.example:{}/in", server.addr.port()))
+            .lookup(dns.clone()),
+    )
+    .circuit_breaker(CircuitConfig::default().failures(1));
 
     // The name exists only in the fake resolver, so arriving at the server proves the
     // connection used the checked answer.
     assert!(
-        sink.publish(&[message("t", 1)], &outbox_core::PublishContext::default())
+        sink.publish(&[message("t", 1)], &PublishContext::default())
             .await
             .unwrap()[0]
             .is_published()
@@ -299,7 +294,7 @@ async fn connections_go_to_the_checked_address_and_each_new_one_is_checked_again
     // The name now "rebinds" to a blocked address: the next connection is refused.
     dns.set("hooks.example", &["127.0.0.9"]);
     let outcomes = sink
-        .publish(&[message("t", 2)], &outbox_core::PublishContext::default())
+        .publish(&[message("t", 2)], &PublishContext::default())
         .await
         .unwrap();
     match &outcomes[..] {
@@ -318,34 +313,35 @@ async fn connections_go_to_the_checked_address_and_each_new_one_is_checked_again
         dns.calls.load(Ordering::SeqCst) >= 2,
         "the second connection resolved again"
     );
-    // An SSRF refusal says nothing about the endpoint's health.
-    assert_eq!(sink.health("t").unwrap().consecutive_failures, 0);
+    // An SSRF refusal is permanent, so it does not count against the route: with a
+    // breaker that opens at the first retryable failure, the route stays closed.
+    let health = sink.health();
+    assert_eq!(
+        (health.circuit, health.consecutive_failures),
+        (CircuitState::Closed, 0)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn allow_lists_apply_per_endpoint() {
+async fn allow_lists_apply_per_route() {
     let server = TestServer::start().await;
     let url = server.url("/");
-    // The sink-wide policy allows nothing; one endpoint allows the test server.
-    let sink = HttpSinkConfig::new()
-        .route("internal", EndpointConfig::new(&url).allow("127.0.0.1/32"))
+    // The default policy allows nothing private; this route allows the test server.
+    let internal = HttpSinkConfig::new(&url)
+        .allow("127.0.0.1/32")
         .build()
         .unwrap();
     assert!(
-        sink.publish(
-            &[message("internal", 1)],
-            &outbox_core::PublishContext::default()
-        )
-        .await
-        .unwrap()[0]
+        internal
+            .publish(&[message("internal", 1)], &PublishContext::default())
+            .await
+            .unwrap()[0]
             .is_published()
     );
-    let err = HttpSinkConfig::new()
-        .route("internal", EndpointConfig::new(&url).allow("127.0.0.1/32"))
-        .route("customer", EndpointConfig::new(&url))
-        .build()
-        .unwrap_err();
-    assert_eq!(err.route(), Some("customer"));
+    // Another route to the same address without the entry is refused when it is built.
+    let err = HttpSinkConfig::new(&url).build().unwrap_err();
+    assert_eq!(err.setting(), "url", "{err}");
+    assert!(err.reason().contains("SSRF guard refused"), "{err}");
 
     // A host allow entry lets a name through whatever it resolves to; other names
     // with the same answer are still refused.
@@ -353,30 +349,25 @@ async fn allow_lists_apply_per_endpoint() {
     dns.set("db.internal", &["127.0.0.1"]);
     dns.set("db.elsewhere", &["127.0.0.1"]);
     let port = server.addr.port();
-    let sink = HttpSinkConfig::new()
-        .ssrf(SsrfPolicy::default().allow("*.internal").unwrap())
-        .lookup(dns)
-        .route(
-            "named",
-            EndpointConfig::new(format!("http://db.internal:{port}/")),
-        )
-        .route(
-            "other",
-            EndpointConfig::new(format!("http://db.elsewhere:{port}/")),
-        )
-        .build()
-        .unwrap();
-    let outcomes = sink
-        .publish(
-            &[message("named", 2), message("other", 3)],
-            &outbox_core::PublishContext::default(),
-        )
+    let route = |host: &str| {
+        HttpSinkConfig::new(format!("http://{host}:{port}/"))
+            .ssrf(SsrfPolicy::default().allow("*.internal").unwrap())
+            .lookup(dns.clone())
+            .build()
+            .unwrap()
+    };
+    let named = route("db.internal")
+        .publish(&[message("named", 2)], &PublishContext::default())
         .await
         .unwrap();
-    assert!(outcomes[0].is_published());
+    assert!(named[0].is_published(), "{named:?}");
+    let other = route("db.elsewhere")
+        .publish(&[message("other", 3)], &PublishContext::default())
+        .await
+        .unwrap();
     assert!(
-        matches!(&outcomes[1], Outcome::Failed(f) if f.message.contains("db.elsewhere")),
-        "{outcomes:?}"
+        matches!(&other[0], Outcome::Failed(f) if f.message.contains("db.elsewhere")),
+        "{other:?}"
     );
     assert_eq!(server.count(), 2);
 }

@@ -63,8 +63,8 @@ const SINK_OPTIONS: &[&str] = &[
 /// | `tls_ca_file` | none (system roots) | PEM file of the CA that signed the server's certificate (`rediss://` only) |
 /// | `tls_cert_file`, `tls_key_file` | none | PEM client certificate and key, for servers that require them (`tls-auth-clients yes`) |
 ///
-/// Durations in a config file are milliseconds (`250`) or a string with a unit (`"250ms"`,
-/// `"5s"`, `"10m"`, `"1h"`).
+/// Durations are strings with a unit (`"250ms"`, `"1.5s"`, `"10m"`, `"1h 30m"`), the
+/// grammar of every outbox setting (`outbox_core::duration`); a bare number is refused.
 ///
 /// ```
 /// use std::time::Duration;
@@ -93,7 +93,7 @@ pub struct RedisSinkConfig {
     /// Trim the stream to about this many entries on every append (`MAXLEN ~ n`).
     pub maxlen: Option<u64>,
     /// How long a re-sent idempotency key is recognised and not appended again.
-    #[serde(deserialize_with = "serde_duration::optional")]
+    #[serde(deserialize_with = "outbox_core::duration::optional::deserialize")]
     pub dedupe_window: Option<Duration>,
     /// The prefix of dedupe keys; the full key is
     /// `<prefix><stream byte length>:<stream>:<idempotency key>`.
@@ -105,10 +105,10 @@ pub struct RedisSinkConfig {
     /// Payloads larger than this fail permanently as too large.
     pub max_payload_bytes: usize,
     /// How long one connection attempt may take.
-    #[serde(deserialize_with = "serde_duration::required")]
+    #[serde(deserialize_with = "outbox_core::duration::deserialize")]
     pub connect_timeout: Duration,
     /// How long one batch round trip may take before it fails retryably as a timeout.
-    #[serde(deserialize_with = "serde_duration::required")]
+    #[serde(deserialize_with = "outbox_core::duration::deserialize")]
     pub response_timeout: Duration,
     /// The CA certificate (PEM) to verify the server with, instead of the system roots.
     pub tls_ca_file: Option<PathBuf>,
@@ -616,59 +616,9 @@ fn parse_setting_duration(setting: &'static str, text: &str) -> Result<Duration,
     parse_duration(text).map_err(|reason| invalid(setting, reason))
 }
 
-/// Parses `250` (milliseconds), `250ms`, `5s`, `10m`, `1h` or `2d`.
+/// Parses a duration in `outbox_core::duration`'s grammar (`250ms`, `1.5s`, `2m`, `1h 30m`).
 fn parse_duration(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    let split = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let n: u64 = number
-        .parse()
-        .map_err(|_| format!("{text:?} is not a duration (use e.g. 250ms, 5s, 10m, 1h)"))?;
-    let millis = match unit.trim() {
-        "" | "ms" => Some(n),
-        "s" => n.checked_mul(1_000),
-        "m" | "min" => n.checked_mul(60_000),
-        "h" => n.checked_mul(3_600_000),
-        "d" => n.checked_mul(86_400_000),
-        other => {
-            return Err(format!(
-                "unknown unit {other:?} in {text:?} (use ms, s, m, h or d)"
-            ));
-        }
-    };
-    millis
-        .map(Duration::from_millis)
-        .ok_or_else(|| format!("{text:?} is too long"))
-}
-
-mod serde_duration {
-    use std::time::Duration;
-
-    use serde::{Deserialize, Deserializer, de::Error};
-
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum Raw {
-        Millis(u64),
-        Text(String),
-    }
-
-    fn convert<E: Error>(raw: Raw) -> Result<Duration, E> {
-        match raw {
-            Raw::Millis(ms) => Ok(Duration::from_millis(ms)),
-            Raw::Text(text) => super::parse_duration(&text).map_err(E::custom),
-        }
-    }
-
-    pub(super) fn required<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        convert(Raw::deserialize(d)?)
-    }
-
-    pub(super) fn optional<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
-        Option::<Raw>::deserialize(d)?.map(convert).transpose()
-    }
+    outbox_core::duration::parse(text)
 }
 
 /// A parsed stream key template.
@@ -1126,7 +1076,7 @@ pub enum Durability {
         /// How long to wait (must be above zero and below the response timeout).
         #[serde(
             default = "Durability::default_timeout",
-            deserialize_with = "serde_duration::required"
+            deserialize_with = "outbox_core::duration::deserialize"
         )]
         timeout: Duration,
     },
@@ -1141,7 +1091,7 @@ pub enum Durability {
         /// How long to wait (must be above zero and below the response timeout).
         #[serde(
             default = "Durability::default_timeout",
-            deserialize_with = "serde_duration::required"
+            deserialize_with = "outbox_core::duration::deserialize"
         )]
         timeout: Duration,
     },
@@ -1337,7 +1287,7 @@ mod tests {
     #[test]
     fn from_url_reads_options_and_keeps_client_ones() {
         let c = RedisSinkConfig::from_url(
-            "redis://u:p%40ss@h:6380/2?protocol=resp3&stream=s.{event_type}&maxlen=10&dedupe_window=90s&dedupe_prefix=d:&durability=waitaof:1:0&durability_timeout=2s&headers=fields:hdr.&metadata=false&max_payload_bytes=100&connect_timeout=1s&response_timeout=3000",
+            "redis://u:p%40ss@h:6380/2?protocol=resp3&stream=s.{event_type}&maxlen=10&dedupe_window=90s&dedupe_prefix=d:&durability=waitaof:1:0&durability_timeout=2s&headers=fields:hdr.&metadata=false&max_payload_bytes=100&connect_timeout=1s&response_timeout=3s",
         )
         .unwrap();
         assert_eq!(c.url, "redis://u:p%40ss@h:6380/2?protocol=resp3");
@@ -1498,7 +1448,7 @@ mod tests {
             "url": "redis://127.0.0.1:6379/1",
             "stream": "events",
             "dedupe_window": "2m",
-            "durability": { "mode": "wait", "replicas": 1, "timeout": 250 },
+            "durability": { "mode": "wait", "replicas": 1, "timeout": "250ms" },
             "fields": { "payload": "body", "headers": { "layout": "json", "field": "hdrs" } },
             "response_timeout": "10s"
         }))
@@ -1540,14 +1490,15 @@ mod tests {
 
     #[test]
     fn durations_parse() {
-        assert_eq!(parse_duration("250").unwrap(), Duration::from_millis(250));
+        assert!(parse_duration("250").unwrap_err().contains("needs a unit"));
         assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
+        assert_eq!(parse_duration("1.5s").unwrap(), Duration::from_millis(1500));
         assert_eq!(parse_duration("5s").unwrap(), Duration::from_secs(5));
         assert_eq!(parse_duration("10m").unwrap(), Duration::from_secs(600));
         assert_eq!(parse_duration("1h").unwrap(), Duration::from_secs(3600));
         assert!(parse_duration("").is_err());
         assert!(parse_duration("s").is_err());
-        assert!(parse_duration("1y").is_err());
+        assert!(parse_duration("1x").is_err());
         assert!(parse_duration("99999999999999999999d").is_err());
     }
 }

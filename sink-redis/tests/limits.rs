@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use chrono::Utc;
 use outbox_core::{FailureClass, Message, MessageId, Outcome, Sink};
-use outbox_sink_redis::{RedisSink, RedisSinkConfig, redis};
+use outbox_sink_redis::client as redis;
+use outbox_sink_redis::{RedisSink, RedisSinkConfig};
 
 mod common;
 use common::{OwnRedis, reader, xrange};

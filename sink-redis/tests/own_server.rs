@@ -11,7 +11,7 @@ use outbox_core::{
     FailureClass, MemoryStore, MessageId, NewMessage, Outcome, Relay, RetryPolicy, Sink, Status,
     StoreStats, Wakeups,
 };
-use outbox_sink_redis::client;
+use outbox_sink_redis::client as redis;
 use outbox_sink_redis::{RedisSink, RedisSinkConfig};
 
 mod common;

@@ -12,7 +12,7 @@ use outbox_core::{
     ClaimRequest, FailureClass, ManualClock, MemoryStore, Message, NewMessage, Outcome, Relay,
     RetryPolicy, Sink, Status, Store,
 };
-use outbox_sink_redis::client::{self, Value, aio::MultiplexedConnection};
+use outbox_sink_redis::client::{self as redis, Value, aio::MultiplexedConnection};
 use outbox_sink_redis::{
     Durability, FieldLayout, HeaderLayout, RedisSink, RedisSinkConfig, RedisSinkError,
 };

@@ -14,8 +14,7 @@ use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use chrono::Utc;
 use outbox_core::{Message, NewMessage};
-use outbox_sink_http::ssrf::SsrfPolicy;
-use outbox_sink_http::{EndpointConfig, HttpSink, HttpSinkConfig};
+use outbox_sink_http::{HttpSink, HttpSinkConfig};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -220,14 +219,15 @@ impl Canary {
     }
 }
 
-/// A sink with one route, `dest`, to `url`, allowing the loopback test server only.
-pub fn sink_to(dest: &str, endpoint: EndpointConfig) -> HttpSink {
-    config().route(dest, endpoint).build().expect("valid sink")
+/// Settings for a route to `url` that allow 127.0.0.1 (the test servers) and nothing
+/// else private.
+pub fn config(url: impl Into<String>) -> HttpSinkConfig {
+    HttpSinkConfig::new(url).allow("127.0.0.1/32")
 }
 
-/// Sink settings that allow 127.0.0.1 (the test servers) and nothing else private.
-pub fn config() -> HttpSinkConfig {
-    HttpSinkConfig::new().ssrf(SsrfPolicy::default().allow("127.0.0.1/32").unwrap())
+/// The sink for `config`, which must be valid.
+pub fn sink(config: HttpSinkConfig) -> HttpSink {
+    HttpSink::new(config).expect("valid sink")
 }
 
 /// A claimed-form JSON message for `dest`.
