@@ -283,7 +283,10 @@ pub async fn relays_with_disjoint_routes_share_the_table<H: StoreHarness>(h: &H)
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     let mut dead = 0;
     while counts(h, "sms").await.2 < 30 || counts(h, "email").await.2 < 30 {
-        assert!(std::time::Instant::now() < deadline, "both relays finished within 30 s");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "both relays finished within 30 s"
+        );
         let (a, b) = tokio::join!(a.drain(), b.drain());
         dead += a.expect("drain").dead + b.expect("drain").dead;
     }
