@@ -32,6 +32,8 @@
 //! The `testkit` feature adds the conformance suites every store and sink must pass,
 //! plus [`testkit::RecordingSink`] and [`testkit::FlakySink`] for your own tests.
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 pub mod backend;
 mod clock;
 pub mod duration;

@@ -25,6 +25,8 @@
 //! # Ok::<(), outbox_sql::IdentError>(())
 //! ```
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 mod ident;
 pub mod mysql;
 pub mod postgres;

@@ -24,6 +24,8 @@
 //! [`MYSQL`] are the drivers that open them from a URL (`postgres://…`, `sqlite:…`,
 //! `mysql://…` / `mariadb://…`) for the `outbox` front crate's registry.
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 mod common;
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]

@@ -19,6 +19,8 @@
 //! The core API ([`NewMessage`], [`Relay`], [`Store`], [`Sink`], …) is re-exported at the
 //! crate root.
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 pub use outbox_core::*;
 
 /// The README's examples, compiled (and the self-contained one run) as doctests.

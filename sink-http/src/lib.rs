@@ -75,6 +75,8 @@
 //!   the inboxes of `outbox-sqlx`.
 //! - `axum`: [`receiver::WebhookRequest`], an extractor that verifies requests.
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 mod config;
 pub mod error;
 mod fanout;

@@ -93,6 +93,8 @@
 //! [`tls_ca_file`](RedisSinkConfig::tls_ca_file); a client certificate for servers with
 //! `tls-auth-clients yes` is set with [`tls_client_cert`](RedisSinkConfig::tls_client_cert).
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 mod config;
 pub mod error;
 mod sink;
