@@ -29,14 +29,14 @@ use std::time::{Duration, Instant};
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use outbox::redis::{RedisSink, RedisSinkConfig, client as redis};
 use outbox::TableNames;
-use outbox::postgres::PgOutbox;
-use outbox::{
-    DeadHead, DeadLetterFilter, DeadLetters, NewMessage, MessageOrder, Relay, RetryPolicy, StoreStats,
-    deterministic_key,
-};
 use outbox::layers::{RateLimit, SinkExt};
+use outbox::postgres::PgOutbox;
+use outbox::redis::{RedisSink, RedisSinkConfig, client as redis};
+use outbox::{
+    DeadHead, DeadLetterFilter, DeadLetters, MessageOrder, NewMessage, Relay, RetryPolicy,
+    StoreStats, deterministic_key,
+};
 use outbox_sink_http::{HttpSink, HttpSinkConfig};
 use serde_json::json;
 use sqlx::PgPool;

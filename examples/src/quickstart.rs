@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
-use outbox::sqlite::{SqliteInbox, SqliteOutbox};
 use outbox::http::receiver::WebhookReceiver;
 use outbox::http::{HttpSink, HttpSinkConfig};
+use outbox::sqlite::{SqliteInbox, SqliteOutbox};
 use outbox::{Backend, DeadLetterFilter, DeadLetters, NewMessage, Outbox, RetryPolicy, StoreStats};
 use sqlx::SqlitePool;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
@@ -154,7 +154,11 @@ pub async fn run(dir: PathBuf) -> Result<Summary, Error> {
 
     // The relay: signed webhooks; loopback is allowed explicitly (the SSRF guard refuses
     // private addresses by default).
-    let webhooks = HttpSink::new(HttpSinkConfig::new(url).secret(SECRET).allow("127.0.0.1/32"))?;
+    let webhooks = HttpSink::new(
+        HttpSinkConfig::new(url)
+            .secret(SECRET)
+            .allow("127.0.0.1/32"),
+    )?;
     let relay = Outbox::builder(outbox.clone())
         .route("mailer", webhooks)
         .relay(|relay| {

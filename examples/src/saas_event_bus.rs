@@ -26,10 +26,10 @@ use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
-use outbox::redis::client as redis;
+use outbox::NewMessage;
 use outbox::TableNames;
 use outbox::postgres::{PgNotifier, PgOutbox};
-use outbox::NewMessage;
+use outbox::redis::client as redis;
 use outbox_sink_http::receiver::WebhookReceiver;
 use serde_json::json;
 use sqlx::PgPool;

@@ -35,10 +35,10 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use outbox::TableNames;
+use outbox::layers::{CircuitConfig, SinkExt};
 use outbox::postgres::{PgInbox, PgNotifier, PgOutbox};
 use outbox::{DeadLetterFilter, DeadLetters, Relay, RetryPolicy, deterministic_key};
 use outbox_sink_http::receiver::WebhookReceiver;
-use outbox::layers::{CircuitConfig, SinkExt};
 use outbox_sink_http::{HttpSink, HttpSinkConfig, fan_out};
 use serde_json::json;
 use sqlx::PgPool;
@@ -470,7 +470,8 @@ async fn story(pool: &PgPool, names: &Names, replay: Replay) -> Result<Summary, 
     }
 
     // The relay: one signed endpoint per subscriber, each with its own circuit breaker.
-    let endpoint = |url: &str, secret: &str| HttpSinkConfig::new(url).secret(secret).allow(LOOPBACK);
+    let endpoint =
+        |url: &str, secret: &str| HttpSinkConfig::new(url).secret(secret).allow(LOOPBACK);
     let acme_sink = Arc::new(
         HttpSink::new(endpoint(&urls[0], ACME_SECRET))?
             .circuit_breaker(CircuitConfig::default()) // 5 failures in a row → 30 s open

@@ -10,7 +10,7 @@
 use std::sync::atomic::Ordering as Atomic;
 use std::time::{Duration, Instant};
 
-use outbox_core::{DeadHead, NewMessage, MessageOrder, Relay};
+use outbox_core::{DeadHead, MessageOrder, NewMessage, Relay};
 use outbox_sqlx::PublishedRows;
 use outbox_sqlx::postgres::PgOutbox;
 use sqlx::{PgPool, Row};
@@ -50,7 +50,8 @@ pub(crate) async fn run(
     let mut json = serde_json::Map::new();
     if ordered {
         let (batch, workers) = (500, 2);
-        let unordered = relay_drain(bench, n, batch, workers, Some(MessageOrder::Unordered)).await?;
+        let unordered =
+            relay_drain(bench, n, batch, workers, Some(MessageOrder::Unordered)).await?;
         let per_key = relay_drain(
             bench,
             n,

@@ -11,7 +11,9 @@ pub(crate) async fn relay(config: &Config) -> Result<(), String> {
     let metrics = PrometheusBuilder::new()
         .install_recorder()
         .map_err(|e| format!("metrics: {e}"))?;
-    let outbox = Outbox::from_config(config).await.map_err(|e| e.to_string())?;
+    let outbox = Outbox::from_config(config)
+        .await
+        .map_err(|e| e.to_string())?;
     let alive = Arc::new(AtomicBool::new(true));
     if let Some(addr) = &config.metrics.listen {
         let server = tokio::net::TcpListener::bind(addr)
@@ -23,7 +25,11 @@ pub(crate) async fn relay(config: &Config) -> Result<(), String> {
     eprintln!(
         "relay running with {} route(s){}; Ctrl-C or SIGTERM stops it",
         outbox.routes().len(),
-        if outbox.listens() { ", listening for wakeups" } else { "" }
+        if outbox.listens() {
+            ", listening for wakeups"
+        } else {
+            ""
+        }
     );
     outbox.run(shutdown_signal()).await;
     alive.store(false, Ordering::SeqCst);

@@ -71,7 +71,10 @@ pub trait Backend: Send + Sync {
 /// [`Store`], [`StoreStats`], [`DeadLetters`], [`Purge`] and [`Backend`].
 pub trait DynStore: Send + Sync + 'static {
     /// See [`Store::claim`].
-    fn claim_dyn<'a>(&'a self, request: &'a ClaimRequest) -> BoxFuture<'a, Result<Claim, StoreError>>;
+    fn claim_dyn<'a>(
+        &'a self,
+        request: &'a ClaimRequest,
+    ) -> BoxFuture<'a, Result<Claim, StoreError>>;
     /// See [`Store::complete`].
     fn complete_dyn<'a>(
         &'a self,
@@ -93,11 +96,18 @@ pub trait DynStore: Send + Sync + 'static {
         limit: usize,
     ) -> BoxFuture<'a, Result<Vec<DeadLetter>, StoreError>>;
     /// See [`DeadLetters::replay_dead`].
-    fn replay_dead_dyn<'a>(&'a self, filter: &'a DeadLetterFilter) -> BoxFuture<'a, Result<u64, StoreError>>;
+    fn replay_dead_dyn<'a>(
+        &'a self,
+        filter: &'a DeadLetterFilter,
+    ) -> BoxFuture<'a, Result<u64, StoreError>>;
     /// See [`DeadLetters::discard_dead`].
-    fn discard_dead_dyn<'a>(&'a self, filter: &'a DeadLetterFilter) -> BoxFuture<'a, Result<u64, StoreError>>;
+    fn discard_dead_dyn<'a>(
+        &'a self,
+        filter: &'a DeadLetterFilter,
+    ) -> BoxFuture<'a, Result<u64, StoreError>>;
     /// See [`Purge::purge`].
-    fn purge_dyn<'a>(&'a self, request: &'a PurgeRequest) -> BoxFuture<'a, Result<u64, StoreError>>;
+    fn purge_dyn<'a>(&'a self, request: &'a PurgeRequest)
+    -> BoxFuture<'a, Result<u64, StoreError>>;
     /// See [`Backend::migrate`].
     fn migrate_dyn(&self) -> BoxFuture<'_, Result<(), StoreError>>;
     /// See [`Backend::listen`].
@@ -113,7 +123,10 @@ impl<S> DynStore for S
 where
     S: Store + StoreStats + DeadLetters + Purge + Backend,
 {
-    fn claim_dyn<'a>(&'a self, request: &'a ClaimRequest) -> BoxFuture<'a, Result<Claim, StoreError>> {
+    fn claim_dyn<'a>(
+        &'a self,
+        request: &'a ClaimRequest,
+    ) -> BoxFuture<'a, Result<Claim, StoreError>> {
         Box::pin(self.claim(request))
     }
     fn complete_dyn<'a>(
@@ -140,13 +153,22 @@ where
     ) -> BoxFuture<'a, Result<Vec<DeadLetter>, StoreError>> {
         Box::pin(self.list_dead(filter, limit))
     }
-    fn replay_dead_dyn<'a>(&'a self, filter: &'a DeadLetterFilter) -> BoxFuture<'a, Result<u64, StoreError>> {
+    fn replay_dead_dyn<'a>(
+        &'a self,
+        filter: &'a DeadLetterFilter,
+    ) -> BoxFuture<'a, Result<u64, StoreError>> {
         Box::pin(self.replay_dead(filter))
     }
-    fn discard_dead_dyn<'a>(&'a self, filter: &'a DeadLetterFilter) -> BoxFuture<'a, Result<u64, StoreError>> {
+    fn discard_dead_dyn<'a>(
+        &'a self,
+        filter: &'a DeadLetterFilter,
+    ) -> BoxFuture<'a, Result<u64, StoreError>> {
         Box::pin(self.discard_dead(filter))
     }
-    fn purge_dyn<'a>(&'a self, request: &'a PurgeRequest) -> BoxFuture<'a, Result<u64, StoreError>> {
+    fn purge_dyn<'a>(
+        &'a self,
+        request: &'a PurgeRequest,
+    ) -> BoxFuture<'a, Result<u64, StoreError>> {
         Box::pin(self.purge(request))
     }
     fn migrate_dyn(&self) -> BoxFuture<'_, Result<(), StoreError>> {
@@ -211,7 +233,11 @@ impl Store for AnyStore {
     ) -> Result<CompleteReport, StoreError> {
         self.0.complete_dyn(token, completions).await
     }
-    async fn release(&self, token: LeaseToken, ids: &[MessageId]) -> Result<CompleteReport, StoreError> {
+    async fn release(
+        &self,
+        token: LeaseToken,
+        ids: &[MessageId],
+    ) -> Result<CompleteReport, StoreError> {
         self.0.release_dyn(token, ids).await
     }
 }
@@ -223,7 +249,11 @@ impl StoreStats for AnyStore {
 }
 
 impl DeadLetters for AnyStore {
-    async fn list_dead(&self, filter: &DeadLetterFilter, limit: usize) -> Result<Vec<DeadLetter>, StoreError> {
+    async fn list_dead(
+        &self,
+        filter: &DeadLetterFilter,
+        limit: usize,
+    ) -> Result<Vec<DeadLetter>, StoreError> {
         self.0.list_dead_dyn(filter, limit).await
     }
     async fn replay_dead(&self, filter: &DeadLetterFilter) -> Result<u64, StoreError> {
@@ -251,4 +281,3 @@ impl Backend for AnyStore {
         self.0.notify_dyn().await
     }
 }
-

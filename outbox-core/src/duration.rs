@@ -34,7 +34,8 @@ pub fn parse(text: &str) -> Result<Duration, String> {
     let trimmed = text.trim();
     if !trimmed.is_empty() && trimmed.chars().all(|c| c.is_ascii_digit() || c == '.') {
         return Err(
-            "a duration needs a unit: add one, e.g. 250ms or 30s (units: ms, s, m, h, d)".to_owned(),
+            "a duration needs a unit: add one, e.g. 250ms or 30s (units: ms, s, m, h, d)"
+                .to_owned(),
         );
     }
     humantime::parse_duration(trimmed).map_err(|_| {
@@ -152,7 +153,10 @@ mod tests {
             assert!(parse(bare).unwrap_err().contains("add one"), "{bare}");
         }
         let soon = parse("soon").unwrap_err();
-        assert!(soon.contains("not a duration") && !soon.contains("soon"), "{soon}");
+        assert!(
+            soon.contains("not a duration") && !soon.contains("soon"),
+            "{soon}"
+        );
         assert!(parse("").is_err());
     }
 }

@@ -90,7 +90,10 @@ mod tests {
     #[test]
     fn urls_are_shown_without_their_secrets() {
         for (raw, shown) in [
-            ("postgres://app@db.internal/app", "postgres://app@db.internal/app"),
+            (
+                "postgres://app@db.internal/app",
+                "postgres://app@db.internal/app",
+            ),
             ("postgres://app:hunter2@db/app", "postgres://app:***@db/app"),
             (
                 "postgres://db/app?password=hunter2&application_name=relay",

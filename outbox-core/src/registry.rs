@@ -84,7 +84,8 @@ impl RouteSettings {
     ///
     /// A [`BuildError::config`] when the settings do not fit `T`.
     pub fn parse<T: DeserializeOwned>(&self) -> Result<T, BuildError> {
-        T::deserialize(&self.settings).map_err(|e| BuildError::config(without_values(&e.to_string())))
+        T::deserialize(&self.settings)
+            .map_err(|e| BuildError::config(without_values(&e.to_string())))
     }
 }
 
@@ -111,7 +112,7 @@ fn without_values(message: &str) -> String {
         match c {
             '"' | '`' if !quoted => {
                 quoted = true;
-                out.push_str("…");
+                out.push('…');
             }
             '"' | '`' => quoted = false,
             _ if !quoted => out.push(c),
@@ -121,13 +122,21 @@ fn without_values(message: &str) -> String {
     out
 }
 
+/// What a [`SinkDriver`] builds a route's sink with.
+pub type BuildSink =
+    for<'a> fn(&'a RouteSettings) -> BoxFuture<'a, Result<Arc<dyn DynSink>, BuildError>>;
+
+/// What a [`StoreDriver`] opens a store with.
+pub type ConnectStore =
+    for<'a> fn(&'a StoreSettings) -> BoxFuture<'a, Result<AnyStore, BuildError>>;
+
 /// How to build sinks for some URL schemes.
 #[derive(Clone, Copy)]
 pub struct SinkDriver {
     /// The URL schemes it handles, e.g. `["http", "https"]`.
     pub schemes: &'static [&'static str],
     /// Builds one route's sink (and checks the server where it can).
-    pub build: for<'a> fn(&'a RouteSettings) -> BoxFuture<'a, Result<Arc<dyn DynSink>, BuildError>>,
+    pub build: BuildSink,
 }
 
 impl SinkDriver {
@@ -139,7 +148,9 @@ impl SinkDriver {
 
 impl fmt::Debug for SinkDriver {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SinkDriver").field("schemes", &self.schemes).finish()
+        f.debug_struct("SinkDriver")
+            .field("schemes", &self.schemes)
+            .finish()
     }
 }
 
@@ -215,7 +226,7 @@ pub struct StoreDriver {
     /// The URL schemes it handles, e.g. `["postgres", "postgresql"]`.
     pub schemes: &'static [&'static str],
     /// Connects (nothing is created; see [`Backend::migrate`](crate::Backend::migrate)).
-    pub connect: for<'a> fn(&'a StoreSettings) -> BoxFuture<'a, Result<AnyStore, BuildError>>,
+    pub connect: ConnectStore,
 }
 
 impl StoreDriver {
@@ -227,7 +238,9 @@ impl StoreDriver {
 
 impl fmt::Debug for StoreDriver {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("StoreDriver").field("schemes", &self.schemes).finish()
+        f.debug_struct("StoreDriver")
+            .field("schemes", &self.schemes)
+            .finish()
     }
 }
 

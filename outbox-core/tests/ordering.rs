@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use outbox_core::testkit::{FlakySink, RecordingSink};
 use outbox_core::{
-    DeadHead, MemoryStore, MessageId, NewMessage, MessageOrder, Relay, RetryPolicy, StoreStats, Wakeups,
+    DeadHead, MemoryStore, MessageId, MessageOrder, NewMessage, Relay, RetryPolicy, StoreStats,
+    Wakeups,
 };
 
 const KEYS: usize = 200;

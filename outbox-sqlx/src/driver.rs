@@ -105,7 +105,8 @@ async fn sqlite(settings: &StoreSettings) -> Result<AnyStore, BuildError> {
         .await
         .map_err(|e| unreachable(settings, e))?;
     Ok(AnyStore::new(
-        crate::sqlite::SqliteOutbox::with_names(pool, names).published_rows(settings.published_rows),
+        crate::sqlite::SqliteOutbox::with_names(pool, names)
+            .published_rows(settings.published_rows),
     ))
 }
 

@@ -70,13 +70,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, NaiveDate, NaiveDateTime, Utc};
+use outbox_core::Wakeup;
 use outbox_core::{
     Claim, ClaimRequest, CompleteAction, CompleteReport, Completion, DeadHead, DeadLetter,
     DeadLetterFilter, DeadLetters, DestinationStats, Lease, LeaseToken, Message, MessageId,
-    NewMessage, MessageOrder, Purge, PurgeRequest, Rejected, Stats, Store, StoreError, StoreErrorKind,
-    StoreStats,
+    MessageOrder, NewMessage, Purge, PurgeRequest, Rejected, Stats, Store, StoreError,
+    StoreErrorKind, StoreStats,
 };
-use outbox_core::Wakeup;
 use outbox_sql::mysql::{
     DeadFilterShape, MAX_ERROR_BYTES, MAX_OWNER_CHARS, RELAY_ISOLATION, Statements,
 };

@@ -26,7 +26,7 @@ use chrono::{DateTime, Utc};
 use outbox_core::{
     Claim, ClaimRequest, CompleteAction, CompleteReport, Completion, DeadHead, DeadLetter,
     DeadLetterFilter, DeadLetters, DestinationStats, Lease, LeaseToken, Message, MessageId,
-    NewMessage, MessageOrder, Purge, PurgeRequest, Rejected, Stats, Store, StoreError, StoreStats,
+    MessageOrder, NewMessage, Purge, PurgeRequest, Rejected, Stats, Store, StoreError, StoreStats,
     Wakeup,
 };
 use outbox_sql::postgres::{NOTIFY_CHANNEL, Statements};
@@ -409,7 +409,10 @@ impl outbox_core::Backend for PgOutbox {
 
     async fn listen(&self) -> Result<Option<outbox_core::Listener>, StoreError> {
         let listener = PgOutbox::listen(self).await?;
-        Ok(Some(outbox_core::Listener::new(listener.wakeup(), listener)))
+        Ok(Some(outbox_core::Listener::new(
+            listener.wakeup(),
+            listener,
+        )))
     }
 
     async fn notify(&self) -> Result<(), StoreError> {

@@ -98,13 +98,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use outbox_core::Wakeup;
 use outbox_core::{
     Availability, Claim, ClaimRequest, CompleteAction, CompleteReport, Completion, DeadHead,
     DeadLetter, DeadLetterFilter, DeadLetters, DestinationStats, Lease, LeaseToken, Message,
-    MessageId, NewMessage, MessageOrder, Purge, PurgeRequest, Rejected, Stats, Store, StoreError,
+    MessageId, MessageOrder, NewMessage, Purge, PurgeRequest, Rejected, Stats, Store, StoreError,
     StoreErrorKind, StoreStats,
 };
-use outbox_core::Wakeup;
 use outbox_sql::sqlite::Statements;
 use outbox_sql::{Dialect, TableNames};
 use sqlx::Row;

@@ -698,8 +698,9 @@ async fn hostile_identifiers_are_rejected_or_quoted_exactly() {
             tx.commit().await.unwrap();
             let claim = outbox
                 .claim(
-                    &ClaimRequest::new("r", 5, Duration::from_secs(30))
-                        .ordering(outbox_core::MessageOrder::PerKey(outbox_core::DeadHead::Halt)),
+                    &ClaimRequest::new("r", 5, Duration::from_secs(30)).ordering(
+                        outbox_core::MessageOrder::PerKey(outbox_core::DeadHead::Halt),
+                    ),
                 )
                 .await
                 .unwrap();

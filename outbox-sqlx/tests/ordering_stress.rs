@@ -13,7 +13,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use outbox_core::{
-    DeadHead, Failure, FailureClass, Message, MessageId, NewMessage, MessageOrder, Outcome, Relay,
+    DeadHead, Failure, FailureClass, Message, MessageId, MessageOrder, NewMessage, Outcome, Relay,
     RetryPolicy, Sink, StoreStats,
 };
 use outbox_sqlx::TableNames;

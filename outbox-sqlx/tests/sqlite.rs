@@ -703,13 +703,13 @@ async fn hostile_identifiers_are_rejected_or_quoted_exactly() {
         let mut conn = pool.acquire().await.unwrap();
         outbox.enqueue(&mut conn, &message).await.unwrap();
         drop(conn);
-        let claim = outbox
-            .claim(
-                &ClaimRequest::new("t", 10, lease)
-                    .ordering(outbox_core::MessageOrder::PerKey(outbox_core::DeadHead::Halt)),
-            )
-            .await
-            .unwrap();
+        let claim =
+            outbox
+                .claim(&ClaimRequest::new("t", 10, lease).ordering(
+                    outbox_core::MessageOrder::PerKey(outbox_core::DeadHead::Halt),
+                ))
+                .await
+                .unwrap();
         assert!(
             claim.messages.iter().any(|m| m.id == message.id()),
             "claimed from {exact:?}"

@@ -50,10 +50,10 @@ use std::path::Path;
 use figment::providers::{Format, Toml};
 use figment::value::{Dict, Map, Value};
 use figment::{Figment, Metadata, Profile, Provider};
+use outbox_core::StoreSettings;
 use outbox_core::layers::{POLICY_KEYS, RoutePolicy};
 use outbox_core::registry::RouteSettings;
 use outbox_core::settings::{RelaySettings, RetrySettings};
-use outbox_core::StoreSettings;
 use serde::Deserialize;
 
 use crate::Error;
@@ -170,9 +170,16 @@ impl Config {
     /// [`Error::Config`] naming the file or variable and the setting that is wrong.
     pub fn load(path: &Path) -> Result<Self, Error> {
         if !path.exists() {
-            return Err(Error::Config(format!("cannot read {}: no such file", path.display())));
+            return Err(Error::Config(format!(
+                "cannot read {}: no such file",
+                path.display()
+            )));
         }
-        Self::extract(Figment::new().merge(Toml::file(path)).merge(Environment::process()))
+        Self::extract(
+            Figment::new()
+                .merge(Toml::file(path))
+                .merge(Environment::process()),
+        )
     }
 
     /// Parses TOML text, then applies `OUTBOX_…` settings from `env` (pairs of name and
@@ -199,7 +206,11 @@ impl Config {
             .into_iter()
             .map(|(k, v)| (k.as_ref().to_owned(), v.as_ref().to_owned()))
             .collect();
-        Self::extract(Figment::new().merge(Toml::string(text)).merge(Environment(env)))
+        Self::extract(
+            Figment::new()
+                .merge(Toml::string(text))
+                .merge(Environment(env)),
+        )
     }
 
     fn extract(figment: Figment) -> Result<Self, Error> {
@@ -287,7 +298,10 @@ fn describe(error: figment::Error) -> String {
             let key = e.path.join(".");
             let source = match &e.metadata {
                 Some(md) if md.name == "environment variable" => {
-                    format!(" (from {ENV_PREFIX}{})", e.path.join("__").to_ascii_uppercase())
+                    format!(
+                        " (from {ENV_PREFIX}{})",
+                        e.path.join("__").to_ascii_uppercase()
+                    )
                 }
                 Some(md) => match &md.source {
                     Some(source) => format!(" (in {source})"),
@@ -338,19 +352,42 @@ mod tests {
         );
         let policy = events.policy("events").unwrap();
         assert_eq!(policy.rate_limit.unwrap().per_second, 50.0);
-        assert!(config.routes.contains_key("Billing"), "file keys keep their case");
+        assert!(
+            config.routes.contains_key("Billing"),
+            "file keys keep their case"
+        );
     }
 
     #[test]
     fn errors_name_the_key_and_source_but_no_value() {
         let secret = "postgres://u:hunter2@db/app";
         for (toml, env, needle) in [
-            (MINIMAL, vec![("OUTBOX_RELAY__BATCH_SIZE", secret)], "relay.batch_size: expected"),
-            (MINIMAL, vec![("OUTBOX_RELAY__BATCHSIZE", "7")], "unknown setting `batchsize`"),
-            (MINIMAL, vec![("OUTBOX_RELAI__BATCH_SIZE", "7")], "unknown setting `relai`"),
+            (
+                MINIMAL,
+                vec![("OUTBOX_RELAY__BATCH_SIZE", secret)],
+                "relay.batch_size: expected",
+            ),
+            (
+                MINIMAL,
+                vec![("OUTBOX_RELAY__BATCHSIZE", "7")],
+                "unknown setting `batchsize`",
+            ),
+            (
+                MINIMAL,
+                vec![("OUTBOX_RELAI__BATCH_SIZE", "7")],
+                "unknown setting `relai`",
+            ),
             (MINIMAL, vec![("OUTBOX_RELAY__LEASE", "250")], "add one"),
-            (MINIMAL, vec![("OUTBOX_RELAY__LEASE", secret)], "relay.lease"),
-            ("[store]\nurl = 5\n", vec![], "store.url: expected a string, found an integer"),
+            (
+                MINIMAL,
+                vec![("OUTBOX_RELAY__LEASE", secret)],
+                "relay.lease",
+            ),
+            (
+                "[store]\nurl = 5\n",
+                vec![],
+                "store.url: expected a string, found an integer",
+            ),
         ] {
             let error = Config::from_toml(toml, env).unwrap_err().to_string();
             assert!(error.contains(needle), "{needle}: {error}");
@@ -359,8 +396,13 @@ mod tests {
         let error = Config::from_toml(MINIMAL, [("OUTBOX_RELAY__BATCH_SIZE", "x")])
             .unwrap_err()
             .to_string();
-        assert!(error.contains("OUTBOX_RELAY__BATCH_SIZE"), "names the variable: {error}");
-        let error = Config::from_toml("[store\n", NO_ENV).unwrap_err().to_string();
+        assert!(
+            error.contains("OUTBOX_RELAY__BATCH_SIZE"),
+            "names the variable: {error}"
+        );
+        let error = Config::from_toml("[store\n", NO_ENV)
+            .unwrap_err()
+            .to_string();
         assert!(error.contains("TOML") || error.contains("line"), "{error}");
     }
 

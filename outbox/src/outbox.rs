@@ -5,7 +5,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use outbox_core::{
-    AnyStore, BatchReport, Backend, DynStore, Listener, Relay, RelayBuilder, Sink, StoreError,
+    AnyStore, Backend, BatchReport, DynStore, Listener, Relay, RelayBuilder, Sink, StoreError,
     StoreStats,
 };
 

@@ -105,10 +105,12 @@ impl Registry {
             let known = self.stores.iter().flat_map(|d| d.schemes.iter().copied());
             return Err(unknown("store", &settings.url, known));
         };
-        (driver.connect)(settings).await.map_err(|source| Error::Build {
-            what: "store".to_owned(),
-            source,
-        })
+        (driver.connect)(settings)
+            .await
+            .map_err(|source| Error::Build {
+                what: "store".to_owned(),
+                source,
+            })
     }
 
     /// Builds the sink of `route` from its table (its `url` scheme picks the driver),
@@ -118,7 +120,11 @@ impl Registry {
     ///
     /// [`Error::Config`] for a missing `url` or a bad policy; as for
     /// [`connect_store`](Self::connect_store) otherwise.
-    pub async fn build_sink(&self, route: &str, table: &RouteTable) -> Result<Arc<dyn DynSink>, Error> {
+    pub async fn build_sink(
+        &self,
+        route: &str,
+        table: &RouteTable,
+    ) -> Result<Arc<dyn DynSink>, Error> {
         let url = table
             .url()
             .ok_or_else(|| Error::Config(format!("routes.{route}: missing `url`")))?;

@@ -19,21 +19,32 @@ const BASE: &str = "[store]\nurl = \"sqlite::memory:\"\n";
 /// The config with `key = value` in `section` (a `routes.r` section gets a `url`).
 fn config(section: &str, key: &str, value: &str) -> Result<Config, String> {
     let url = match section {
-        "routes.r" | "routes.r.circuit" | "routes.r.rate_limit" => "url = \"https://example.com/hook\"\n",
+        "routes.r" | "routes.r.circuit" | "routes.r.rate_limit" => {
+            "url = \"https://example.com/hook\"\n"
+        }
         "routes.redis" | "routes.redis.durability" => "url = \"redis://127.0.0.1:6379/\"\n",
         _ => "",
     };
     let (table, extra) = match section {
-        "routes.r.circuit" => ("routes.r", format!("circuit = {{ failures = 3, cool_down = {value} }}\n")),
-        "routes.r.rate_limit" => ("routes.r", format!("rate_limit = {{ per_second = 10, max_wait = {value} }}\n")),
+        "routes.r.circuit" => (
+            "routes.r",
+            format!("circuit = {{ failures = 3, cool_down = {value} }}\n"),
+        ),
+        "routes.r.rate_limit" => (
+            "routes.r",
+            format!("rate_limit = {{ per_second = 10, max_wait = {value} }}\n"),
+        ),
         "routes.redis.durability" => (
             "routes.redis",
             format!("durability = {{ mode = \"wait\", replicas = 0, timeout = {value} }}\n"),
         ),
         _ => (section, format!("{key} = {value}\n")),
     };
-    Config::from_toml(&format!("{BASE}[{table}]\n{url}{extra}"), std::iter::empty::<(&str, &str)>())
-        .map_err(|e| e.to_string())
+    Config::from_toml(
+        &format!("{BASE}[{table}]\n{url}{extra}"),
+        std::iter::empty::<(&str, &str)>(),
+    )
+    .map_err(|e| e.to_string())
 }
 
 /// What `key` parsed to, reading it the way the relay, the policies or the sink do.
@@ -78,7 +89,9 @@ fn read(config: &Config, section: &str, key: &str) -> Result<Duration, String> {
                 },
             })
         }
-        _ => Err(format!("{section}.{key} is not a duration setting of this test")),
+        _ => Err(format!(
+            "{section}.{key} is not a duration setting of this test"
+        )),
     }
 }
 

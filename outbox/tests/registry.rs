@@ -34,7 +34,11 @@ struct TestSettings {
 }
 
 impl Sink for TestSink {
-    async fn publish(&self, batch: &[Message], cx: &PublishContext) -> Result<Vec<Outcome>, Failure> {
+    async fn publish(
+        &self,
+        batch: &[Message],
+        cx: &PublishContext,
+    ) -> Result<Vec<Outcome>, Failure> {
         self.deadlines.lock().unwrap().push(cx.remaining());
         tokio::time::sleep(self.delay).await;
         self.got.publish(batch, cx).await
@@ -82,11 +86,16 @@ const MEMORY_STORE: StoreDriver = StoreDriver {
 };
 
 fn registry() -> Registry {
-    Registry::default().with_sink(TEST_SINKS).with_store(MEMORY_STORE)
+    Registry::default()
+        .with_sink(TEST_SINKS)
+        .with_store(MEMORY_STORE)
 }
 
 fn message(destination: &str) -> NewMessage {
-    NewMessage::builder(destination, "test.event").json(&1).build().unwrap()
+    NewMessage::builder(destination, "test.event")
+        .json(&1)
+        .build()
+        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -96,7 +105,9 @@ async fn a_scheme_registered_outside_the_front_crate_is_built_from_config() {
         std::iter::empty::<(&str, &str)>(),
     )
     .unwrap();
-    let outbox = Outbox::from_config_with(&registry(), &config).await.unwrap();
+    let outbox = Outbox::from_config_with(&registry(), &config)
+        .await
+        .unwrap();
     assert_eq!(outbox.routes(), ["alerts"]);
     let id = memory().enqueue(message("alerts")).unwrap();
     assert_eq!(outbox.drain().await.unwrap().published, 1);
@@ -110,7 +121,11 @@ async fn a_scheme_registered_outside_the_front_crate_is_built_from_config() {
     );
 
     // The default registry does not know the scheme, and says so.
-    let unknown = Outbox::from_config(&config).await.err().unwrap().to_string();
+    let unknown = Outbox::from_config(&config)
+        .await
+        .err()
+        .unwrap()
+        .to_string();
     assert!(unknown.contains("unsupported store URL"), "{unknown}");
 }
 
@@ -125,14 +140,27 @@ async fn a_configured_sink_wraps_in_flaky_sink_and_every_layer() {
         .concurrency_limit(2)
         .timeout(Duration::from_secs(5));
     let store = MemoryStore::new();
-    let good: Vec<_> = (0..5).map(|_| store.enqueue(message("payments")).unwrap()).collect();
+    let good: Vec<_> = (0..5)
+        .map(|_| store.enqueue(message("payments")).unwrap())
+        .collect();
     let poison = store
-        .enqueue(NewMessage::builder("payments", "poison").json(&1).build().unwrap())
+        .enqueue(
+            NewMessage::builder("payments", "poison")
+                .json(&1)
+                .build()
+                .unwrap(),
+        )
         .unwrap();
-    let relay = Relay::builder(store.clone()).route("payments", sink).build().unwrap();
+    let relay = Relay::builder(store.clone())
+        .route("payments", sink)
+        .build()
+        .unwrap();
     let report = relay.drain().await.unwrap();
     assert_eq!((report.published, report.dead), (5, 1));
-    assert!(good.iter().all(|id| store.row(*id).unwrap().row.status() == Status::Published));
+    assert!(
+        good.iter()
+            .all(|id| store.row(*id).unwrap().row.status() == Status::Published)
+    );
     assert_eq!(store.row(poison).unwrap().row.status(), Status::Dead);
 }
 
@@ -163,7 +191,10 @@ async fn a_sink_that_outlives_the_deadline_is_a_retryable_timeout_not_a_publish(
     ]);
     let layered = registry().build_sink("slow", &route).await.unwrap();
     let outcomes = layered
-        .publish(&[message("slow").into_message(chrono::Utc::now())], &PublishContext::default())
+        .publish(
+            &[message("slow").into_message(chrono::Utc::now())],
+            &PublishContext::default(),
+        )
         .await
         .unwrap();
     match &outcomes[0] {

@@ -394,7 +394,10 @@ mod tests {
         assert_eq!(config.all_secrets().unwrap(), ["whsec_a", "whsec_b"]);
         config.secrets_env = Some("OUTBOX_TEST_SURELY_UNSET_VARIABLE".into());
         let error = config.all_secrets().unwrap_err().to_string();
-        assert!(error.contains("OUTBOX_TEST_SURELY_UNSET_VARIABLE"), "{error}");
+        assert!(
+            error.contains("OUTBOX_TEST_SURELY_UNSET_VARIABLE"),
+            "{error}"
+        );
         let _ = std::fs::remove_dir_all(dir);
     }
 }

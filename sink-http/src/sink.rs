@@ -86,7 +86,9 @@ impl HttpSink {
     /// `http(s)`, or names a blocked address; a bad method, header, secret (or
     /// `secrets_env` / `secrets_file`), limit or duration.
     pub fn new(config: HttpSinkConfig) -> Result<Self, HttpSinkError> {
-        let err = |setting, reason: &dyn std::fmt::Display| HttpSinkError::config(setting, reason.to_string());
+        let err = |setting, reason: &dyn std::fmt::Display| {
+            HttpSinkError::config(setting, reason.to_string())
+        };
         for (setting, value) in [
             ("request_timeout", config.request_timeout),
             ("connect_timeout", config.connect_timeout),
@@ -125,20 +127,26 @@ impl HttpSink {
             .ok()
             .filter(|m| [Method::POST, Method::PUT, Method::PATCH, Method::DELETE].contains(m))
             .ok_or_else(|| {
-                err("method", &format!("`{}` is not POST, PUT, PATCH or DELETE", config.method),
+                err(
+                    "method",
+                    &format!("`{}` is not POST, PUT, PATCH or DELETE", config.method),
                 )
             })?;
 
         let mut headers = HeaderMap::new();
         for (name, value) in &config.headers {
             if headers::is_reserved(name) {
-                return Err(err("headers", &format!("`{name}` is set by the sink and cannot be configured"),
+                return Err(err(
+                    "headers",
+                    &format!("`{name}` is set by the sink and cannot be configured"),
                 ));
             }
             let name = HeaderName::from_bytes(name.as_bytes())
                 .map_err(|_| err("headers", &format!("`{name}` is not a valid header name")))?;
             let mut value = HeaderValue::from_str(value).map_err(|_| {
-                err("headers", &format!("the value of `{name}` is not a valid header value"),
+                err(
+                    "headers",
+                    &format!("the value of `{name}` is not a valid header value"),
                 )
             })?;
             value.set_sensitive(true);
@@ -149,7 +157,9 @@ impl HttpSink {
             .all_secrets()?
             .iter()
             .enumerate()
-            .map(|(i, s)| Secret::parse(s).map_err(|e| err("secrets", &format!("secret {}: {e}", i + 1))))
+            .map(|(i, s)| {
+                Secret::parse(s).map_err(|e| err("secrets", &format!("secret {}: {e}", i + 1)))
+            })
             .collect::<Result<Vec<_>, _>>()?;
         if secrets.is_empty() {
             // Legitimate for APIs that authenticate with a header, but easy to forget for
@@ -160,7 +170,9 @@ impl HttpSink {
             );
         }
         if !(1..=1024).contains(&config.max_in_flight) {
-            return Err(err("max_in_flight", &format!("must be 1..=1024, got {}", config.max_in_flight),
+            return Err(err(
+                "max_in_flight",
+                &format!("must be 1..=1024, got {}", config.max_in_flight),
             ));
         }
 
@@ -175,7 +187,12 @@ impl HttpSink {
             .https_only(config.require_https)
             .dns_resolver(Arc::new(GuardedResolver::new(policy, lookup)))
             .build()
-            .map_err(|e| err("client", &format!("the HTTP client could not be built: {e}")))?;
+            .map_err(|e| {
+                err(
+                    "client",
+                    &format!("the HTTP client could not be built: {e}"),
+                )
+            })?;
 
         Ok(Self {
             inner: Arc::new(Inner {
@@ -316,7 +333,11 @@ impl HttpSink {
 }
 
 impl Sink for HttpSink {
-    async fn publish(&self, batch: &[Message], cx: &PublishContext) -> Result<Vec<Outcome>, Failure> {
+    async fn publish(
+        &self,
+        batch: &[Message],
+        cx: &PublishContext,
+    ) -> Result<Vec<Outcome>, Failure> {
         Ok(gather(batch.len(), |outcomes| async move {
             self.publish_reporting(batch, cx, &outcomes).await;
         })

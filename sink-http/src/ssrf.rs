@@ -97,7 +97,7 @@ impl fmt::Display for SsrfError {
         let fix = |f: &mut fmt::Formatter<'_>, addr: &str| {
             write!(
                 f,
-                "; if this endpoint is meant to be internal, allow it for this route: `allow = [\"{addr}\"]` in the route's settings (`EndpointConfig::allow` in code)"
+                "; if this endpoint is meant to be internal, allow it for this route: `allow = [\"{addr}\"]` in the route's settings (`HttpSinkConfig::allow` in code)"
             )
         };
         match self.addr {

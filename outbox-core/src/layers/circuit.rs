@@ -281,6 +281,18 @@ impl Drop for Admission {
     }
 }
 
+/// Permanent failures the sink decides alone, without an answer from the receiver: they
+/// say nothing about its health.
+fn is_local(class: FailureClass) -> bool {
+    matches!(
+        class,
+        FailureClass::Config
+            | FailureClass::Serialization
+            | FailureClass::UnknownDestination
+            | FailureClass::Undecodable
+    )
+}
+
 /// Stops sending to a failing receiver for a while, and honours its retry-after pauses
 /// (see the [module documentation](self)).
 #[derive(Debug)]
@@ -292,7 +304,15 @@ pub struct CircuitBreaker<S> {
 
 impl<S> CircuitBreaker<S> {
     /// Wraps `inner`.
+    ///
+    /// # Panics
+    ///
+    /// If `config` is invalid ([`CircuitConfig::validate`]): `failures` 0 or a zero
+    /// cool-down. Settings from a file are validated before, with an error.
     pub fn new(inner: S, config: CircuitConfig) -> Self {
+        if let Err(reason) = config.validate() {
+            panic!("invalid circuit breaker settings: {reason}");
+        }
         Self {
             inner,
             breaker: Breaker::new(config),
@@ -373,14 +393,21 @@ impl<S: Sink> Sink for CircuitBreaker<S> {
                 .unwrap_or_else(|e| e.into_inner())
                 .get_mut(position)
                 .and_then(Option::take);
+            let mut outcome = outcome;
             if let Some(admission) = admission {
                 let now = Instant::now();
-                match &outcome {
-                    // Never sent: says nothing about the receiver; the admission's drop
-                    // gives a probe slot back.
-                    Outcome::Failed(f) if f.deferred => drop(admission),
+                match &mut outcome {
+                    // Never sent (the call was stopped, say): says nothing about the
+                    // receiver; the admission's drop gives a probe slot back. It comes
+                    // back when the route reopens, not at the relay's ordinary backoff.
+                    Outcome::Failed(f) if f.deferred => {
+                        drop(admission);
+                        if f.retry_after.is_none() {
+                            f.retry_after = breaker.health(now).paused_for;
+                        }
+                    }
                     Outcome::Failed(f) if f.retryable => {
-                        if let Some(delay) = f.retry_after {
+                        if let Some(delay) = f.retry_after.filter(|d| !d.is_zero()) {
                             breaker.pause(now, delay);
                             stop.stop(format!("the receiver asked to wait {delay:?}"));
                         }
@@ -389,6 +416,8 @@ impl<S: Sink> Sink for CircuitBreaker<S> {
                             stop.stop("the circuit breaker opened");
                         }
                     }
+                    // Refused before reaching the receiver (a local check): neutral.
+                    Outcome::Failed(f) if is_local(f.class) => drop(admission),
                     _ => {
                         if admission.record(true, now) == Some(CircuitState::Closed) {
                             info!(route = %name, "circuit closed");

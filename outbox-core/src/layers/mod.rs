@@ -55,11 +55,19 @@ pub trait SinkExt: Sink + Sized {
     }
 
     /// At most `limit.per_second` messages a second, in bursts of `limit.burst`.
+    ///
+    /// # Panics
+    ///
+    /// If `limit` is invalid ([`RateLimit::validate`]).
     fn rate_limited(self, limit: RateLimit) -> RateLimited<Self> {
         RateLimited::new(self, limit)
     }
 
     /// Stops sending after consecutive failures, for a cool-down; honours `Retry-After`.
+    ///
+    /// # Panics
+    ///
+    /// If `config` is invalid ([`CircuitConfig::validate`]).
     fn circuit_breaker(self, config: CircuitConfig) -> CircuitBreaker<Self> {
         CircuitBreaker::new(self, config)
     }

@@ -134,7 +134,15 @@ pub struct RateLimited<S> {
 
 impl<S> RateLimited<S> {
     /// Wraps `inner`.
+    ///
+    /// # Panics
+    ///
+    /// If `limit` is invalid ([`RateLimit::validate`]). Settings from a file are
+    /// validated before, with an error.
     pub fn new(inner: S, limit: RateLimit) -> Self {
+        if let Err(reason) = limit.validate() {
+            panic!("invalid rate limit: {reason}");
+        }
         Self {
             inner,
             limiter: Limiter::new(&limit),
