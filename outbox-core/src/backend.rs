@@ -114,7 +114,7 @@ pub trait DynStore: Send + Sync + 'static {
     fn listen_dyn(&self) -> BoxFuture<'_, Result<Option<Listener>, StoreError>>;
     /// See [`Backend::notify`].
     fn notify_dyn(&self) -> BoxFuture<'_, Result<(), StoreError>>;
-    /// The concrete store, for [`downcast_ref`](<dyn Any>::downcast_ref) (to enqueue with
+    /// The concrete store, for `downcast_ref` (to enqueue with
     /// its own connection types, say).
     fn as_any(&self) -> &dyn Any;
 }

@@ -59,7 +59,7 @@ pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duratio
     parse(&text.0).map_err(serde::de::Error::custom)
 }
 
-/// Serializes a `Duration` as [`format`] writes it.
+/// Serializes a `Duration` as [`format()`] writes it.
 ///
 /// # Errors
 ///

@@ -61,25 +61,25 @@
 //! # Wakeups
 //!
 //! SQLite has no LISTEN/NOTIFY. With SQLite the writer and the relay share a process (and
-//! a database file), so signal the relay in-process: give the relay builder a
-//! [`Wakeup`](outbox_core::Wakeup) with `.wakeup(..)` and call
-//! [`Wakeup::notify`](outbox_core::Wakeup::notify) **after** your transaction committed.
-//! The relay's poll interval remains the fallback if a notify is missed.
+//! a database file), so the store's wakeup is in-process: a relay that listens (as
+//! `outbox::Outbox` does, through [`Backend::listen`](outbox_core::Backend::listen))
+//! wakes when you call [`Backend::notify`](outbox_core::Backend::notify) **after** your
+//! transaction committed. The relay's poll interval remains the fallback.
 //!
 //! ```no_run
 //! # async fn example(pool: sqlx::SqlitePool) -> Result<(), Box<dyn std::error::Error>> {
-//! use outbox_core::{NewMessage, Relay, Wakeup};
+//! use outbox_core::{Backend, NewMessage, Relay};
 //! use outbox_core::testkit::RecordingSink;
 //! use outbox_sqlx::sqlite::SqliteOutbox;
 //!
 //! let outbox = SqliteOutbox::new(pool.clone());
 //! outbox.migrate().await?;
 //!
-//! // The relay, in the same process.
-//! let wakeup = Wakeup::new();
+//! // The relay, in the same process, woken by the store's in-process signal.
+//! let listener = outbox.listen().await?.expect("SQLite has an in-process wakeup");
 //! let relay = Relay::builder(outbox.clone())
 //!     .route("billing", RecordingSink::new())
-//!     .wakeup(wakeup.clone())
+//!     .wakeup(listener.wakeup())
 //!     .build()?;
 //! tokio::spawn(relay.run(std::future::pending()));
 //!
@@ -88,7 +88,7 @@
 //! sqlx::query("UPDATE orders SET status = 'paid' WHERE id = ?1").bind(42_i64).execute(&mut *tx).await?;
 //! outbox.enqueue(&mut tx, &NewMessage::builder("billing", "order.paid").json(&42).build()?).await?;
 //! tx.commit().await?;
-//! wakeup.notify(); // after commit: the relay claims now instead of at its next poll
+//! outbox.notify().await?; // after commit: the relay claims now instead of at its next poll
 //! # Ok(())
 //! # }
 //! ```

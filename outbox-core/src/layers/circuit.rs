@@ -293,8 +293,21 @@ fn is_local(class: FailureClass) -> bool {
     )
 }
 
-/// Stops sending to a failing receiver for a while, and honours its retry-after pauses
-/// (see the [module documentation](self)).
+/// Stops sending to a failing receiver for a while, and honours its retry-after pauses.
+///
+/// - **Closed**: messages flow; each retryable failure of a sent message adds one to a
+///   counter, any other answer (published, or a permanent refusal: the receiver works)
+///   resets it. At [`CircuitConfig::failures`] consecutive failures the circuit opens.
+/// - **Open** for [`CircuitConfig::cool_down`]: nothing is sent; each message fails
+///   retryably, deferred, with class `unavailable` and a retry-after of the time left.
+/// - **Half-open** after the cool-down: one message (the probe) goes through while the
+///   others still fail fast. A probe that succeeds closes the circuit; one that fails
+///   opens it for another cool-down.
+///
+/// Separately, a retryable failure with a retry-after (HTTP `Retry-After`, say) pauses the
+/// route until then. When the circuit opens or a pause starts in the middle of a call, the
+/// inner sink's [context](crate::PublishContext::stopped) is stopped, so a sink that
+/// sends message by message sends no more of the batch.
 #[derive(Debug)]
 pub struct CircuitBreaker<S> {
     inner: S,
