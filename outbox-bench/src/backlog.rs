@@ -5,7 +5,7 @@
 use std::sync::atomic::Ordering as Atomic;
 use std::time::{Duration, Instant};
 
-use outbox_core::{NewMessage, Relay};
+use outbox_engine::{NewMessage, Relay};
 use outbox_sqlx::PublishedRows;
 
 use crate::Scale;

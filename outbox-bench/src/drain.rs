@@ -10,7 +10,7 @@
 use std::sync::atomic::Ordering as Atomic;
 use std::time::{Duration, Instant};
 
-use outbox_core::{DeadHead, MessageOrder, NewMessage, Relay};
+use outbox_engine::{DeadHead, MessageOrder, NewMessage, Relay};
 use outbox_sqlx::PublishedRows;
 use outbox_sqlx::postgres::PgOutbox;
 use sqlx::{PgPool, Row};

@@ -5,7 +5,7 @@
 
 use std::time::Instant;
 
-use outbox_core::NewMessage;
+use outbox_engine::NewMessage;
 use outbox_sqlx::PublishedRows;
 use outbox_sqlx::postgres::PgOutbox;
 use sqlx::PgPool;

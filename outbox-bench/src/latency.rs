@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use outbox_core::{Failure, Message, MessageId, NewMessage, Outcome, Relay, Sink};
+use outbox_engine::{Failure, Message, MessageId, NewMessage, Outcome, Relay, Sink};
 use outbox_sqlx::PublishedRows;
 
 use crate::Scale;
@@ -30,7 +30,7 @@ impl Sink for TimingSink {
     async fn publish(
         &self,
         batch: &[Message],
-        _cx: &outbox_core::PublishContext,
+        _cx: &outbox_engine::PublishContext,
     ) -> Result<Vec<Outcome>, Failure> {
         let now = Instant::now();
         self.arrivals

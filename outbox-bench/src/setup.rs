@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use outbox_core::{Failure, Message, Outcome, Sink};
+use outbox_engine::{Failure, Message, Outcome, Sink};
 use outbox_sqlx::postgres::PgOutbox;
 use outbox_sqlx::{PublishedRows, TableNames};
 use sqlx::PgPool;
@@ -60,7 +60,7 @@ impl Sink for NoopSink {
     async fn publish(
         &self,
         batch: &[Message],
-        _cx: &outbox_core::PublishContext,
+        _cx: &outbox_engine::PublishContext,
     ) -> Result<Vec<Outcome>, Failure> {
         self.count
             .fetch_add(batch.len(), std::sync::atomic::Ordering::Relaxed);

@@ -189,12 +189,12 @@ where
 /// itself (every store trait), so a relay runs over it like over a concrete store.
 ///
 /// ```
-/// use outbox_core::{AnyStore, MemoryStore, Relay, testkit::RecordingSink};
+/// use outbox_engine::{AnyStore, MemoryStore, Relay, testkit::RecordingSink};
 ///
 /// let store = AnyStore::new(MemoryStore::new());
 /// assert!(store.downcast_ref::<MemoryStore>().is_some());
 /// let relay = Relay::builder(store).route("billing", RecordingSink::new()).build()?;
-/// # Ok::<(), outbox_core::ConfigError>(())
+/// # Ok::<(), outbox_engine::ConfigError>(())
 /// ```
 #[derive(Clone)]
 pub struct AnyStore(Arc<dyn DynStore>);

@@ -26,7 +26,7 @@ impl Clock for SystemClock {
 ///
 /// ```
 /// use std::time::Duration;
-/// use outbox_core::{Clock, ManualClock};
+/// use outbox_engine::{Clock, ManualClock};
 ///
 /// let clock = ManualClock::new();
 /// let start = clock.now();

@@ -11,13 +11,13 @@
 //!
 //! #[derive(serde::Deserialize)]
 //! struct Settings {
-//!     #[serde(with = "outbox_core::duration")]
+//!     #[serde(with = "outbox_engine::duration")]
 //!     lease: Duration,
 //! }
 //!
 //! let s: Settings = serde_json::from_str(r#"{ "lease": "1m 30s" }"#).unwrap();
 //! assert_eq!(s.lease, Duration::from_secs(90));
-//! assert!(outbox_core::duration::parse("250").unwrap_err().contains("needs a unit"));
+//! assert!(outbox_engine::duration::parse("250").unwrap_err().contains("needs a unit"));
 //! ```
 
 use std::time::Duration;

@@ -11,7 +11,7 @@
 //!
 //! ```
 //! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-//! use outbox_core::{MemoryStore, NewMessage, Relay, testkit::RecordingSink};
+//! use outbox_engine::{MemoryStore, NewMessage, Relay, testkit::RecordingSink};
 //!
 //! let store = MemoryStore::new();
 //! store.enqueue(

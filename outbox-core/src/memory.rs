@@ -24,7 +24,7 @@ use crate::wakeup::Wakeup;
 /// ```
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
 /// use std::time::Duration;
-/// use outbox_core::{ClaimRequest, Completion, MemoryStore, NewMessage, Store};
+/// use outbox_engine::{ClaimRequest, Completion, MemoryStore, NewMessage, Store};
 ///
 /// let store = MemoryStore::new();
 /// store.enqueue(NewMessage::builder("billing", "invoice.paid").json(&42).build()?)?;

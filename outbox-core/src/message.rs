@@ -106,7 +106,7 @@ pub enum Availability {
 /// A message to enqueue, validated. Build one with [`NewMessage::builder`].
 ///
 /// ```
-/// use outbox_core::NewMessage;
+/// use outbox_engine::NewMessage;
 ///
 /// let msg = NewMessage::builder("billing", "invoice.paid")
 ///     .json(&serde_json::json!({ "invoice": 42, "amount_cents": 1999 }))
@@ -116,7 +116,7 @@ pub enum Availability {
 ///     .build()?;
 /// assert_eq!(msg.content_type(), "application/json");
 /// assert_eq!(msg.idempotency_key(), msg.id().to_string());
-/// # Ok::<(), outbox_core::MessageError>(())
+/// # Ok::<(), outbox_engine::MessageError>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NewMessage {
@@ -400,7 +400,7 @@ impl NewMessageBuilder {
 /// the same key: `uuid5(namespace, "8:order-42" + "4:paid")` for `["order-42", "paid"]`.
 ///
 /// ```
-/// use outbox_core::deterministic_key;
+/// use outbox_engine::deterministic_key;
 /// use uuid::Uuid;
 ///
 /// let ns = Uuid::from_u128(0x6ba7b811_9dad_11d1_80b4_00c04fd430c8);

@@ -23,7 +23,7 @@ const SECRET_PARAMS: &[&str] = &[
 /// signatures). A URL that does not parse is not shown at all.
 ///
 /// ```
-/// use outbox_core::redact;
+/// use outbox_engine::redact;
 ///
 /// assert_eq!(redact::url("postgres://app:hunter2@db/app"), "postgres://app:***@db/app");
 /// assert_eq!(redact::url("postgres://app@db/app"), "postgres://app@db/app");
@@ -59,7 +59,7 @@ pub fn url(url: &str) -> String {
 /// URLs).
 ///
 /// ```
-/// use outbox_core::redact;
+/// use outbox_engine::redact;
 ///
 /// assert_eq!(redact::endpoint("https://hooks.example.com/"), "https://hooks.example.com/");
 /// assert_eq!(redact::endpoint("http://u:p@127.0.0.1:8080/T1/secret?x=1"), "http://***@127.0.0.1:8080/…");

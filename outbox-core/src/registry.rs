@@ -5,8 +5,8 @@
 //!
 //! ```
 //! use std::sync::Arc;
-//! use outbox_core::registry::{BuildError, RouteSettings, SinkDriver};
-//! use outbox_core::{DynSink, testkit::RecordingSink};
+//! use outbox_engine::registry::{BuildError, RouteSettings, SinkDriver};
+//! use outbox_engine::{DynSink, testkit::RecordingSink};
 //!
 //! /// `memory://` routes record what they get.
 //! pub const MEMORY: SinkDriver = SinkDriver {

@@ -24,7 +24,7 @@ use crate::wakeup::Wakeup;
 ///
 /// ```
 /// use std::time::Duration;
-/// use outbox_core::{MemoryStore, Relay, RetryPolicy, testkit::RecordingSink};
+/// use outbox_engine::{MemoryStore, Relay, RetryPolicy, testkit::RecordingSink};
 ///
 /// let store = MemoryStore::new();
 /// let relay = Relay::builder(store.clone())
@@ -33,10 +33,10 @@ use crate::wakeup::Wakeup;
 ///     .concurrency(2)
 ///     .lease(Duration::from_secs(30))
 ///     .poll_interval(Duration::from_millis(500))
-///     .wakeup(outbox_core::Wakeups::wakeup(&store))
+///     .wakeup(outbox_engine::Wakeups::wakeup(&store))
 ///     .retry(RetryPolicy::default().max_attempts(10))
 ///     .build()?;
-/// # Ok::<(), outbox_core::ConfigError>(())
+/// # Ok::<(), outbox_engine::ConfigError>(())
 /// ```
 #[must_use = "a builder does nothing until `build` is called"]
 pub struct RelayBuilder<S> {

@@ -16,7 +16,7 @@ use crate::sink::Failure;
 ///
 /// ```
 /// use std::time::Duration;
-/// use outbox_core::RetryPolicy;
+/// use outbox_engine::RetryPolicy;
 ///
 /// let policy = RetryPolicy::default()
 ///     .initial_delay(Duration::from_millis(500))

@@ -3,8 +3,8 @@
 //! [`RetryPolicy`], so the defaults are defined once, there.
 //!
 //! ```
-//! use outbox_core::settings::{RelaySettings, RetrySettings};
-//! use outbox_core::{MemoryStore, Relay, testkit::RecordingSink};
+//! use outbox_engine::settings::{RelaySettings, RetrySettings};
+//! use outbox_engine::{MemoryStore, Relay, testkit::RecordingSink};
 //!
 //! let relay: RelaySettings = serde_json::from_str(r#"{ "batch_size": 50, "lease": "1m", "ordering": "per-key" }"#)?;
 //! let retry: RetrySettings = serde_json::from_str(r#"{ "max_attempts": 10, "max_delay": "10m" }"#)?;

@@ -189,7 +189,7 @@ impl From<Failure> for Outcome {
 ///
 /// ```
 /// use std::time::Duration;
-/// use outbox_core::PublishContext;
+/// use outbox_engine::PublishContext;
 ///
 /// let cx = PublishContext::timeout(Duration::from_secs(5));
 /// assert!(cx.remaining() <= Duration::from_secs(5));
@@ -300,7 +300,7 @@ impl Default for PublishContext {
 /// wrap any sink.
 ///
 /// ```
-/// use outbox_core::{Failure, FailureClass, Message, Outcome, PublishContext, Sink};
+/// use outbox_engine::{Failure, FailureClass, Message, Outcome, PublishContext, Sink};
 ///
 /// struct Stdout;
 ///
@@ -513,7 +513,7 @@ impl Tracker {
 /// [`Sink::publish_reporting`] implement [`Sink::publish`] with it.
 ///
 /// ```
-/// use outbox_core::{Outcome, gather};
+/// use outbox_engine::{Outcome, gather};
 ///
 /// # tokio_test_block_on(async {
 /// let outcomes = gather(2, |outcomes| async move {

@@ -11,7 +11,7 @@ use tokio::sync::watch;
 ///
 /// ```
 /// # tokio_test_shim::block_on(async {
-/// use outbox_core::Wakeup;
+/// use outbox_engine::Wakeup;
 ///
 /// let wakeup = Wakeup::new();
 /// let mut listener = wakeup.subscribe();

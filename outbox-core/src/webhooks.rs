@@ -13,7 +13,7 @@
 //! # Example
 //!
 //! ```
-//! use outbox_core::webhooks::{
+//! use outbox_engine::webhooks::{
 //!     HEADER_ID, HEADER_SIGNATURE, HEADER_TIMESTAMP, Secret, Verifier, signature_header,
 //! };
 //!
@@ -323,8 +323,8 @@ impl Verifier {
 /// senders must not sign them.
 ///
 /// ```
-/// assert!(outbox_core::webhooks::is_signable_id("0190f0a4-6b1c-7cc2-9a55-1f0e1d2c3b4a"));
-/// assert!(!outbox_core::webhooks::is_signable_id("order.42"));
+/// assert!(outbox_engine::webhooks::is_signable_id("0190f0a4-6b1c-7cc2-9a55-1f0e1d2c3b4a"));
+/// assert!(!outbox_engine::webhooks::is_signable_id("order.42"));
 /// ```
 pub fn is_signable_id(id: &str) -> bool {
     !id.contains('.')

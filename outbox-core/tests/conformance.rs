@@ -1,6 +1,6 @@
 //! The in-memory store and the test sinks pass the conformance suites they ship.
 
-use outbox_core::testkit::{
+use outbox_engine::testkit::{
     FlakySink, MemoryHarness, RecordingSink, SinkHarness, sink_suite, store_suite,
 };
 
@@ -52,15 +52,15 @@ async fn flaky_sink_without_failures_passes_the_sink_suite() {
 #[should_panic(expected = "every acknowledged message arrived")]
 async fn sink_suite_catches_a_lying_sink() {
     struct Liar(RecordingSink);
-    impl outbox_core::Sink for Liar {
+    impl outbox_engine::Sink for Liar {
         async fn publish(
             &self,
-            batch: &[outbox_core::Message],
-            cx: &outbox_core::PublishContext,
-        ) -> Result<Vec<outbox_core::Outcome>, outbox_core::Failure> {
+            batch: &[outbox_engine::Message],
+            cx: &outbox_engine::PublishContext,
+        ) -> Result<Vec<outbox_engine::Outcome>, outbox_engine::Failure> {
             // Acknowledge everything, deliver only the first message.
             let _ = self.0.publish(&batch[..batch.len().min(1)], cx).await?;
-            Ok(vec![outbox_core::Outcome::published(); batch.len()])
+            Ok(vec![outbox_engine::Outcome::published(); batch.len()])
         }
     }
     struct H(Liar);
@@ -83,8 +83,8 @@ async fn store_suite_catches_a_store_without_fencing() {
     use std::sync::{Arc, Mutex};
     use std::time::Duration;
 
-    use outbox_core::testkit::StoreHarness;
-    use outbox_core::*;
+    use outbox_engine::testkit::StoreHarness;
+    use outbox_engine::*;
 
     /// Completes with the newest token it handed out, whatever token the caller presents.
     #[derive(Clone)]

@@ -6,9 +6,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
-use outbox_core::layers::{CircuitConfig, CircuitState, RateLimit, SinkExt};
-use outbox_core::testkit::RecordingSink;
-use outbox_core::{
+use outbox_engine::layers::{CircuitConfig, CircuitState, RateLimit, SinkExt};
+use outbox_engine::testkit::RecordingSink;
+use outbox_engine::{
     Failure, FailureClass, Message, NewMessage, Outcome, Outcomes, PublishContext, Sink,
 };
 
@@ -41,7 +41,7 @@ impl Sink for OneByOne {
         batch: &[Message],
         cx: &PublishContext,
     ) -> Result<Vec<Outcome>, Failure> {
-        Ok(outbox_core::gather(batch.len(), |o| async move {
+        Ok(outbox_engine::gather(batch.len(), |o| async move {
             self.publish_reporting(batch, cx, &o).await;
         })
         .await)

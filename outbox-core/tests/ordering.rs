@@ -5,8 +5,8 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use outbox_core::testkit::{FlakySink, RecordingSink};
-use outbox_core::{
+use outbox_engine::testkit::{FlakySink, RecordingSink};
+use outbox_engine::{
     DeadHead, MemoryStore, MessageId, MessageOrder, NewMessage, Relay, RetryPolicy, StoreStats,
     Wakeups,
 };

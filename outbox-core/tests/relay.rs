@@ -4,8 +4,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
 use std::time::Duration;
 
-use outbox_core::testkit::{FlakySink, RecordingSink};
-use outbox_core::{
+use outbox_engine::testkit::{FlakySink, RecordingSink};
+use outbox_engine::{
     Clock, Failure, FailureClass, ManualClock, MemoryStore, Message, NewMessage, Outcome, Relay,
     RetryPolicy, Sink, Status, StoreStats, Wakeups,
 };
@@ -17,7 +17,7 @@ fn msg(destination: &str, event: &str) -> NewMessage {
         .unwrap()
 }
 
-fn status(store: &MemoryStore, id: outbox_core::MessageId) -> Status {
+fn status(store: &MemoryStore, id: outbox_engine::MessageId) -> Status {
     store.row(id).unwrap().row.status()
 }
 
@@ -204,7 +204,7 @@ impl Sink for Miscounting {
     async fn publish(
         &self,
         batch: &[Message],
-        _cx: &outbox_core::PublishContext,
+        _cx: &outbox_engine::PublishContext,
     ) -> Result<Vec<Outcome>, Failure> {
         Ok(vec![Outcome::published(); batch.len().saturating_sub(1)])
     }
@@ -234,7 +234,7 @@ impl Sink for Panicking {
     async fn publish(
         &self,
         _: &[Message],
-        _cx: &outbox_core::PublishContext,
+        _cx: &outbox_engine::PublishContext,
     ) -> Result<Vec<Outcome>, Failure> {
         panic!("sink bug")
     }
@@ -270,7 +270,7 @@ impl Sink for Slow {
     async fn publish(
         &self,
         batch: &[Message],
-        _cx: &outbox_core::PublishContext,
+        _cx: &outbox_engine::PublishContext,
     ) -> Result<Vec<Outcome>, Failure> {
         tokio::time::sleep(self.0).await;
         Ok(vec![Outcome::published(); batch.len()])
@@ -299,7 +299,7 @@ impl Sink for OneSlow {
     async fn publish(
         &self,
         _: &[Message],
-        _cx: &outbox_core::PublishContext,
+        _cx: &outbox_engine::PublishContext,
     ) -> Result<Vec<Outcome>, Failure> {
         unreachable!("the relay publishes through publish_reporting")
     }
@@ -307,8 +307,8 @@ impl Sink for OneSlow {
     async fn publish_reporting(
         &self,
         batch: &[Message],
-        _: &outbox_core::PublishContext,
-        outcomes: &outbox_core::Outcomes,
+        _: &outbox_engine::PublishContext,
+        outcomes: &outbox_engine::Outcomes,
     ) {
         for (index, message) in batch.iter().enumerate() {
             if message.event_type != "slow" {
@@ -362,10 +362,10 @@ async fn rows_claimed_too_often_without_completion_are_dead_lettered_unpublished
     let clock = ManualClock::new();
     let store = MemoryStore::with_clock(clock.clone());
     let id = store.enqueue(msg("x", "crashy")).unwrap();
-    let request = outbox_core::ClaimRequest::new("crashing-relay", 10, Duration::from_secs(1));
+    let request = outbox_engine::ClaimRequest::new("crashing-relay", 10, Duration::from_secs(1));
     for _ in 0..3 {
         // A relay claims and dies each time.
-        let claim = outbox_core::Store::claim(&store, &request).await.unwrap();
+        let claim = outbox_engine::Store::claim(&store, &request).await.unwrap();
         assert_eq!(claim.messages.len(), 1);
         clock.advance(Duration::from_secs(2));
     }
@@ -471,18 +471,18 @@ async fn store_errors_do_not_stop_the_relay() {
     /// Fails every other claim.
     #[derive(Clone)]
     struct Unreliable(MemoryStore, Arc<AtomicUsize>);
-    impl outbox_core::Store for Unreliable {
+    impl outbox_engine::Store for Unreliable {
         async fn claim(
             &self,
-            r: &outbox_core::ClaimRequest,
-        ) -> Result<outbox_core::Claim, outbox_core::StoreError> {
+            r: &outbox_engine::ClaimRequest,
+        ) -> Result<outbox_engine::Claim, outbox_engine::StoreError> {
             if self
                 .1
                 .fetch_add(1, AtomicOrdering::SeqCst)
                 .is_multiple_of(2)
             {
-                return Err(outbox_core::StoreError::new(
-                    outbox_core::StoreErrorKind::Unavailable,
+                return Err(outbox_engine::StoreError::new(
+                    outbox_engine::StoreErrorKind::Unavailable,
                     "db down",
                 ));
             }
@@ -490,16 +490,16 @@ async fn store_errors_do_not_stop_the_relay() {
         }
         async fn complete(
             &self,
-            t: outbox_core::LeaseToken,
-            c: &[outbox_core::Completion],
-        ) -> Result<outbox_core::CompleteReport, outbox_core::StoreError> {
+            t: outbox_engine::LeaseToken,
+            c: &[outbox_engine::Completion],
+        ) -> Result<outbox_engine::CompleteReport, outbox_engine::StoreError> {
             self.0.complete(t, c).await
         }
         async fn release(
             &self,
-            t: outbox_core::LeaseToken,
-            ids: &[outbox_core::MessageId],
-        ) -> Result<outbox_core::CompleteReport, outbox_core::StoreError> {
+            t: outbox_engine::LeaseToken,
+            ids: &[outbox_engine::MessageId],
+        ) -> Result<outbox_engine::CompleteReport, outbox_engine::StoreError> {
             self.0.release(t, ids).await
         }
     }
@@ -524,8 +524,8 @@ async fn store_errors_do_not_stop_the_relay() {
 #[test]
 fn bad_settings_are_named() {
     let build = |f: fn(
-        outbox_core::RelayBuilder<MemoryStore>,
-    ) -> outbox_core::RelayBuilder<MemoryStore>| {
+        outbox_engine::RelayBuilder<MemoryStore>,
+    ) -> outbox_engine::RelayBuilder<MemoryStore>| {
         f(Relay::builder(MemoryStore::new()).route("x", RecordingSink::new()))
             .build()
             .err()
@@ -556,7 +556,7 @@ impl Sink for NeverSent {
     async fn publish(
         &self,
         batch: &[Message],
-        _cx: &outbox_core::PublishContext,
+        _cx: &outbox_engine::PublishContext,
     ) -> Result<Vec<Outcome>, Failure> {
         let failure = Failure::retryable(FailureClass::Unavailable, "circuit open, not sent")
             .with_retry_after(Duration::from_secs(60))

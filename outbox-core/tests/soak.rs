@@ -5,8 +5,8 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use outbox_core::testkit::{FlakySink, RecordingSink};
-use outbox_core::{
+use outbox_engine::testkit::{FlakySink, RecordingSink};
+use outbox_engine::{
     MemoryStore, MessageId, NewMessage, Relay, RetryPolicy, Status, StoreStats, Wakeups,
 };
 

@@ -9,8 +9,8 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
-use outbox_core::state::RowState;
-use outbox_core::{
+use outbox_engine::state::RowState;
+use outbox_engine::{
     ClaimRequest, Clock, Completion, DeadLetterFilter, DeadLetters, LeaseToken, ManualClock,
     MemoryStore, MessageId, NewMessage, Status, Store,
 };
@@ -221,17 +221,17 @@ impl World {
                         continue;
                     }
                     row.0 = match &c.action {
-                        outbox_core::CompleteAction::Published => Expect::Published,
-                        outbox_core::CompleteAction::Retry { delay, .. } => Expect::Pending {
+                        outbox_engine::CompleteAction::Published => Expect::Published,
+                        outbox_engine::CompleteAction::Retry { delay, .. } => Expect::Pending {
                             due: m.now + delay.as_secs() as i64,
                         },
-                        outbox_core::CompleteAction::Defer { delay, .. } => {
+                        outbox_engine::CompleteAction::Defer { delay, .. } => {
                             row.1 -= 1; // not sent: the attempt is given back
                             Expect::Pending {
                                 due: m.now + delay.as_secs() as i64,
                             }
                         }
-                        outbox_core::CompleteAction::Dead { .. } => Expect::Dead,
+                        outbox_engine::CompleteAction::Dead { .. } => Expect::Dead,
                     };
                 }
                 assert_eq!(

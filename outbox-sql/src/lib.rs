@@ -327,13 +327,13 @@ fn split_statements(sql: &str) -> Vec<String> {
 
 /// The status token a completion is bound with: `published`, `pending` (retry),
 /// `deferred` (retry that gives the attempt back; stored as `pending`), `dead`.
-pub fn completion_status(action: &outbox_core::CompleteAction) -> &'static str {
+pub fn completion_status(action: &outbox_engine::CompleteAction) -> &'static str {
     match action {
-        outbox_core::CompleteAction::Published => outbox_core::Status::Published.as_str(),
-        outbox_core::CompleteAction::Retry { .. } => outbox_core::Status::Pending.as_str(),
+        outbox_engine::CompleteAction::Published => outbox_engine::Status::Published.as_str(),
+        outbox_engine::CompleteAction::Retry { .. } => outbox_engine::Status::Pending.as_str(),
         // A transport token, never stored: pending again, attempt given back.
-        outbox_core::CompleteAction::Defer { .. } => "deferred",
-        outbox_core::CompleteAction::Dead { .. } => outbox_core::Status::Dead.as_str(),
+        outbox_engine::CompleteAction::Defer { .. } => "deferred",
+        outbox_engine::CompleteAction::Dead { .. } => outbox_engine::Status::Dead.as_str(),
     }
 }
 

@@ -41,7 +41,7 @@
 //! they are unordered.
 //!
 //! [`Statements::claim_ordered`] takes a keyed row only if no row of its key and destination with a lower
-//! `seq` is pending or leased (or dead, under [`DeadHead::Halt`](outbox_core::DeadHead)).
+//! `seq` is pending or leased (or dead, under [`DeadHead::Halt`](outbox_engine::DeadHead)).
 //! The claim is one statement, so it sees one consistent state of the table.
 
 use crate::{Dialect, TableNames};

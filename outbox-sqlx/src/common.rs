@@ -5,8 +5,8 @@ use std::time::Duration;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 use chrono::{DateTime, Utc};
 #[cfg(any(feature = "postgres", feature = "mysql"))]
-use outbox_core::{Availability, NewMessage};
-use outbox_core::{Headers, StoreError, StoreErrorKind};
+use outbox_engine::{Availability, NewMessage};
+use outbox_engine::{Headers, StoreError, StoreErrorKind};
 
 /// A duration as whole milliseconds for binding, saturating.
 pub(crate) fn millis(d: Duration) -> i64 {
@@ -36,7 +36,7 @@ pub(crate) fn headers_from_json(json: &str) -> Result<Headers, String> {
 /// Sets `message.headers` from the `headers` column's text. With `strict` off, headers
 /// that cannot be read are left empty (for listing the dead letters such rows became).
 pub(crate) fn read_headers(
-    message: &mut outbox_core::Message,
+    message: &mut outbox_engine::Message,
     json: &str,
     strict: bool,
 ) -> Result<(), String> {
@@ -56,9 +56,11 @@ pub(crate) fn undecodable(column: &str, problem: impl std::fmt::Display) -> Stri
 /// Reads a message id stored as text: only the lowercase hyphenated form the library
 /// writes is accepted, because completions find rows by comparing that text.
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
-pub(crate) fn stored_id(text: &str) -> Result<outbox_core::MessageId, String> {
+pub(crate) fn stored_id(text: &str) -> Result<outbox_engine::MessageId, String> {
     match uuid::Uuid::parse_str(text) {
-        Ok(id) if id.hyphenated().to_string() == text => Ok(outbox_core::MessageId::from_uuid(id)),
+        Ok(id) if id.hyphenated().to_string() == text => {
+            Ok(outbox_engine::MessageId::from_uuid(id))
+        }
         _ => Err(undecodable(
             "id",
             format!("{text:?} is not a lowercase hyphenated UUID"),

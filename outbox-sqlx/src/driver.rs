@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
-use outbox_core::registry::{BuildError, StoreDriver};
-use outbox_core::{AnyStore, StoreSettings, redact};
+use outbox_engine::registry::{BuildError, StoreDriver};
+use outbox_engine::{AnyStore, StoreSettings, redact};
 use outbox_sql::TableNames;
 
 /// How long connecting may take before it is reported as unreachable.

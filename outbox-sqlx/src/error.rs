@@ -1,6 +1,6 @@
 //! Classification of sqlx errors: whether retrying can help.
 
-use outbox_core::{StoreError, StoreErrorKind};
+use outbox_engine::{StoreError, StoreErrorKind};
 
 /// Maps a sqlx error to a [`StoreError`] with the right kind.
 pub(crate) fn classify(error: sqlx::Error) -> StoreError {

@@ -8,7 +8,7 @@
 //!   `INSERT` on the connection you pass and nothing else — no commit, no other
 //!   connection, no network call — so the message commits or rolls back with your
 //!   business change;
-//! - **a relay store** implementing [`outbox_core::Store`] (claim with
+//! - **a relay store** implementing [`outbox_engine::Store`] (claim with
 //!   `FOR UPDATE SKIP LOCKED` or a single atomic SQLite statement, token-fenced batched
 //!   completion) plus stats, dead letters and purge;
 //! - **an inbox** for receivers: record `(consumer, message id)` inside the receiver's own
@@ -20,7 +20,7 @@
 //! Run [`postgres::PgOutbox::migrate`] (or the SQLite/MySQL equivalent) once at start-up;
 //! migrations are idempotent and safe to run from several processes at once.
 //!
-//! Every store implements [`outbox_core::Backend`] too, and [`POSTGRES`], [`SQLITE`] and
+//! Every store implements [`outbox_engine::Backend`] too, and [`POSTGRES`], [`SQLITE`] and
 //! [`MYSQL`] are the drivers that open them from a URL (`postgres://…`, `sqlite:…`,
 //! `mysql://…` / `mariadb://…`) for the `outbox` front crate's registry.
 
@@ -63,4 +63,4 @@ impl Delivery {
     }
 }
 
-pub use outbox_core::PublishedRows;
+pub use outbox_engine::PublishedRows;

@@ -2,9 +2,9 @@
 //!
 //! ```no_run
 //! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
-//! use outbox_core::{NewMessage, Relay, Wakeup};
+//! use outbox_engine::{NewMessage, Relay, Wakeup};
 //! use outbox_sqlx::mysql::MySqlOutbox;
-//! # let sink = outbox_core::testkit::RecordingSink::new();
+//! # let sink = outbox_engine::testkit::RecordingSink::new();
 //!
 //! let pool = sqlx::MySqlPool::connect("mysql://app@localhost/app").await?;
 //! let outbox = MySqlOutbox::new(pool.clone());
@@ -32,7 +32,7 @@
 //! - **Wakeups**: MySQL has no LISTEN/NOTIFY. Relays poll (`poll_interval`); when the
 //!   writer and the relay share a process, raise an in-process [`Wakeup`] after each
 //!   commit, as above, or call the store's
-//!   [`Backend::notify`](outbox_core::Backend::notify), which wakes the relays that
+//!   [`Backend::notify`](outbox_engine::Backend::notify), which wakes the relays that
 //!   listen to it (`outbox::Outbox` does).
 //! - **Time** is the server's `UTC_TIMESTAMP(6)`, stored as UTC `DATETIME(6)`, so the
 //!   session `time_zone` does not matter and relays on skewed hosts agree.
@@ -63,17 +63,17 @@
 //!   a lease owner to [`MAX_OWNER_CHARS`] (at a
 //!   character boundary), which is what the columns hold.
 //!
-//! [`Wakeup`]: outbox_core::Wakeup
-//! [`MessageOrder::PerKey`]: outbox_core::MessageOrder::PerKey
-//! [`DeadHead::Halt`]: outbox_core::DeadHead::Halt
+//! [`Wakeup`]: outbox_engine::Wakeup
+//! [`MessageOrder::PerKey`]: outbox_engine::MessageOrder::PerKey
+//! [`DeadHead::Halt`]: outbox_engine::DeadHead::Halt
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, NaiveDate, NaiveDateTime, Utc};
-use outbox_core::Wakeup;
-use outbox_core::{
+use outbox_engine::Wakeup;
+use outbox_engine::{
     Claim, ClaimRequest, CompleteAction, CompleteReport, Completion, DeadHead, DeadLetter,
     DeadLetterFilter, DeadLetters, DestinationStats, Lease, LeaseToken, Message, MessageId,
     MessageOrder, NewMessage, Purge, PurgeRequest, Rejected, Stats, Store, StoreError,
@@ -121,7 +121,7 @@ const MAX_FILTER_VALUES: usize = 60_000;
 pub struct MySqlOutbox {
     pool: MySqlPool,
     inner: Arc<Inner>,
-    /// Raised by [`Backend::notify`](outbox_core::Backend::notify): relays in this process
+    /// Raised by [`Backend::notify`](outbox_engine::Backend::notify): relays in this process
     /// that listen wake up at once; others find the rows at their next poll.
     wakeup: Wakeup,
 }
@@ -721,15 +721,15 @@ fn unique(ids: impl Iterator<Item = MessageId>) -> Vec<MessageId> {
     ids.filter(|id| seen.insert(*id)).collect()
 }
 
-/// The wakeup is in-process: call [`notify`](outbox_core::Backend::notify) after a commit
+/// The wakeup is in-process: call [`notify`](outbox_engine::Backend::notify) after a commit
 /// to wake relays of this process at once; relays elsewhere poll.
-impl outbox_core::Backend for MySqlOutbox {
+impl outbox_engine::Backend for MySqlOutbox {
     async fn migrate(&self) -> Result<(), StoreError> {
         MySqlOutbox::migrate(self).await
     }
 
-    async fn listen(&self) -> Result<Option<outbox_core::Listener>, StoreError> {
-        Ok(Some(outbox_core::Listener::new(self.wakeup.clone(), ())))
+    async fn listen(&self) -> Result<Option<outbox_engine::Listener>, StoreError> {
+        Ok(Some(outbox_engine::Listener::new(self.wakeup.clone(), ())))
     }
 
     async fn notify(&self) -> Result<(), StoreError> {
@@ -1115,7 +1115,7 @@ impl MySqlInbox {
     ///
     /// InnoDB may resolve concurrent inserts of the same key with a deadlock, rolling back
     /// one transaction: that error has kind `Conflict`
-    /// ([`is_retryable`](outbox_core::StoreErrorKind::is_retryable)); run the whole
+    /// ([`is_retryable`](outbox_engine::StoreErrorKind::is_retryable)); run the whole
     /// delivery transaction again.
     ///
     /// # Errors

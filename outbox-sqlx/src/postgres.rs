@@ -2,7 +2,7 @@
 //!
 //! ```no_run
 //! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
-//! use outbox_core::NewMessage;
+//! use outbox_engine::NewMessage;
 //! use outbox_sqlx::postgres::PgOutbox;
 //!
 //! let pool = sqlx::PgPool::connect("postgres://localhost/app").await?;
@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use outbox_core::{
+use outbox_engine::{
     Claim, ClaimRequest, CompleteAction, CompleteReport, Completion, DeadHead, DeadLetter,
     DeadLetterFilter, DeadLetters, DestinationStats, Lease, LeaseToken, Message, MessageId,
     MessageOrder, NewMessage, Purge, PurgeRequest, Rejected, Stats, Store, StoreError, StoreStats,
@@ -402,14 +402,14 @@ fn report(requested: impl Iterator<Item = MessageId>, applied: &HashSet<Uuid>) -
     report
 }
 
-impl outbox_core::Backend for PgOutbox {
+impl outbox_engine::Backend for PgOutbox {
     async fn migrate(&self) -> Result<(), StoreError> {
         PgOutbox::migrate(self).await
     }
 
-    async fn listen(&self) -> Result<Option<outbox_core::Listener>, StoreError> {
+    async fn listen(&self) -> Result<Option<outbox_engine::Listener>, StoreError> {
         let listener = PgOutbox::listen(self).await?;
-        Ok(Some(outbox_core::Listener::new(
+        Ok(Some(outbox_engine::Listener::new(
             listener.wakeup(),
             listener,
         )))

@@ -62,14 +62,14 @@
 //!
 //! SQLite has no LISTEN/NOTIFY. With SQLite the writer and the relay share a process (and
 //! a database file), so the store's wakeup is in-process: a relay that listens (as
-//! `outbox::Outbox` does, through [`Backend::listen`](outbox_core::Backend::listen))
-//! wakes when you call [`Backend::notify`](outbox_core::Backend::notify) **after** your
+//! `outbox::Outbox` does, through [`Backend::listen`](outbox_engine::Backend::listen))
+//! wakes when you call [`Backend::notify`](outbox_engine::Backend::notify) **after** your
 //! transaction committed. The relay's poll interval remains the fallback.
 //!
 //! ```no_run
 //! # async fn example(pool: sqlx::SqlitePool) -> Result<(), Box<dyn std::error::Error>> {
-//! use outbox_core::{Backend, NewMessage, Relay};
-//! use outbox_core::testkit::RecordingSink;
+//! use outbox_engine::{Backend, NewMessage, Relay};
+//! use outbox_engine::testkit::RecordingSink;
 //! use outbox_sqlx::sqlite::SqliteOutbox;
 //!
 //! let outbox = SqliteOutbox::new(pool.clone());
@@ -98,8 +98,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use outbox_core::Wakeup;
-use outbox_core::{
+use outbox_engine::Wakeup;
+use outbox_engine::{
     Availability, Claim, ClaimRequest, CompleteAction, CompleteReport, Completion, DeadHead,
     DeadLetter, DeadLetterFilter, DeadLetters, DestinationStats, Lease, LeaseToken, Message,
     MessageId, MessageOrder, NewMessage, Purge, PurgeRequest, Rejected, Stats, Store, StoreError,
@@ -127,7 +127,7 @@ use crate::{Delivery, PublishedRows};
 pub struct SqliteOutbox {
     pool: SqlitePool,
     inner: Arc<Inner>,
-    /// Raised by [`Backend::notify`](outbox_core::Backend::notify): relays in this process
+    /// Raised by [`Backend::notify`](outbox_engine::Backend::notify): relays in this process
     /// that listen wake up at once; others find the rows at their next poll.
     wakeup: Wakeup,
 }
@@ -488,15 +488,15 @@ fn report(requested: impl Iterator<Item = MessageId>, applied: &HashSet<Uuid>) -
     report
 }
 
-/// The wakeup is in-process: call [`notify`](outbox_core::Backend::notify) after a commit
+/// The wakeup is in-process: call [`notify`](outbox_engine::Backend::notify) after a commit
 /// to wake relays of this process at once; relays elsewhere poll.
-impl outbox_core::Backend for SqliteOutbox {
+impl outbox_engine::Backend for SqliteOutbox {
     async fn migrate(&self) -> Result<(), StoreError> {
         SqliteOutbox::migrate(self).await
     }
 
-    async fn listen(&self) -> Result<Option<outbox_core::Listener>, StoreError> {
-        Ok(Some(outbox_core::Listener::new(self.wakeup.clone(), ())))
+    async fn listen(&self) -> Result<Option<outbox_engine::Listener>, StoreError> {
+        Ok(Some(outbox_engine::Listener::new(self.wakeup.clone(), ())))
     }
 
     async fn notify(&self) -> Result<(), StoreError> {

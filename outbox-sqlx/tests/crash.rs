@@ -8,7 +8,7 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use outbox_core::{Failure, Message, Outcome, Relay, RetryPolicy, Sink, StoreStats};
+use outbox_engine::{Failure, Message, Outcome, Relay, RetryPolicy, Sink, StoreStats};
 use outbox_sqlx::TableNames;
 use outbox_sqlx::postgres::PgOutbox;
 use outbox_test_support::ChildGuard;
@@ -35,7 +35,7 @@ impl Sink for TableSink {
     async fn publish(
         &self,
         batch: &[Message],
-        _cx: &outbox_core::PublishContext,
+        _cx: &outbox_engine::PublishContext,
     ) -> Result<Vec<Outcome>, Failure> {
         let ids: Vec<uuid::Uuid> = batch.iter().map(|m| *m.id.as_uuid()).collect();
         sqlx::query(&format!(
@@ -45,7 +45,7 @@ impl Sink for TableSink {
         .bind(ids)
         .execute(&self.pool)
         .await
-        .map_err(|e| Failure::retryable(outbox_core::FailureClass::Connection, e.to_string()))?;
+        .map_err(|e| Failure::retryable(outbox_engine::FailureClass::Connection, e.to_string()))?;
         tokio::time::sleep(self.pause).await;
         Ok(vec![Outcome::published(); batch.len()])
     }

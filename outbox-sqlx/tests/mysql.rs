@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use outbox_core::testkit::{RecordingSink, StoreHarness, store_suite};
-use outbox_core::{
+use outbox_engine::testkit::{RecordingSink, StoreHarness, store_suite};
+use outbox_engine::{
     ClaimRequest, Completion, DeadLetterFilter, DeadLetters, NewMessage, Relay, Store, StoreError,
     StoreErrorKind, StoreStats,
 };
@@ -699,7 +699,7 @@ async fn hostile_identifiers_are_rejected_or_quoted_exactly() {
             let claim = outbox
                 .claim(
                     &ClaimRequest::new("r", 5, Duration::from_secs(30)).ordering(
-                        outbox_core::MessageOrder::PerKey(outbox_core::DeadHead::Halt),
+                        outbox_engine::MessageOrder::PerKey(outbox_engine::DeadHead::Halt),
                     ),
                 )
                 .await
@@ -1002,11 +1002,11 @@ fn keyed(key: &str, n: u64) -> NewMessage {
         .unwrap()
 }
 
-fn per_key(halt: bool) -> outbox_core::MessageOrder {
-    outbox_core::MessageOrder::PerKey(if halt {
-        outbox_core::DeadHead::Halt
+fn per_key(halt: bool) -> outbox_engine::MessageOrder {
+    outbox_engine::MessageOrder::PerKey(if halt {
+        outbox_engine::DeadHead::Halt
     } else {
-        outbox_core::DeadHead::Skip
+        outbox_engine::DeadHead::Skip
     })
 }
 
@@ -1341,8 +1341,8 @@ async fn halted_keys_count_each_key_once() {
 /// transaction, so id order differs from it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_writers_and_relays_keep_every_key_in_commit_order() {
-    use outbox_core::RetryPolicy;
-    use outbox_core::testkit::FlakySink;
+    use outbox_engine::RetryPolicy;
+    use outbox_engine::testkit::FlakySink;
 
     const KEYS: usize = 40;
     const PER_KEY: u64 = 10;

@@ -12,7 +12,7 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use outbox_core::{
+use outbox_engine::{
     DeadHead, Failure, FailureClass, Message, MessageId, MessageOrder, NewMessage, Outcome, Relay,
     RetryPolicy, Sink, StoreStats,
 };
@@ -54,7 +54,7 @@ impl Sink for FlakyTableSink {
     async fn publish(
         &self,
         batch: &[Message],
-        _cx: &outbox_core::PublishContext,
+        _cx: &outbox_engine::PublishContext,
     ) -> Result<Vec<Outcome>, Failure> {
         let mut outcomes = Vec::with_capacity(batch.len());
         let mut ids = Vec::new();

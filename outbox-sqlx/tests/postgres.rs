@@ -7,8 +7,8 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use outbox_core::testkit::{RecordingSink, StoreHarness, store_suite};
-use outbox_core::{NewMessage, Relay, StoreError, StoreStats};
+use outbox_engine::testkit::{RecordingSink, StoreHarness, store_suite};
+use outbox_engine::{NewMessage, Relay, StoreError, StoreStats};
 use outbox_sqlx::postgres::{PgInbox, PgOutbox};
 use outbox_sqlx::{PublishedRows, TableNames};
 use sqlx::PgPool;
@@ -415,7 +415,11 @@ async fn hostile_identifiers_are_rejected_or_quoted_exactly() {
         if names.outbox_name().name() == canary {
             // Migrating onto an unrelated existing table fails cleanly and changes nothing.
             let error = outbox.migrate().await.unwrap_err();
-            assert_eq!(error.kind(), outbox_core::StoreErrorKind::Schema, "{error}");
+            assert_eq!(
+                error.kind(),
+                outbox_engine::StoreErrorKind::Schema,
+                "{error}"
+            );
             continue;
         }
         outbox
@@ -469,7 +473,7 @@ async fn stats_match_the_table() {
 /// rows: its late completion changes nothing and is reported as stale.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_relay_that_lost_its_lease_changes_nothing() {
-    use outbox_core::{
+    use outbox_engine::{
         Claim, ClaimRequest, CompleteReport, Completion, LeaseToken, MessageId, Store,
     };
 
@@ -597,7 +601,7 @@ async fn postgres_passes_the_ordering_suite() {
 /// commits first. The relay publishes B's message, then A's: commit order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn out_of_order_commits_publish_in_commit_order() {
-    use outbox_core::{DeadHead, MessageOrder};
+    use outbox_engine::{DeadHead, MessageOrder};
 
     let h = PgHarness::new().await;
     let pool = h.outbox.pool();

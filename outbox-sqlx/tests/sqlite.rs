@@ -8,8 +8,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use outbox_core::testkit::{RecordingSink, StoreHarness, store_suite};
-use outbox_core::{
+use outbox_engine::testkit::{RecordingSink, StoreHarness, store_suite};
+use outbox_engine::{
     ClaimRequest, Completion, DeadLetterFilter, DeadLetters, NewMessage, Relay, Store, StoreError,
     StoreErrorKind, StoreStats, Wakeup,
 };
@@ -703,13 +703,12 @@ async fn hostile_identifiers_are_rejected_or_quoted_exactly() {
         let mut conn = pool.acquire().await.unwrap();
         outbox.enqueue(&mut conn, &message).await.unwrap();
         drop(conn);
-        let claim =
-            outbox
-                .claim(&ClaimRequest::new("t", 10, lease).ordering(
-                    outbox_core::MessageOrder::PerKey(outbox_core::DeadHead::Halt),
-                ))
-                .await
-                .unwrap();
+        let claim = outbox
+            .claim(&ClaimRequest::new("t", 10, lease).ordering(
+                outbox_engine::MessageOrder::PerKey(outbox_engine::DeadHead::Halt),
+            ))
+            .await
+            .unwrap();
         assert!(
             claim.messages.iter().any(|m| m.id == message.id()),
             "claimed from {exact:?}"
@@ -1100,7 +1099,7 @@ fn enqueue_in_task(
 /// was built (and its id assigned) first. A per-key relay publishes A, then B.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn same_key_writers_wait_and_publish_in_commit_order() {
-    use outbox_core::{DeadHead, MessageOrder};
+    use outbox_engine::{DeadHead, MessageOrder};
 
     let db = TestDb::new().await;
     let h = SqliteHarness::new(db.pool.clone()).await;
@@ -1250,8 +1249,8 @@ async fn batches_number_keys_in_slice_order_atomically() {
 /// order is commit order, independent of the outbox's own numbering.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_writers_and_relays_keep_every_key_in_commit_order() {
-    use outbox_core::testkit::FlakySink;
-    use outbox_core::{DeadHead, MessageOrder, RetryPolicy};
+    use outbox_engine::testkit::FlakySink;
+    use outbox_engine::{DeadHead, MessageOrder, RetryPolicy};
 
     const KEYS: usize = 20;
     const PER_KEY: i64 = 10;

@@ -50,10 +50,10 @@ use std::path::Path;
 use figment::providers::{Format, Toml};
 use figment::value::{Dict, Map, Value};
 use figment::{Figment, Metadata, Profile, Provider};
-use outbox_core::StoreSettings;
-use outbox_core::layers::{POLICY_KEYS, RoutePolicy};
-use outbox_core::registry::RouteSettings;
-use outbox_core::settings::{RelaySettings, RetrySettings};
+use outbox_engine::StoreSettings;
+use outbox_engine::layers::{POLICY_KEYS, RoutePolicy};
+use outbox_engine::registry::RouteSettings;
+use outbox_engine::settings::{RelaySettings, RetrySettings};
 use serde::Deserialize;
 
 use crate::Error;
@@ -147,7 +147,7 @@ impl RouteTable {
 impl fmt::Debug for RouteTable {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RouteTable")
-            .field("url", &self.url().map(outbox_core::redact::endpoint))
+            .field("url", &self.url().map(outbox_engine::redact::endpoint))
             .field("keys", &self.0.keys().collect::<Vec<_>>())
             .finish()
     }

@@ -1,6 +1,6 @@
 //! The front crate's error: one line, saying what to fix, never quoting a secret.
 
-use outbox_core::registry::BuildError;
+use outbox_engine::registry::BuildError;
 
 /// Building a store, a sink or a relay from configuration failed.
 #[derive(Debug, thiserror::Error)]
@@ -42,10 +42,10 @@ pub enum Error {
     },
     /// A store operation failed.
     #[error(transparent)]
-    Store(#[from] outbox_core::StoreError),
+    Store(#[from] outbox_engine::StoreError),
     /// The relay settings are invalid.
     #[error(transparent)]
-    Relay(#[from] outbox_core::ConfigError),
+    Relay(#[from] outbox_engine::ConfigError),
 }
 
 impl Error {

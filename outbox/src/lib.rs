@@ -21,7 +21,7 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-pub use outbox_core::*;
+pub use outbox_engine::*;
 
 /// The README's examples, compiled (and the self-contained one run) as doctests.
 #[cfg(doctest)]

@@ -4,7 +4,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use outbox_core::{
+use outbox_engine::{
     AnyStore, Backend, BatchReport, DynStore, Listener, Relay, RelayBuilder, Sink, StoreError,
     StoreStats,
 };

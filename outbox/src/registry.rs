@@ -2,8 +2,8 @@
 
 use std::sync::Arc;
 
-pub use outbox_core::registry::{BuildError, RouteSettings, SinkDriver, StoreDriver, scheme};
-use outbox_core::{AnyStore, DynSink, StoreSettings, redact};
+pub use outbox_engine::registry::{BuildError, RouteSettings, SinkDriver, StoreDriver, scheme};
+use outbox_engine::{AnyStore, DynSink, StoreSettings, redact};
 
 use crate::Error;
 use crate::config::RouteTable;
@@ -93,7 +93,7 @@ impl Registry {
     }
 
     /// Opens the store `settings` describe (nothing is created; see
-    /// [`Backend::migrate`](outbox_core::Backend::migrate)).
+    /// [`Backend::migrate`](outbox_engine::Backend::migrate)).
     ///
     /// # Errors
     ///

@@ -14,8 +14,8 @@
 //! ```
 //!
 //! Rate limits, circuit breakers, concurrency caps and timeouts are route policies of
-//! `outbox-core` (`rate_limit`, `circuit`, `concurrency`, `timeout` in the same table),
-//! the same for every sink. Durations use `outbox_core::duration`'s grammar (`250ms`,
+//! `outbox-engine` (`rate_limit`, `circuit`, `concurrency`, `timeout` in the same table),
+//! the same for every sink. Durations use `outbox_engine::duration`'s grammar (`250ms`,
 //! `1.5s`, `2m`, `1h 30m`). [`HttpSink::new`] validates everything and names the setting
 //! that is wrong.
 
@@ -77,7 +77,7 @@ pub struct HttpSinkConfig {
     #[serde(default)]
     pub secrets_file: Option<PathBuf>,
     /// Time allowed for one request, from connecting to its status line. Default 10 s.
-    #[serde(default = "default_request_timeout", with = "outbox_core::duration")]
+    #[serde(default = "default_request_timeout", with = "outbox_engine::duration")]
     pub request_timeout: Duration,
     /// Most requests of this route in flight at once (1..=1024). Default 8.
     #[serde(default = "default_max_in_flight")]
@@ -95,7 +95,7 @@ pub struct HttpSinkConfig {
     #[serde(default = "default_user_agent")]
     pub user_agent: String,
     /// Time allowed to open a TCP (and TLS) connection. Default 5 s.
-    #[serde(default = "default_connect_timeout", with = "outbox_core::duration")]
+    #[serde(default = "default_connect_timeout", with = "outbox_engine::duration")]
     pub connect_timeout: Duration,
     /// Bytes read from a refusing response's body. Default 64 KiB.
     #[serde(default = "default_max_response_body")]
@@ -104,7 +104,7 @@ pub struct HttpSinkConfig {
     #[serde(default = "default_max_error_body")]
     pub max_error_body: usize,
     /// Longest `Retry-After` honoured; longer ones are cut to this. Default 1 hour.
-    #[serde(default = "default_max_retry_after", with = "outbox_core::duration")]
+    #[serde(default = "default_max_retry_after", with = "outbox_engine::duration")]
     pub max_retry_after: Duration,
     /// A custom resolver; the system resolver when `None`. Its answers still pass the
     /// SSRF guard. Not read from config files.

@@ -23,7 +23,7 @@
 use std::error::Error as StdError;
 use std::time::{Duration, SystemTime};
 
-use outbox_core::{Failure, FailureClass, Outcome};
+use outbox_engine::{Failure, FailureClass, Outcome};
 use reqwest::StatusCode;
 use reqwest::header::{HeaderMap, LOCATION, RETRY_AFTER};
 

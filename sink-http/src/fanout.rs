@@ -7,7 +7,7 @@
 
 use std::collections::HashSet;
 
-use outbox_core::{MessageError, MessageId, NewMessage, NewMessageBuilder};
+use outbox_engine::{MessageError, MessageId, NewMessage, NewMessageBuilder};
 
 /// Why a fan-out could not be built.
 ///

@@ -50,7 +50,7 @@ pub const AGGREGATE_TYPE: &str = "outbox-aggregate-type";
 /// The aggregate id, when the message has one.
 pub const AGGREGATE_ID: &str = "outbox-aggregate-id";
 
-pub use outbox_core::webhooks::{
+pub use outbox_engine::webhooks::{
     HEADER_ID as WEBHOOK_ID, HEADER_SIGNATURE as WEBHOOK_SIGNATURE,
     HEADER_TIMESTAMP as WEBHOOK_TIMESTAMP,
 };

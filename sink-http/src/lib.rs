@@ -14,14 +14,14 @@
 //!   reason.
 //!
 //! One sink serves one route. Rate limits, circuit breakers (which also honour
-//! `Retry-After`), concurrency caps and timeouts are `outbox_core::layers` that wrap it,
+//! `Retry-After`), concurrency caps and timeouts are `outbox_engine::layers` that wrap it,
 //! as they wrap every sink.
 //!
 //! ```no_run
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! use std::time::Duration;
-//! use outbox_core::layers::{RateLimit, SinkExt};
-//! use outbox_core::{MemoryStore, NewMessage, Relay};
+//! use outbox_engine::layers::{RateLimit, SinkExt};
+//! use outbox_engine::{MemoryStore, NewMessage, Relay};
 //! use outbox_sink_http::{HttpSink, HttpSinkConfig};
 //!
 //! let webhooks = HttpSink::new(
@@ -57,7 +57,7 @@
 //! | signing | Standard Webhooks `webhook-id` / `webhook-timestamp` / `webhook-signature`, one signature per secret |
 //! | classification | 2xx published; 408/425/429/5xx, timeouts, connection errors retryable with `Retry-After`; other 4xx permanent with the body; redirects never followed; see [`error`] |
 //! | SSRF guard | on by default; resolve once, check every address, connect only to checked addresses; no proxies; see [`ssrf`] |
-//! | policies | rate limit, circuit breaker, concurrency cap, timeout: `outbox_core::layers` around the sink |
+//! | policies | rate limit, circuit breaker, concurrency cap, timeout: `outbox_engine::layers` around the sink |
 //! | requests in flight | at most `max_in_flight` per route; same-key messages of a batch go in order |
 //! | bounded publish | every publish returns by the relay's deadline; a 2xx body is not waited for, an error body is read up to a cap for 1 s |
 //! | binary payloads | sent byte for byte with the message's content type |
@@ -92,14 +92,14 @@ pub use sink::HttpSink;
 
 /// The driver for `http://` and `https://` routes: parses the route's settings as an
 /// [`HttpSinkConfig`] and builds the sink.
-pub const DRIVER: outbox_core::registry::SinkDriver = outbox_core::registry::SinkDriver {
+pub const DRIVER: outbox_engine::registry::SinkDriver = outbox_engine::registry::SinkDriver {
     schemes: &["http", "https"],
     build: |route| {
         Box::pin(async move {
             let config: HttpSinkConfig = route.parse()?;
             let sink = HttpSink::new(config)
-                .map_err(|e| outbox_core::registry::BuildError::config(e.to_string()))?;
-            Ok(std::sync::Arc::new(sink) as std::sync::Arc<dyn outbox_core::DynSink>)
+                .map_err(|e| outbox_engine::registry::BuildError::config(e.to_string()))?;
+            Ok(std::sync::Arc::new(sink) as std::sync::Arc<dyn outbox_engine::DynSink>)
         })
     },
 };

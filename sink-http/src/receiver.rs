@@ -57,8 +57,8 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http::{HeaderMap, StatusCode};
-use outbox_core::webhooks::{Secret, SecretError, Verifier, VerifyError};
-use outbox_core::{StoreError, StoreErrorKind};
+use outbox_engine::webhooks::{Secret, SecretError, Verifier, VerifyError};
+use outbox_engine::{StoreError, StoreErrorKind};
 
 use crate::headers;
 
@@ -74,7 +74,7 @@ pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(10);
 /// ```
 /// use std::collections::HashSet;
 /// use std::sync::Mutex;
-/// use outbox_core::StoreError;
+/// use outbox_engine::StoreError;
 /// use outbox_sink_http::receiver::Inbox;
 ///
 /// /// An in-memory inbox for tests; the "connection" is unused.
@@ -232,7 +232,7 @@ impl ReceiveError {
     ///
     /// ```
     /// use http::StatusCode;
-    /// use outbox_core::webhooks::VerifyError;
+    /// use outbox_engine::webhooks::VerifyError;
     /// use outbox_sink_http::receiver::ReceiveError;
     ///
     /// assert_eq!(ReceiveError::from(VerifyError::NoMatchingSignature).status(), StatusCode::UNAUTHORIZED);
@@ -258,7 +258,7 @@ impl ReceiveError {
 ///
 /// ```
 /// use std::time::Duration;
-/// use outbox_core::webhooks::{Secret, signature_header};
+/// use outbox_engine::webhooks::{Secret, signature_header};
 /// use outbox_sink_http::receiver::WebhookReceiver;
 ///
 /// let secret: Secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".parse()?;

@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures_util::future::join_all;
-use outbox_core::webhooks::{Secret, is_signable_id, signature_header};
-use outbox_core::{
+use outbox_engine::webhooks::{Secret, is_signable_id, signature_header};
+use outbox_engine::{
     Failure, FailureClass, Message, Outcome, Outcomes, PublishContext, Sink, gather,
 };
 use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
@@ -26,8 +26,8 @@ use crate::ssrf::{AllowRule, GuardedResolver, Lookup, SystemLookup};
 ///
 /// Build it with [`HttpSink::new`] (no I/O: addresses are checked by the SSRF guard when
 /// each request connects) and give it to the relay as the route's sink. Rate limits,
-/// circuit breakers and concurrency caps are `outbox-core` layers that wrap it (see
-/// `outbox_core::layers`).
+/// circuit breakers and concurrency caps are `outbox-engine` layers that wrap it (see
+/// `outbox_engine::layers`).
 ///
 /// # What one publish does
 ///
@@ -45,9 +45,9 @@ use crate::ssrf::{AllowRule, GuardedResolver, Lookup, SystemLookup};
 /// A message without a reply by the deadline fails retryably with class `Timeout`.
 ///
 /// ```no_run
-/// # async fn run(store: outbox_core::MemoryStore) -> Result<(), Box<dyn std::error::Error>> {
-/// use outbox_core::Relay;
-/// use outbox_core::layers::{CircuitConfig, SinkExt};
+/// # async fn run(store: outbox_engine::MemoryStore) -> Result<(), Box<dyn std::error::Error>> {
+/// use outbox_engine::Relay;
+/// use outbox_engine::layers::{CircuitConfig, SinkExt};
 /// use outbox_sink_http::{HttpSink, HttpSinkConfig};
 ///
 /// let orders = HttpSink::new(

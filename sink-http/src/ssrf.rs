@@ -18,7 +18,7 @@
 //!    refused too. Each new connection resolves and checks again.
 //!
 //! A refusal at publish time is a permanent failure of class
-//! [`Config`](outbox_core::FailureClass::Config) whose reason says what was refused and
+//! [`Config`](outbox_engine::FailureClass::Config) whose reason says what was refused and
 //! why. The sink never uses an HTTP proxy (a proxy would resolve names itself, out of
 //! reach of the guard) and never follows redirects.
 //!
@@ -55,7 +55,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::str::FromStr;
 use std::sync::Arc;
 
-use outbox_core::BoxFuture;
+use outbox_engine::BoxFuture;
 use serde::Deserialize;
 
 /// Why an address or name was refused by the guard.
@@ -605,7 +605,7 @@ pub fn blocked_reason(ip: IpAddr) -> Option<&'static str> {
 ///
 /// ```
 /// use std::net::IpAddr;
-/// use outbox_core::BoxFuture;
+/// use outbox_engine::BoxFuture;
 /// use outbox_sink_http::ssrf::Lookup;
 ///
 /// /// Answers every name with one fixed address.

@@ -6,8 +6,8 @@ mod common;
 use std::time::Duration;
 
 use common::{Reply, TestServer, config, message};
-use outbox_core::layers::{CircuitBreaker, CircuitConfig, CircuitState, RateLimit, SinkExt};
-use outbox_core::{Failure, FailureClass, Message, Outcome, PublishContext, Sink};
+use outbox_engine::layers::{CircuitBreaker, CircuitConfig, CircuitState, RateLimit, SinkExt};
+use outbox_engine::{Failure, FailureClass, Message, Outcome, PublishContext, Sink};
 use outbox_sink_http::HttpSink;
 
 fn failures(outcomes: &[Outcome]) -> Vec<&Failure> {

@@ -3,9 +3,9 @@
 mod common;
 
 use common::{Recorded, SECRET, TestServer};
-use outbox_core::Headers;
-use outbox_core::testkit::{Delivered, SinkHarness, sink_suite};
-use outbox_core::webhooks::{Secret, Verifier};
+use outbox_engine::Headers;
+use outbox_engine::testkit::{Delivered, SinkHarness, sink_suite};
+use outbox_engine::webhooks::{Secret, Verifier};
 use outbox_sink_http::{HttpSink, headers};
 
 struct HttpHarness {
@@ -88,7 +88,7 @@ async fn http_sink_passes_the_sink_suite() {
 async fn content_type_and_method_reach_the_server() {
     let h = HttpHarness::new().await;
     let batch = sink_suite::messages("suite", 1);
-    use outbox_core::{PublishContext, Sink};
+    use outbox_engine::{PublishContext, Sink};
     assert!(
         h.sink
             .publish(&batch, &PublishContext::default())

@@ -17,7 +17,7 @@ use axum::extract::{FromRef, State};
 use axum::http::StatusCode;
 use axum::routing::post;
 use common::SECRET;
-use outbox_core::{
+use outbox_engine::{
     ClaimRequest, NewMessage, PublishContext, Relay, RetryPolicy, Sink, Store, StoreStats,
 };
 use outbox_sink_http::HttpSink;

@@ -9,7 +9,7 @@
 mod common;
 
 use common::{Canary, TestServer, message};
-use outbox_core::{PublishContext, Sink};
+use outbox_engine::{PublishContext, Sink};
 
 async fn child(url: String) {
     let sink = common::sink(common::config(url));

@@ -13,7 +13,7 @@ use axum::extract::{FromRef, State};
 use axum::http::StatusCode;
 use axum::routing::post;
 use common::{OLD_SECRET, SECRET, message};
-use outbox_core::{FailureClass, NewMessage, Outcome, PublishContext, Sink, StoreError};
+use outbox_engine::{FailureClass, NewMessage, Outcome, PublishContext, Sink, StoreError};
 use outbox_sink_http::receiver::{Inbox, ReceiveError, WebhookReceiver, WebhookRequest};
 use outbox_sink_http::{HttpSink, HttpSinkConfig};
 use tokio::net::TcpListener;
@@ -85,7 +85,7 @@ fn sink(addr: SocketAddr, route: impl Fn(HttpSinkConfig) -> HttpSinkConfig) -> H
     common::sink(route(common::config(format!("http://{addr}/hook"))))
 }
 
-fn failure(outcome: &Outcome) -> &outbox_core::Failure {
+fn failure(outcome: &Outcome) -> &outbox_engine::Failure {
     match outcome {
         Outcome::Failed(f) => f,
         other => panic!("expected a failure, got {other:?}"),
@@ -206,9 +206,9 @@ async fn receive_verifies_before_recording() {
     assert_eq!(err.status(), StatusCode::UNAUTHORIZED);
     assert!(inbox.0.lock().unwrap().is_empty());
 
-    let secret = outbox_core::webhooks::Secret::parse(SECRET).unwrap();
+    let secret = outbox_engine::webhooks::Secret::parse(SECRET).unwrap();
     let ts = chrono::Utc::now().timestamp();
-    let signature = outbox_core::webhooks::signature_header(&[secret], "k1", ts, b"{}");
+    let signature = outbox_engine::webhooks::signature_header(&[secret], "k1", ts, b"{}");
     headers.insert("webhook-timestamp", ts.to_string().parse().unwrap());
     headers.insert("webhook-signature", signature.parse().unwrap());
     headers.insert("outbox-attempt", "2".parse().unwrap());

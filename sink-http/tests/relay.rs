@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use chrono::Utc;
 use common::{Reply, TestServer};
-use outbox_core::layers::{CircuitConfig, CircuitState, SinkExt};
-use outbox_core::state::RowState;
-use outbox_core::{MemoryStore, MessageId, NewMessage, Relay, RetryPolicy, Status};
+use outbox_engine::layers::{CircuitConfig, CircuitState, SinkExt};
+use outbox_engine::state::RowState;
+use outbox_engine::{MemoryStore, MessageId, NewMessage, Relay, RetryPolicy, Status};
 use outbox_sink_http::{fan_out, headers};
 
 fn body_text(r: &common::Recorded) -> String {

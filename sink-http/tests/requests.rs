@@ -7,9 +7,9 @@ use std::time::Duration;
 use chrono::Utc;
 use common::config;
 use common::{Canary, OLD_SECRET, Reply, SECRET, TestServer, message};
-use outbox_core::layers::{CircuitConfig, SinkExt};
-use outbox_core::webhooks::{Secret, Verifier};
-use outbox_core::{
+use outbox_engine::layers::{CircuitConfig, SinkExt};
+use outbox_engine::webhooks::{Secret, Verifier};
+use outbox_engine::{
     Failure, FailureClass, Message, MessageId, NewMessage, Outcome, PublishContext, Sink,
 };
 use outbox_sink_http::{HttpSinkConfig, headers};

@@ -5,7 +5,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use outbox_core::{MemoryStore, NewMessage, Outcome, PublishContext, Relay, Sink, Status};
+use outbox_engine::{MemoryStore, NewMessage, Outcome, PublishContext, Relay, Sink, Status};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 

@@ -15,8 +15,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{Canary, Reply, TestServer, message};
-use outbox_core::layers::{CircuitConfig, CircuitState, SinkExt};
-use outbox_core::{BoxFuture, FailureClass, Outcome, PublishContext, Sink};
+use outbox_engine::layers::{CircuitConfig, CircuitState, SinkExt};
+use outbox_engine::{BoxFuture, FailureClass, Outcome, PublishContext, Sink};
 use outbox_sink_http::HttpSinkConfig;
 use outbox_sink_http::ssrf::{Lookup, SsrfPolicy, SystemLookup};
 

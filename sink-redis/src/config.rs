@@ -5,7 +5,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use outbox_core::Message;
+use outbox_engine::Message;
 use serde::Deserialize;
 
 use crate::error::RedisSinkError;
@@ -64,7 +64,7 @@ const SINK_OPTIONS: &[&str] = &[
 /// | `tls_cert_file`, `tls_key_file` | none | PEM client certificate and key, for servers that require them (`tls-auth-clients yes`) |
 ///
 /// Durations are strings with a unit (`"250ms"`, `"1.5s"`, `"10m"`, `"1h 30m"`), the
-/// grammar of every outbox setting (`outbox_core::duration`); a bare number is refused.
+/// grammar of every outbox setting (`outbox_engine::duration`); a bare number is refused.
 ///
 /// ```
 /// use std::time::Duration;
@@ -93,7 +93,7 @@ pub struct RedisSinkConfig {
     /// Trim the stream to about this many entries on every append (`MAXLEN ~ n`).
     pub maxlen: Option<u64>,
     /// How long a re-sent idempotency key is recognised and not appended again.
-    #[serde(deserialize_with = "outbox_core::duration::optional::deserialize")]
+    #[serde(deserialize_with = "outbox_engine::duration::optional::deserialize")]
     pub dedupe_window: Option<Duration>,
     /// The prefix of dedupe keys; the full key is
     /// `<prefix><stream byte length>:<stream>:<idempotency key>`.
@@ -105,10 +105,10 @@ pub struct RedisSinkConfig {
     /// Payloads larger than this fail permanently as too large.
     pub max_payload_bytes: usize,
     /// How long one connection attempt may take.
-    #[serde(deserialize_with = "outbox_core::duration::deserialize")]
+    #[serde(deserialize_with = "outbox_engine::duration::deserialize")]
     pub connect_timeout: Duration,
     /// How long one batch round trip may take before it fails retryably as a timeout.
-    #[serde(deserialize_with = "outbox_core::duration::deserialize")]
+    #[serde(deserialize_with = "outbox_engine::duration::deserialize")]
     pub response_timeout: Duration,
     /// The CA certificate (PEM) to verify the server with, instead of the system roots.
     pub tls_ca_file: Option<PathBuf>,
@@ -616,9 +616,9 @@ fn parse_setting_duration(setting: &'static str, text: &str) -> Result<Duration,
     parse_duration(text).map_err(|reason| invalid(setting, reason))
 }
 
-/// Parses a duration in `outbox_core::duration`'s grammar (`250ms`, `1.5s`, `2m`, `1h 30m`).
+/// Parses a duration in `outbox_engine::duration`'s grammar (`250ms`, `1.5s`, `2m`, `1h 30m`).
 fn parse_duration(text: &str) -> Result<Duration, String> {
-    outbox_core::duration::parse(text)
+    outbox_engine::duration::parse(text)
 }
 
 /// A parsed stream key template.
@@ -629,7 +629,7 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
 /// placeholders names one fixed stream.
 ///
 /// A message that lacks a field its template needs (no partition key, say) fails
-/// permanently with a [`Config`](outbox_core::FailureClass::Config) failure; so does a
+/// permanently with a [`Config`](outbox_engine::FailureClass::Config) failure; so does a
 /// rendered key longer than [`MAX_STREAM_KEY_BYTES`].
 ///
 /// ```
@@ -795,7 +795,7 @@ impl StreamTemplate {
     ///
     /// ```
     /// use chrono::Utc;
-    /// use outbox_core::NewMessage;
+    /// use outbox_engine::NewMessage;
     /// use outbox_sink_redis::StreamTemplate;
     ///
     /// let t = StreamTemplate::parse("{{app}}.{destination}.{partition_key}")?;
@@ -1076,7 +1076,7 @@ pub enum Durability {
         /// How long to wait (must be above zero and below the response timeout).
         #[serde(
             default = "Durability::default_timeout",
-            deserialize_with = "outbox_core::duration::deserialize"
+            deserialize_with = "outbox_engine::duration::deserialize"
         )]
         timeout: Duration,
     },
@@ -1091,7 +1091,7 @@ pub enum Durability {
         /// How long to wait (must be above zero and below the response timeout).
         #[serde(
             default = "Durability::default_timeout",
-            deserialize_with = "outbox_core::duration::deserialize"
+            deserialize_with = "outbox_engine::duration::deserialize"
         )]
         timeout: Duration,
     },
@@ -1220,7 +1220,7 @@ impl Durability {
 mod tests {
     use super::*;
     use chrono::Utc;
-    use outbox_core::NewMessage;
+    use outbox_engine::NewMessage;
 
     fn message() -> Message {
         NewMessage::builder("orders", "order.paid")

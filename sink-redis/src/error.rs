@@ -27,7 +27,7 @@
 
 use std::time::Duration;
 
-use outbox_core::{Failure, FailureClass};
+use outbox_engine::{Failure, FailureClass};
 use redis::{ErrorKind, RedisError, ServerErrorKind};
 
 /// Why a Redis route could not be configured or started.
@@ -129,7 +129,7 @@ impl RedisSinkError {
 /// [`Failure`]; see the [module docs](self) for the table.
 ///
 /// ```
-/// use outbox_core::FailureClass;
+/// use outbox_engine::FailureClass;
 /// use outbox_sink_redis::classify;
 ///
 /// let refused = redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
@@ -158,7 +158,7 @@ pub fn classify(error: &RedisError) -> Failure {
 /// see the [module docs](self) for the table.
 ///
 /// ```
-/// use outbox_core::FailureClass;
+/// use outbox_engine::FailureClass;
 /// use outbox_sink_redis::classify_reply;
 ///
 /// let oom = classify_reply("OOM", "command not allowed when used memory > 'maxmemory'.");

@@ -1,12 +1,12 @@
 //! Redis Streams sink for the outbox relay.
 //!
 //! A [`RedisSink`] appends each outbox message to a Redis stream with `XADD`, a whole
-//! batch in one pipelined round trip, and answers one [`Outcome`](outbox_core::Outcome)
+//! batch in one pipelined round trip, and answers one [`Outcome`](outbox_engine::Outcome)
 //! per message from that message's own reply. The stream entry id is the receipt.
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use outbox_core::{MemoryStore, NewMessage, Relay};
+//! use outbox_engine::{MemoryStore, NewMessage, Relay};
 //! use outbox_sink_redis::{RedisSink, RedisSinkConfig};
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -108,19 +108,19 @@ pub use sink::RedisSink;
 
 /// The driver for `redis://` and `rediss://` routes: parses the route's settings as a
 /// [`RedisSinkConfig`] and [`connect`](RedisSink::connect)s, checking the server.
-pub const DRIVER: outbox_core::registry::SinkDriver = outbox_core::registry::SinkDriver {
+pub const DRIVER: outbox_engine::registry::SinkDriver = outbox_engine::registry::SinkDriver {
     schemes: &["redis", "rediss"],
     build: |route| {
         Box::pin(async move {
             let config: RedisSinkConfig = route.parse()?;
             let sink = RedisSink::connect(config).await.map_err(|e| {
                 if e.is_retryable() {
-                    outbox_core::registry::BuildError::unavailable(e.to_string())
+                    outbox_engine::registry::BuildError::unavailable(e.to_string())
                 } else {
-                    outbox_core::registry::BuildError::config(e.to_string())
+                    outbox_engine::registry::BuildError::config(e.to_string())
                 }
             })?;
-            Ok(std::sync::Arc::new(sink) as std::sync::Arc<dyn outbox_core::DynSink>)
+            Ok(std::sync::Arc::new(sink) as std::sync::Arc<dyn outbox_engine::DynSink>)
         })
     },
 };

@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use outbox_core::{Failure, FailureClass, Message, Outcome, PublishContext, Sink};
+use outbox_engine::{Failure, FailureClass, Message, Outcome, PublishContext, Sink};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Cmd, Pipeline, Script, Value};
 use tracing::{debug, warn};
@@ -43,7 +43,7 @@ const MIN_VERSION: (u32, u32) = (6, 0);
 /// the id of the first entry.
 ///
 /// ```no_run
-/// use outbox_core::{MemoryStore, Relay};
+/// use outbox_engine::{MemoryStore, Relay};
 /// use outbox_sink_redis::{RedisSink, RedisSinkConfig};
 ///
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -255,7 +255,7 @@ impl RedisSink {
     ///
     /// ```no_run
     /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-    /// use outbox_core::NewMessage;
+    /// use outbox_engine::NewMessage;
     ///
     /// let sink = outbox_sink_redis::RedisSink::from_url("redis://127.0.0.1/?stream=shop.{event_type}").await?;
     /// let message = NewMessage::builder("orders", "order.paid").build()?.into_message(chrono::Utc::now());

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use chrono::Utc;
-use outbox_core::{FailureClass, Message, MessageId, Outcome, Sink};
+use outbox_engine::{FailureClass, Message, MessageId, Outcome, Sink};
 use outbox_sink_redis::client as redis;
 use outbox_sink_redis::{RedisSink, RedisSinkConfig};
 
@@ -51,7 +51,7 @@ async fn a_message_over_the_servers_bulk_limit_fails_alone() {
             message(b"small two".to_vec()),
         ];
         let outcomes = sink
-            .publish(&batch, &outbox_core::PublishContext::default())
+            .publish(&batch, &outbox_engine::PublishContext::default())
             .await
             .unwrap();
         assert!(
@@ -103,7 +103,7 @@ async fn after_a_dropped_connection_what_was_appended_is_published() {
     ];
     let outcomes = tokio::time::timeout(
         Duration::from_secs(30),
-        sink.publish(&batch, &outbox_core::PublishContext::default()),
+        sink.publish(&batch, &outbox_engine::PublishContext::default()),
     )
     .await
     .expect("publish returns")

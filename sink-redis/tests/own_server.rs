@@ -7,7 +7,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
-use outbox_core::{
+use outbox_engine::{
     FailureClass, MemoryStore, MessageId, NewMessage, Outcome, Relay, RetryPolicy, Sink, Status,
     StoreStats, Wakeups,
 };
@@ -199,7 +199,7 @@ async fn a_full_redis_fails_retryably_and_recovers_when_memory_frees() {
             })
             .collect();
         let outcomes = sink
-            .publish(&batch, &outbox_core::PublishContext::default())
+            .publish(&batch, &outbox_engine::PublishContext::default())
             .await
             .unwrap();
         for (message, outcome) in batch.into_iter().zip(outcomes) {
@@ -226,7 +226,7 @@ async fn a_full_redis_fails_retryably_and_recovers_when_memory_frees() {
         .await
         .unwrap();
     let outcomes = sink
-        .publish(&refused, &outbox_core::PublishContext::default())
+        .publish(&refused, &outbox_engine::PublishContext::default())
         .await
         .unwrap();
     assert!(outcomes.iter().all(Outcome::is_published), "{outcomes:?}");
@@ -306,7 +306,7 @@ async fn a_wait_that_is_not_met_fails_retryably_and_the_resend_is_not_duplicated
     let mut acknowledged = false;
     for _ in 0..5 {
         let outcomes = sink
-            .publish(&batch[..2], &outbox_core::PublishContext::default())
+            .publish(&batch[..2], &outbox_engine::PublishContext::default())
             .await
             .unwrap();
         if outcomes.iter().all(Outcome::is_published) {
@@ -325,7 +325,7 @@ async fn a_wait_that_is_not_met_fails_retryably_and_the_resend_is_not_duplicated
     })
     .await;
     let outcomes = sink
-        .publish(&batch[2..], &outbox_core::PublishContext::default())
+        .publish(&batch[2..], &outbox_engine::PublishContext::default())
         .await
         .unwrap();
     for outcome in &outcomes {
@@ -351,7 +351,7 @@ async fn a_wait_that_is_not_met_fails_retryably_and_the_resend_is_not_duplicated
     let mut outcomes = Vec::new();
     for _ in 0..5 {
         outcomes = sink
-            .publish(&batch[2..], &outbox_core::PublishContext::default())
+            .publish(&batch[2..], &outbox_engine::PublishContext::default())
             .await
             .unwrap();
         if outcomes.iter().all(Outcome::is_published) {
@@ -405,7 +405,7 @@ async fn passwords_and_acl_permissions() {
     };
     assert!(
         admin
-            .publish(&[message()], &outbox_core::PublishContext::default())
+            .publish(&[message()], &outbox_engine::PublishContext::default())
             .await
             .unwrap()[0]
             .is_published()
@@ -436,7 +436,7 @@ async fn passwords_and_acl_permissions() {
         let outcomes = limited
             .publish(
                 &[message(), message()],
-                &outbox_core::PublishContext::default(),
+                &outbox_engine::PublishContext::default(),
             )
             .await
             .unwrap();
@@ -484,7 +484,7 @@ async fn tls_with_a_private_ca_and_a_client_certificate() {
     let outcomes = sink
         .publish(
             std::slice::from_ref(&message),
-            &outbox_core::PublishContext::default(),
+            &outbox_engine::PublishContext::default(),
         )
         .await
         .unwrap();
@@ -552,7 +552,7 @@ async fn a_dead_server_fails_what_was_sent_retryably_and_keeps_permanent_refusal
     let outcomes = sink
         .publish(
             &[message(1_000), message(10)],
-            &outbox_core::PublishContext::default(),
+            &outbox_engine::PublishContext::default(),
         )
         .await
         .unwrap();
@@ -575,7 +575,7 @@ async fn a_dead_server_fails_what_was_sent_retryably_and_keeps_permanent_refusal
     let mut published = false;
     for _ in 0..50 {
         if sink
-            .publish(&[message(10)], &outbox_core::PublishContext::default())
+            .publish(&[message(10)], &outbox_engine::PublishContext::default())
             .await
             .unwrap()[0]
             .is_published()

@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::Utc;
-use outbox_core::testkit::{Delivered, SinkHarness, sink_suite};
-use outbox_core::{
+use outbox_engine::testkit::{Delivered, SinkHarness, sink_suite};
+use outbox_engine::{
     ClaimRequest, FailureClass, ManualClock, MemoryStore, Message, NewMessage, Outcome, Relay,
     RetryPolicy, Sink, Status, Store,
 };
@@ -353,7 +353,7 @@ async fn republishing_inside_the_window_adds_nothing_and_after_it_appends_again(
 
     let first = receipts(
         &sink
-            .publish(&batch, &outbox_core::PublishContext::default())
+            .publish(&batch, &outbox_engine::PublishContext::default())
             .await
             .unwrap(),
     );
@@ -368,7 +368,7 @@ async fn republishing_inside_the_window_adds_nothing_and_after_it_appends_again(
     // The relay crashed after the append and before marking: the same batch again.
     let again = receipts(
         &sink
-            .publish(&batch, &outbox_core::PublishContext::default())
+            .publish(&batch, &outbox_engine::PublishContext::default())
             .await
             .unwrap(),
     );
@@ -380,7 +380,7 @@ async fn republishing_inside_the_window_adds_nothing_and_after_it_appends_again(
     mixed.extend(claimed("orders", 1));
     let mixed_receipts = receipts(
         &sink
-            .publish(&mixed, &outbox_core::PublishContext::default())
+            .publish(&mixed, &outbox_engine::PublishContext::default())
             .await
             .unwrap(),
     );
@@ -407,7 +407,7 @@ async fn republishing_inside_the_window_adds_nothing_and_after_it_appends_again(
     let later = claimed("orders", 5);
     let before = receipts(
         &short_sink
-            .publish(&later, &outbox_core::PublishContext::default())
+            .publish(&later, &outbox_engine::PublishContext::default())
             .await
             .unwrap(),
     );
@@ -415,7 +415,7 @@ async fn republishing_inside_the_window_adds_nothing_and_after_it_appends_again(
     tokio::time::sleep(short + Duration::from_millis(300)).await;
     let after = receipts(
         &short_sink
-            .publish(&later, &outbox_core::PublishContext::default())
+            .publish(&later, &outbox_engine::PublishContext::default())
             .await
             .unwrap(),
     );
@@ -474,7 +474,7 @@ async fn a_relay_crash_between_append_and_mark_does_not_duplicate() {
         .unwrap();
     assert_eq!(claim.messages.len(), 20);
     let outcomes = sink
-        .publish(&claim.messages, &outbox_core::PublishContext::default())
+        .publish(&claim.messages, &outbox_engine::PublishContext::default())
         .await
         .unwrap();
     assert!(outcomes.iter().all(Outcome::is_published));
@@ -586,7 +586,7 @@ async fn wait_zero_replicas_runs_in_the_same_round_trip_and_publishes() {
         .await;
         let batch = claimed("orders", 10);
         let outcomes = sink
-            .publish(&batch, &outbox_core::PublishContext::default())
+            .publish(&batch, &outbox_engine::PublishContext::default())
             .await
             .unwrap();
         let ids = receipts(&outcomes);
@@ -600,7 +600,7 @@ async fn wait_zero_replicas_runs_in_the_same_round_trip_and_publishes() {
             assert_eq!(
                 receipts(
                     &sink
-                        .publish(&batch, &outbox_core::PublishContext::default())
+                        .publish(&batch, &outbox_engine::PublishContext::default())
                         .await
                         .unwrap()
                 ),
@@ -653,7 +653,7 @@ async fn per_message_failures_are_classified_and_hold_up_nothing() {
             m(Some("good"), 20),
         ];
         let outcomes = sink
-            .publish(&batch, &outbox_core::PublishContext::default())
+            .publish(&batch, &outbox_engine::PublishContext::default())
             .await
             .unwrap();
         assert_eq!(outcomes.len(), 5);
@@ -689,7 +689,7 @@ async fn per_message_failures_are_classified_and_hold_up_nothing() {
             // appended once the key is fixed.
             del(&mut conn, std::slice::from_ref(&taken)).await;
             let retry = sink
-                .publish(&batch[2..3], &outbox_core::PublishContext::default())
+                .publish(&batch[2..3], &outbox_engine::PublishContext::default())
                 .await
                 .unwrap();
             assert!(retry[0].is_published(), "{retry:?}");
@@ -708,7 +708,7 @@ async fn a_flushed_script_cache_is_reloaded_without_losing_or_duplicating() {
     let batch = claimed("orders", 8);
     let first = receipts(
         &sink
-            .publish(&batch[..4], &outbox_core::PublishContext::default())
+            .publish(&batch[..4], &outbox_engine::PublishContext::default())
             .await
             .unwrap(),
     );
@@ -720,7 +720,7 @@ async fn a_flushed_script_cache_is_reloaded_without_losing_or_duplicating() {
     // Half re-sent, half new, after the flush.
     let outcomes = receipts(
         &sink
-            .publish(&batch, &outbox_core::PublishContext::default())
+            .publish(&batch, &outbox_engine::PublishContext::default())
             .await
             .unwrap(),
     );

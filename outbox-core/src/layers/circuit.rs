@@ -28,7 +28,7 @@ use crate::sink::{Failure, FailureClass, Outcome, Outcomes, PublishContext, Sink
 ///
 /// ```
 /// use std::time::Duration;
-/// use outbox_core::layers::CircuitConfig;
+/// use outbox_engine::layers::CircuitConfig;
 ///
 /// let circuit = CircuitConfig::default().failures(10).cool_down(Duration::from_secs(60));
 /// assert_eq!(circuit.failures, 10);

@@ -5,8 +5,8 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use outbox_core::layers::{CircuitConfig, RateLimit, SinkExt};
-//! use outbox_core::testkit::RecordingSink;
+//! use outbox_engine::layers::{CircuitConfig, RateLimit, SinkExt};
+//! use outbox_engine::testkit::RecordingSink;
 //!
 //! let sink = RecordingSink::new()
 //!     .rate_limited(RateLimit::per_second(80.0).burst(20))

@@ -14,7 +14,7 @@ use crate::sink::{Failure, FailureClass, Outcome, Outcomes, PublishContext, Sink
 ///
 /// ```
 /// use std::time::Duration;
-/// use outbox_core::layers::RateLimit;
+/// use outbox_engine::layers::RateLimit;
 ///
 /// let limit = RateLimit::per_second(80.0).burst(20).max_wait(Duration::from_secs(2));
 /// assert_eq!(limit.burst, 20);

@@ -3,7 +3,7 @@
 //!
 //! ```
 //! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-//! use outbox_core::testkit::{RecordingSink, sink_suite};
+//! use outbox_engine::testkit::{RecordingSink, sink_suite};
 //!
 //! sink_suite::run_all(|| async { RecordingSink::new() }).await;
 //! # });

@@ -13,10 +13,10 @@ use crate::sink::{Failure, FailureClass, Outcome, PublishContext, Sink};
 ///
 /// ```
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-/// use outbox_core::{Sink, testkit::RecordingSink};
+/// use outbox_engine::{Sink, testkit::RecordingSink};
 ///
 /// let sink = RecordingSink::new();
-/// let outcomes = sink.publish(&[], &outbox_core::PublishContext::default()).await.unwrap();
+/// let outcomes = sink.publish(&[], &outbox_engine::PublishContext::default()).await.unwrap();
 /// assert!(outcomes.is_empty());
 /// assert_eq!(sink.len(), 0);
 /// # });
@@ -100,7 +100,7 @@ type Predicate = Arc<dyn Fn(&Message) -> bool + Send + Sync>;
 ///
 /// ```
 /// use std::time::Duration;
-/// use outbox_core::testkit::{FlakySink, RecordingSink};
+/// use outbox_engine::testkit::{FlakySink, RecordingSink};
 ///
 /// let delivered = RecordingSink::new();
 /// let sink = FlakySink::new(delivered.clone())

@@ -7,7 +7,7 @@
 //!
 //! ```
 //! # tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap().block_on(async {
-//! use outbox_core::testkit::{MemoryHarness, store_suite};
+//! use outbox_engine::testkit::{MemoryHarness, store_suite};
 //!
 //! store_suite::run_all(|| async { MemoryHarness::new() }).await;
 //! store_suite::run_ordering(|| async { MemoryHarness::new() }).await;

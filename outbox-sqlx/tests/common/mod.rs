@@ -1,7 +1,7 @@
 //! Shared test helpers: where the servers are, fresh table names, message factories.
 #![allow(dead_code, unreachable_pub, unused_imports)]
 
-use outbox_core::NewMessage;
+use outbox_engine::NewMessage;
 
 pub use outbox_test_support::{no_server, server_url as url};
 
@@ -30,7 +30,7 @@ pub struct ForeignRow {
 pub fn foreign_rows(n: usize, poison: &[(usize, &str)]) -> Vec<ForeignRow> {
     (0..n)
         .map(|i| ForeignRow {
-            id: outbox_core::MessageId::new().to_string(),
+            id: outbox_engine::MessageId::new().to_string(),
             headers: poison
                 .iter()
                 .find(|(at, _)| *at == i)
@@ -49,9 +49,9 @@ pub async fn unreadable_rows_are_dead_lettered_alone<S>(
     poisoned: &[String],
     column: &str,
 ) where
-    S: outbox_core::Store + outbox_core::StoreStats + outbox_core::DeadLetters + Clone,
+    S: outbox_engine::Store + outbox_engine::StoreStats + outbox_engine::DeadLetters + Clone,
 {
-    use outbox_core::{DeadLetterFilter, Relay, testkit::RecordingSink};
+    use outbox_engine::{DeadLetterFilter, Relay, testkit::RecordingSink};
     let sink = RecordingSink::new();
     let relay = Relay::builder(store.clone())
         .route("orders", sink.clone())

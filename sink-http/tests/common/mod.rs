@@ -13,7 +13,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use chrono::Utc;
-use outbox_core::{Message, NewMessage};
+use outbox_engine::{Message, NewMessage};
 use outbox_sink_http::{HttpSink, HttpSinkConfig};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use outbox_core::testkit::Delivered;
+use outbox_engine::testkit::Delivered;
 use outbox_sink_redis::client::{self as redis, Value, aio::MultiplexedConnection};
 use outbox_sink_redis::{RedisSink, RedisSinkConfig, RedisSinkError};
 use outbox_test_support::ChildGuard;
