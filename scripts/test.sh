@@ -154,6 +154,9 @@ check env RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --all-featu
 step "architecture invariants"
 check scripts/check-architecture.sh
 
+step "publishable (every library crate packages and builds from its package)"
+check cargo publish --workspace --dry-run --allow-dirty --quiet
+
 step "harness self-check (a failing or hanging test ends with its children, red)"
 check scripts/check-harness.sh
 

@@ -409,12 +409,14 @@ mod tests {
     #[test]
     fn debug_hides_route_values() {
         let config = Config::from_toml(
-            "[store]\nurl = \"postgres://u:hunter2@db/app?sslpassword=hunter3\"\n[routes.b]\nurl = \"https://u:pw4@hooks.example.com/T/token5\"\nsecrets = [\"whsec_hunter6\"]\nheaders = { authorization = \"Bearer hunter7\" }\n",
-            NO_ENV,
+            "[store]\nurl = \"postgres://u:hunter2@db/app?sslpassword=hunter3&password=hunter8\"\n[routes.b]\nurl = \"https://u:pw4@hooks.example.com/T/token5\"\nsecrets = [\"whsec_hunter6\"]\nheaders = { authorization = \"Bearer hunter7\" }\n[routes.r]\nurl = \"redis://:hunter9@cache:6379/\"\n",
+            [("OUTBOX_ROUTES__B__SECRETS_ENV", "HUNTER10")],
         )
         .unwrap();
         let shown = format!("{config:?}");
-        for secret in ["hunter2", "hunter3", "pw4", "token5", "hunter6", "hunter7"] {
+        for secret in [
+            "hunter2", "hunter3", "hunter8", "pw4", "token5", "hunter6", "hunter7", "hunter9",
+        ] {
             assert!(!shown.contains(secret), "{secret} in {shown}");
         }
     }
