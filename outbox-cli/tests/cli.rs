@@ -193,8 +193,8 @@ async fn dead_letter_replay_by_filter_moves_exactly_the_matching_rows() {
 
 #[test]
 fn bad_configuration_gives_one_line_errors_and_a_failure_code() {
-    let dir = std::env::temp_dir().join(format!("outbox-cli-{:x}", fastrand::u64(..)));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let dir = dir.path();
     let bad_toml = dir.join("bad.toml");
     std::fs::write(&bad_toml, "[store\nurl = 1\n").unwrap();
     let bad_duration = dir.join("duration.toml");

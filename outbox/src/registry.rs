@@ -54,6 +54,7 @@ pub struct Registry {
 impl Default for Registry {
     /// The drivers of the enabled features.
     fn default() -> Self {
+        #[allow(unused_mut)] // with no features enabled nothing is pushed
         let mut registry = Self::empty();
         #[cfg(feature = "postgres")]
         registry.stores.push(outbox_sqlx::POSTGRES);
