@@ -211,6 +211,10 @@ impl TableNames {
                 self.qualified(dialect, &self.outbox.derived("_keys")),
             ),
             (
+                "{outbox_keys_table}",
+                self.outbox.derived("_keys").quoted(dialect),
+            ),
+            (
                 "{outbox_key_idx}",
                 self.index(dialect, &self.outbox, "_key_idx"),
             ),
@@ -222,7 +226,22 @@ impl TableNames {
                 "{outbox_seq_trg}",
                 self.outbox.derived("_seq_trg").quoted(dialect),
             ),
-            ("{body_tag}", self.body_tag()),
+            (
+                "{body_tag}",
+                // Only PostgreSQL quotes bodies; elsewhere the marker only tells the
+                // statement splitter where a body with its own `;` lines starts and ends.
+                match dialect {
+                    Dialect::Postgres => self.body_tag(),
+                    Dialect::Sqlite | Dialect::MySql => String::new(),
+                },
+            ),
+            (
+                "{outbox_literal}",
+                format!(
+                    "'{}'",
+                    self.qualified(dialect, &self.outbox).replace('\'', "''")
+                ),
+            ),
         ];
         // One left-to-right pass, so a quoted name that happens to contain `{outbox}`
         // is never substituted again.
@@ -238,11 +257,49 @@ impl TableNames {
                     continue 'scan;
                 }
             }
+            if let Some((value, after)) = self.derived_placeholder(dialect, rest) {
+                out.push_str(&value);
+                rest = after;
+                continue 'scan;
+            }
             out.push('{');
             rest = &rest[1..];
         }
         out.push_str(rest);
         out
+    }
+}
+
+impl TableNames {
+    /// `{outbox_check:COLUMN}` is the constraint `<outbox>_COLUMN_check`, `{outbox_fn:NAME}`
+    /// the schema-qualified routine `<outbox>_NAME`, `{outbox_trg:NAME}` the trigger
+    /// `<outbox>_NAME` (schema-qualified in SQLite); NAME is `[a-z0-9_]+`.
+    fn derived_placeholder<'t>(
+        &self,
+        dialect: Dialect,
+        text: &'t str,
+    ) -> Option<(String, &'t str)> {
+        let (kind, rest) = ["{outbox_check:", "{outbox_fn:", "{outbox_trg:"]
+            .into_iter()
+            .find_map(|kind| Some((kind, text.strip_prefix(kind)?)))?;
+        let end = rest.find('}')?;
+        let name = &rest[..end];
+        if name.is_empty()
+            || !name
+                .bytes()
+                .all(|b| matches!(b, b'a'..=b'z' | b'0'..=b'9' | b'_'))
+        {
+            return None;
+        }
+        let value = match kind {
+            "{outbox_check:" => self
+                .outbox
+                .derived(&format!("_{name}_check"))
+                .quoted(dialect),
+            "{outbox_fn:" => self.qualified(dialect, &self.outbox.derived(&format!("_{name}"))),
+            _ => self.index(dialect, &self.outbox, &format!("_{name}")),
+        };
+        Some((value, &rest[end + 1..]))
     }
 }
 

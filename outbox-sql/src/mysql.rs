@@ -86,6 +86,7 @@ pub const OUTBOX_MIGRATIONS: &[(&str, &str)] = &[
         "002_ordering",
         include_str!("../sql/mysql/002_ordering.sql"),
     ),
+    ("004_writers", include_str!("../sql/mysql/004_writers.sql")),
 ];
 /// Migration files of the inbox table.
 pub const INBOX_MIGRATIONS: &[(&str, &str)] =

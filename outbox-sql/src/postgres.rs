@@ -37,6 +37,10 @@ pub const OUTBOX_MIGRATIONS: &[(&str, &str)] = &[
         "003_row_checks",
         include_str!("../sql/postgres/003_row_checks.sql"),
     ),
+    (
+        "004_writers",
+        include_str!("../sql/postgres/004_writers.sql"),
+    ),
 ];
 /// Migration files of the inbox table.
 pub const INBOX_MIGRATIONS: &[(&str, &str)] =

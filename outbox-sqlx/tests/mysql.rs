@@ -42,12 +42,17 @@ async fn drop_tables(pool: &MySqlPool, tables: &[(String, String)]) {
             .execute(pool)
             .await
             .unwrap_or_else(|e| panic!("drop {quoted}: {e}"));
-        sqlx::query(
-            "DELETE FROM outbox_migrations WHERE id IN (CONCAT(?, '/001_outbox'), CONCAT(?, '/002_ordering'), CONCAT(?, '/001_inbox'))",
-        )
-        .bind(name)
-        .bind(name)
-        .bind(name)
+        // The writers' routines of an outbox table (004_writers) outlive its DROP TABLE.
+        for routine in ["FUNCTION", "PROCEDURE"] {
+            for suffix in ["uuidv7", "enqueue", "key"] {
+                sqlx::query(&format!("DROP {routine} IF EXISTS `{name}_{suffix}`"))
+                    .execute(pool)
+                    .await
+                    .unwrap_or_else(|e| panic!("drop {routine} {name}_{suffix}: {e}"));
+            }
+        }
+        sqlx::query("DELETE FROM outbox_migrations WHERE id LIKE CONCAT(?, '/%')")
+            .bind(name)
             .execute(pool)
             .await
             .unwrap();
@@ -1593,6 +1598,24 @@ async fn insert_foreign(h: &MySqlHarness, rows: &[common::ForeignRow]) -> Result
     tx.commit().await
 }
 
+/// Drops the checks that refuse unreadable rows (the constraints of a new table and the
+/// writers' trigger), as on a table created by an older version.
+async fn drop_row_checks(h: &MySqlHarness) {
+    let render = |t: &str| h.outbox.names().render(outbox_sql::Dialect::MySql, t);
+    let mut statements = vec![render("DROP TRIGGER {outbox_trg:fill_trg}")];
+    for check in ["{outbox_headers_check}", "{outbox_id_check}"] {
+        statements.push(render(&format!(
+            "ALTER TABLE {{outbox}} DROP CONSTRAINT {check}"
+        )));
+    }
+    for statement in statements {
+        sqlx::query(&statement)
+            .execute(h.outbox.pool())
+            .await
+            .unwrap();
+    }
+}
+
 /// The 200-row poison case on MySQL: rows whose headers are not a JSON object of strings
 /// are dead-lettered one by one, naming the column; the rest of their batches is
 /// published. The table refuses such rows, so the checks are dropped first, as on a table
@@ -1600,13 +1623,7 @@ async fn insert_foreign(h: &MySqlHarness, rows: &[common::ForeignRow]) -> Result
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unreadable_rows_dead_letter_their_row_not_the_batch() {
     let h = MySqlHarness::new().await;
-    for check in ["{outbox_headers_check}", "{outbox_id_check}"] {
-        let name = h.outbox.names().render(outbox_sql::Dialect::MySql, check);
-        sqlx::query(&format!("ALTER TABLE {} DROP CONSTRAINT {name}", h.table()))
-            .execute(h.outbox.pool())
-            .await
-            .unwrap();
-    }
+    drop_row_checks(&h).await;
     let rows = common::foreign_rows(200, &[(0, r#"{"x-n": 1}"#), (57, "[1,2]"), (150, "null")]);
     insert_foreign(&h, &rows).await.unwrap();
     let poisoned = [0, 57, 150].map(|i| rows[i].id.clone());
@@ -1614,14 +1631,7 @@ async fn unreadable_rows_dead_letter_their_row_not_the_batch() {
         .await;
 
     let h = MySqlHarness::new().await;
-    let name = h
-        .outbox
-        .names()
-        .render(outbox_sql::Dialect::MySql, "{outbox_id_check}");
-    sqlx::query(&format!("ALTER TABLE {} DROP CONSTRAINT {name}", h.table()))
-        .execute(h.outbox.pool())
-        .await
-        .unwrap();
+    drop_row_checks(&h).await;
     let mut rows = common::foreign_rows(120, &[]);
     rows[5].id = rows[5].id.to_uppercase();
     rows[6].id = "order-42".to_owned();
@@ -1639,5 +1649,5 @@ async fn the_table_refuses_unreadable_ids_and_headers() {
         async move { insert_foreign(h, &rows).await }
     };
     let bad = ["[1,2]", "null", "not json", r#""text""#];
-    common::refuses_unreadable_rows(insert, &bad, "headers_check", Some("id_check")).await;
+    common::refuses_unreadable_rows(insert, &bad, "column headers", Some("column id")).await;
 }

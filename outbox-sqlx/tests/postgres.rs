@@ -703,3 +703,177 @@ async fn the_table_refuses_headers_that_are_not_an_object_of_strings() {
     ];
     common::refuses_unreadable_rows(insert, &bad, "headers_check", None).await;
 }
+
+// ---- Writers in other languages (004_writers): defaults, checks, enqueue(), key() ----
+
+/// Inserts one row for `orders` as a foreign writer would, with `column` set to the SQL
+/// expression `value` and every other column left to the table.
+async fn insert_with(h: &PgHarness, column: &str, value: &str) -> Result<(), sqlx::Error> {
+    let mut values = vec![
+        ("destination", "'orders'".to_owned()),
+        ("event_type", "'order.paid'".to_owned()),
+        ("payload", "'\\x7b7d'::bytea".to_owned()),
+    ];
+    match values.iter_mut().find(|(c, _)| *c == column) {
+        Some(slot) => slot.1 = value.to_owned(),
+        None => values.push((column, value.to_owned())),
+    }
+    let columns: Vec<&str> = values.iter().map(|(c, _)| *c).collect();
+    let exprs: Vec<&str> = values.iter().map(|(_, v)| v.as_str()).collect();
+    sqlx::query(&format!(
+        "INSERT INTO {} ({}) VALUES ({})",
+        h.table(),
+        columns.join(", "),
+        exprs.join(", ")
+    ))
+    .execute(h.outbox.pool())
+    .await
+    .map(|_| ())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_with_only_destination_event_type_and_payload_is_delivered() {
+    let h = PgHarness::new().await;
+    for _ in 0..3 {
+        insert_with(&h, "destination", "'orders'").await.unwrap();
+    }
+    // Written with available_at NULL on purpose: due now, not never.
+    insert_with(&h, "available_at", "NULL").await.unwrap();
+    common::minimal_rows_are_delivered(h.outbox.clone(), 4).await;
+}
+
+macro_rules! refuses {
+    ($($test:ident: $column:literal = $value:literal;)*) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $test() {
+            let h = PgHarness::new().await;
+            let needle = format!("{}_{}_check", h.outbox.names().outbox_name().name(), $column);
+            common::assert_refused(insert_with(&h, $column, $value).await, $column, &needle);
+        }
+    )*};
+}
+
+refuses! {
+    refuses_a_destination_outside_the_route_alphabet: "destination" = "'orders and more'";
+    refuses_an_empty_event_type: "event_type" = "''";
+    refuses_control_characters_in_event_type: "event_type" = "E'order\\npaid'";
+    refuses_a_long_aggregate_type: "aggregate_type" = "repeat('a', 256)";
+    refuses_control_characters_in_aggregate_id: "aggregate_id" = "E'42\\t'";
+    refuses_an_empty_partition_key: "partition_key" = "''";
+    refuses_a_long_tenant_id: "tenant_id" = "repeat('t', 256)";
+    refuses_an_empty_idempotency_key: "idempotency_key" = "''";
+    refuses_an_empty_content_type: "content_type" = "''";
+    refuses_a_payload_over_one_mebibyte: "payload" = "convert_to(repeat('a', 1048577), 'UTF8')";
+    refuses_headers_that_are_not_strings: "headers" = "'{\"x-n\": 1}'";
+    refuses_header_names_that_are_not_tokens: "headers" = "'{\"x n\": \"1\"}'";
+    refuses_more_than_64_headers: "headers" = "(SELECT jsonb_object_agg('h' || g, 'v') FROM generate_series(1, 65) g)";
+    refuses_header_values_over_8_kib: "headers" = "jsonb_build_object('h', repeat('v', 8193))";
+}
+
+/// One statement enqueues: defaults filled, keyed rows numbered in commit order, and the
+/// wakeup reaches a listener only once the transaction commits (never on rollback).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_enqueue_function_fills_defaults_and_wakes_relays_after_commit() {
+    let h = PgHarness::new().await;
+    let pool = h.outbox.pool();
+    let enqueue = h
+        .outbox
+        .names()
+        .render(outbox_sql::Dialect::Postgres, "{outbox_fn:enqueue}");
+    let label = h.table();
+    let mut listener = sqlx::postgres::PgListener::connect_with(pool)
+        .await
+        .unwrap();
+    listener.listen("outbox_wakeup").await.unwrap();
+    let ours = |n: &sqlx::postgres::PgNotification| n.payload() == label;
+
+    let mut tx = pool.begin().await.unwrap();
+    let first: uuid::Uuid = sqlx::query_scalar(&format!(
+        "SELECT {enqueue}('orders', 'order.paid', '\\x7b7d', partition_key => 'order-1')"
+    ))
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap();
+    let early = tokio::time::timeout(Duration::from_millis(300), async {
+        loop {
+            let n = listener.recv().await.unwrap();
+            if ours(&n) {
+                return n;
+            }
+        }
+    })
+    .await;
+    assert!(early.is_err(), "no wakeup before COMMIT");
+    tx.commit().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while !ours(&listener.recv().await.unwrap()) {}
+    })
+    .await
+    .expect("the wakeup after COMMIT, within 10 s");
+
+    let mut tx = pool.begin().await.unwrap();
+    sqlx::query(&format!(
+        "SELECT {enqueue}('orders', 'order.paid', '\\x7b7d')"
+    ))
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    tx.rollback().await.unwrap();
+    let second: uuid::Uuid = sqlx::query_scalar(&format!(
+        "SELECT {enqueue}('orders', 'order.shipped', '\\x7b7d', 'order-1', headers => '{{\"x-trace\": \"t1\"}}')"
+    ))
+    .fetch_one(pool)
+    .await
+    .unwrap();
+
+    let rows: Vec<(uuid::Uuid, String, String, Option<i64>)> = sqlx::query_as(&format!(
+        "SELECT id, idempotency_key, content_type, seq FROM {label} ORDER BY seq"
+    ))
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        rows,
+        vec![
+            (
+                first,
+                first.to_string(),
+                "application/json".to_owned(),
+                Some(1)
+            ),
+            (
+                second,
+                second.to_string(),
+                "application/json".to_owned(),
+                Some(2)
+            ),
+        ],
+        "the rolled-back call left nothing; keyed rows numbered 1, 2"
+    );
+    assert!(first < second, "ids are time-ordered");
+}
+
+/// The SQL `<outbox>_key(namespace, parts...)` equals the Rust `deterministic_key`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sql_deterministic_key_equals_the_rust_one() {
+    let h = PgHarness::new().await;
+    let key = h
+        .outbox
+        .names()
+        .render(outbox_sql::Dialect::Postgres, "{outbox_fn:key}");
+    let sql = format!("SELECT {key}($1, VARIADIC $2::text[])");
+    for (namespace, parts) in common::random_key_inputs(1000) {
+        let from_sql: uuid::Uuid = sqlx::query_scalar(&sql)
+            .bind(namespace)
+            .bind(&parts)
+            .fetch_one(h.outbox.pool())
+            .await
+            .unwrap();
+        let parts: Vec<&str> = parts.iter().map(String::as_str).collect();
+        assert_eq!(
+            from_sql,
+            outbox_engine::deterministic_key(namespace, &parts),
+            "{namespace} {parts:?}"
+        );
+    }
+}

@@ -787,7 +787,8 @@ async fn schema_qualified_names_work() {
         vec![
             "Billing Events/001_outbox".to_owned(),
             "Billing Events/002_ordering".to_owned(),
-            "Billing Events/003_row_checks".to_owned()
+            "Billing Events/003_row_checks".to_owned(),
+            "Billing Events/004_writers".to_owned()
         ]
     );
     let indexes: Vec<String> = sqlx::query_scalar(
@@ -1030,6 +1031,7 @@ async fn concurrent_migrations_are_safe() {
             format!("{}/001_outbox", names.outbox_name().name()),
             format!("{}/002_ordering", names.outbox_name().name()),
             format!("{}/003_row_checks", names.outbox_name().name()),
+            format!("{}/004_writers", names.outbox_name().name()),
         ]
     );
 }
@@ -1407,7 +1409,11 @@ async fn insert_foreign(h: &SqliteHarness, rows: &[common::ForeignRow]) -> Resul
 
 /// Drops the triggers that refuse unreadable rows, as on a table from an older version.
 async fn drop_row_checks(h: &SqliteHarness) {
-    for trigger in ["{outbox_check_insert_trg}", "{outbox_check_update_trg}"] {
+    for trigger in [
+        "{outbox_trg:id_check}",
+        "{outbox_trg:headers_check}",
+        "{outbox_trg:update_check}",
+    ] {
         let name = h.outbox.names().render(Dialect::Sqlite, trigger);
         sqlx::query(&format!("DROP TRIGGER {name}"))
             .execute(h.outbox.pool())
@@ -1487,4 +1493,96 @@ async fn the_table_refuses_unreadable_ids_and_headers() {
     };
     let bad = [r#"{"x-n": 1}"#, "[1,2]", "null", "not json"];
     common::refuses_unreadable_rows(insert, &bad, "column headers", Some("column id")).await;
+}
+
+// ---- Writers in other languages (004_writers): defaults, checks, numbering ----
+
+/// Inserts one row for `orders` as a foreign writer would, with `column` set to the SQL
+/// expression `value` and every other column left to the table.
+async fn insert_with(h: &SqliteHarness, column: &str, value: &str) -> Result<(), sqlx::Error> {
+    let mut values = vec![
+        ("destination", "'orders'".to_owned()),
+        ("event_type", "'order.paid'".to_owned()),
+        ("payload", "X'7b7d'".to_owned()),
+    ];
+    match values.iter_mut().find(|(c, _)| *c == column) {
+        Some(slot) => slot.1 = value.to_owned(),
+        None => values.push((column, value.to_owned())),
+    }
+    let columns: Vec<&str> = values.iter().map(|(c, _)| *c).collect();
+    let exprs: Vec<&str> = values.iter().map(|(_, v)| v.as_str()).collect();
+    sqlx::query(&format!(
+        "INSERT INTO {} ({}) VALUES ({})",
+        h.table(),
+        columns.join(", "),
+        exprs.join(", ")
+    ))
+    .execute(h.outbox.pool())
+    .await
+    .map(|_| ())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_with_only_destination_event_type_and_payload_is_delivered() {
+    let db = TestDb::new().await;
+    let h = SqliteHarness::new(db.pool.clone()).await;
+    insert_with(&h, "payload", "X'7b7d'").await.unwrap();
+    // A payload written as text, as a Python `str` is.
+    insert_with(&h, "payload", "'{}'").await.unwrap();
+    insert_with(&h, "available_at", "NULL").await.unwrap();
+    insert_with(&h, "headers", "'{}'").await.unwrap();
+    common::minimal_rows_are_delivered(h.outbox.clone(), 4).await;
+}
+
+/// Keyed rows a writer inserts without `seq` are numbered in commit order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keyed_rows_written_without_seq_are_numbered() {
+    let db = TestDb::new().await;
+    let h = SqliteHarness::new(db.pool.clone()).await;
+    for key in ["a", "b", "a", "a", "b"] {
+        insert_with(&h, "partition_key", &format!("'{key}'"))
+            .await
+            .unwrap();
+    }
+    let seqs: Vec<(String, i64)> = sqlx::query_as(&format!(
+        "SELECT partition_key, seq FROM {} ORDER BY rowid",
+        h.table()
+    ))
+    .fetch_all(h.outbox.pool())
+    .await
+    .unwrap();
+    let want: Vec<(String, i64)> = [("a", 1), ("b", 1), ("a", 2), ("a", 3), ("b", 2)]
+        .map(|(k, n)| (k.to_owned(), n))
+        .into();
+    assert_eq!(seqs, want);
+}
+
+macro_rules! refuses {
+    ($($test:ident: $column:literal = $value:literal;)*) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $test() {
+            let db = TestDb::new().await;
+            let h = SqliteHarness::new(db.pool.clone()).await;
+            let needle = format!("column {}", $column);
+            common::assert_refused(insert_with(&h, $column, $value).await, $column, &needle);
+        }
+    )*};
+}
+
+refuses! {
+    refuses_a_destination_outside_the_route_alphabet: "destination" = "'orders and more'";
+    refuses_an_empty_event_type: "event_type" = "''";
+    refuses_control_characters_in_event_type: "event_type" = "'order' || char(10) || 'paid'";
+    refuses_a_long_aggregate_type: "aggregate_type" = "printf('%.256c', 'a')";
+    refuses_control_characters_in_aggregate_id: "aggregate_id" = "'42' || char(9)";
+    refuses_an_empty_partition_key: "partition_key" = "''";
+    refuses_a_long_tenant_id: "tenant_id" = "printf('%.256c', 't')";
+    refuses_an_empty_idempotency_key: "idempotency_key" = "''";
+    refuses_an_empty_content_type: "content_type" = "''";
+    refuses_a_payload_over_one_mebibyte: "payload" = "zeroblob(1048577)";
+    refuses_headers_that_are_not_strings: "headers" = "'{\"x-n\": 1}'";
+    refuses_header_names_that_are_not_tokens: "headers" = "'{\"x n\": \"1\"}'";
+    refuses_more_than_64_headers: "headers" = "(WITH RECURSIVE g(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM g WHERE n < 65) SELECT json_group_object('h' || n, 'v') FROM g)";
+    refuses_header_values_over_8_kib: "headers" = "json_object('h', printf('%.8193c', 'v'))";
+    refuses_an_id_that_is_not_a_lowercase_uuid: "id" = "'0190A0B1-0000-7000-8000-000000000000'";
 }

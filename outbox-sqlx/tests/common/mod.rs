@@ -133,3 +133,77 @@ pub async fn refuses_unreadable_rows<F, Fut>(
         .await
         .expect("a readable row is accepted");
 }
+
+/// The rows a writer inserted with only destination `orders`, an event type and payload
+/// `{}` are each delivered once with the table's defaults: a UUIDv7 id, the id as the
+/// idempotency key, `application/json`, no headers.
+pub async fn minimal_rows_are_delivered<S>(store: S, rows: usize)
+where
+    S: outbox_engine::Store + Clone,
+{
+    use outbox_engine::{Relay, testkit::RecordingSink};
+    let sink = RecordingSink::new();
+    let relay = Relay::builder(store)
+        .route("orders", sink.clone())
+        .build()
+        .expect("relay");
+    let report = tokio::time::timeout(std::time::Duration::from_secs(60), relay.drain())
+        .await
+        .expect("drain within 60 s")
+        .expect("drain");
+    assert_eq!((report.published, report.dead), (rows, 0), "{report:?}");
+    let messages = sink.messages();
+    assert_eq!(messages.len(), rows, "each row delivered once");
+    for m in &messages {
+        assert_eq!(m.id.as_uuid().get_version_num(), 7, "a UUIDv7 id: {}", m.id);
+        assert_eq!(
+            m.idempotency_key,
+            m.id.to_string(),
+            "the key defaults to the id"
+        );
+        assert_eq!(m.content_type, "application/json");
+        assert!(m.headers.is_empty(), "no headers: {:?}", m.headers);
+        assert_eq!(m.payload, b"{}");
+    }
+}
+
+/// A row with a bad value in one column was refused with an error naming that column
+/// (`needle`, e.g. the constraint `…_event_type_check` or the text `column event_type`).
+pub fn assert_refused(result: Result<(), sqlx::Error>, column: &str, needle: &str) {
+    match result {
+        Ok(()) => panic!("a bad {column} was accepted"),
+        Err(error) => {
+            let text = error.to_string();
+            assert!(text.contains(needle), "the error names {column}: {text}");
+        }
+    }
+}
+
+/// `n` random inputs for `deterministic_key`: a namespace and 0 to 4 parts mixing ASCII,
+/// `:`, digits and multi-byte characters, so lengths and separators are exercised.
+pub fn random_key_inputs(n: usize) -> Vec<(uuid::Uuid, Vec<String>)> {
+    const ALPHABET: &[char] = &[
+        'a', 'Z', '0', '9', ':', '-', ' ', 'é', '€', '😀', '\\', '"', '\'',
+    ];
+    let seed = fastrand::u64(..);
+    eprintln!("random_key_inputs seed {seed}");
+    let mut rng = fastrand::Rng::with_seed(seed);
+    (0..n)
+        .map(|_| {
+            let namespace = uuid::Uuid::from_u128(rng.u128(..));
+            let parts = (0..rng.usize(0..5))
+                .map(|_| {
+                    let len = if rng.u8(..) < 10 {
+                        rng.usize(50..200)
+                    } else {
+                        rng.usize(0..12)
+                    };
+                    (0..len)
+                        .map(|_| ALPHABET[rng.usize(..ALPHABET.len())])
+                        .collect()
+                })
+                .collect();
+            (namespace, parts)
+        })
+        .collect()
+}
