@@ -43,13 +43,26 @@ async fn drop_tables(pool: &MySqlPool, tables: &[(String, String)]) {
             .await
             .unwrap_or_else(|e| panic!("drop {quoted}: {e}"));
         // The writers' routines of an outbox table (004_writers) outlive its DROP TABLE.
-        for routine in ["FUNCTION", "PROCEDURE"] {
-            for suffix in ["uuidv7", "enqueue", "key"] {
-                sqlx::query(&format!("DROP {routine} IF EXISTS `{name}_{suffix}`"))
-                    .execute(pool)
-                    .await
-                    .unwrap_or_else(|e| panic!("drop {routine} {name}_{suffix}: {e}"));
-            }
+        let table = outbox_sql::Ident::parse(&format!("\"{}\"", name.replace('"', "\"\"")))
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let derived = |suffix: &str| table.derived(suffix).name().to_owned();
+        let routines: Vec<(String, String, String)> = sqlx::query_as(
+            "SELECT CAST(routine_type AS CHAR), CAST(routine_schema AS CHAR), CAST(routine_name AS CHAR) \
+             FROM information_schema.routines WHERE routine_name IN (?, ?, ?)",
+        )
+        .bind(derived("_uuidv7"))
+        .bind(derived("_enqueue"))
+        .bind(derived("_key"))
+        .fetch_all(pool)
+        .await
+        .unwrap();
+        for (kind, schema, routine) in routines {
+            let quote = |s: &str| format!("`{}`", s.replace('`', "``"));
+            let (schema, routine) = (quote(&schema), quote(&routine));
+            sqlx::query(&format!("DROP {kind} IF EXISTS {schema}.{routine}"))
+                .execute(pool)
+                .await
+                .unwrap_or_else(|e| panic!("drop {kind} {routine}: {e}"));
         }
         sqlx::query("DELETE FROM outbox_migrations WHERE id LIKE CONCAT(?, '/%')")
             .bind(name)
@@ -1650,4 +1663,173 @@ async fn the_table_refuses_unreadable_ids_and_headers() {
     };
     let bad = ["[1,2]", "null", "not json", r#""text""#];
     common::refuses_unreadable_rows(insert, &bad, "column headers", Some("column id")).await;
+}
+
+// ---- Writers in other languages (004_writers): defaults, checks, enqueue, key ----
+
+/// Inserts one row for `orders` as a foreign writer would, with `column` set to the SQL
+/// expression `value` and every other column left to the table.
+async fn insert_with(h: &MySqlHarness, column: &str, value: &str) -> Result<(), sqlx::Error> {
+    let mut values = vec![
+        ("destination", "'orders'".to_owned()),
+        ("event_type", "'order.paid'".to_owned()),
+        ("payload", "'{}'".to_owned()),
+    ];
+    match values.iter_mut().find(|(c, _)| *c == column) {
+        Some(slot) => slot.1 = value.to_owned(),
+        None => values.push((column, value.to_owned())),
+    }
+    let columns: Vec<&str> = values.iter().map(|(c, _)| *c).collect();
+    let exprs: Vec<&str> = values.iter().map(|(_, v)| v.as_str()).collect();
+    sqlx::query(&format!(
+        "INSERT INTO {} ({}) VALUES ({})",
+        h.table(),
+        columns.join(", "),
+        exprs.join(", ")
+    ))
+    .execute(h.outbox.pool())
+    .await
+    .map(|_| ())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_with_only_destination_event_type_and_payload_is_delivered() {
+    let h = MySqlHarness::new().await;
+    insert_with(&h, "payload", "'{}'").await.unwrap();
+    insert_with(&h, "payload", "X'7b7d'").await.unwrap();
+    insert_with(&h, "available_at", "NULL").await.unwrap();
+    insert_with(&h, "headers", "'{}'").await.unwrap();
+    common::minimal_rows_are_delivered(h.outbox.clone(), 4).await;
+}
+
+/// Keyed rows a writer inserts without `seq` are numbered in commit order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keyed_rows_written_without_seq_are_numbered() {
+    let h = MySqlHarness::new().await;
+    for key in ["a", "b", "a", "a", "b"] {
+        insert_with(&h, "partition_key", &format!("'{key}'"))
+            .await
+            .unwrap();
+    }
+    let seqs: Vec<(String, i64)> = sqlx::query_as(&format!(
+        "SELECT CAST(partition_key AS CHAR), seq FROM {} ORDER BY partition_key, seq",
+        h.table()
+    ))
+    .fetch_all(h.outbox.pool())
+    .await
+    .unwrap();
+    let want: Vec<(String, i64)> = [("a", 1), ("a", 2), ("a", 3), ("b", 1), ("b", 2)]
+        .map(|(k, n)| (k.to_owned(), n))
+        .into();
+    assert_eq!(seqs, want);
+}
+
+macro_rules! refuses {
+    ($($test:ident: $column:literal = $value:literal;)*) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $test() {
+            let h = MySqlHarness::new().await;
+            let needle = format!("column {}", $column);
+            common::assert_refused(insert_with(&h, $column, $value).await, $column, &needle);
+        }
+    )*};
+}
+
+refuses! {
+    refuses_a_destination_outside_the_route_alphabet: "destination" = "'orders and more'";
+    refuses_an_empty_event_type: "event_type" = "''";
+    refuses_control_characters_in_event_type: "event_type" = "CONCAT('order', CHAR(10), 'paid')";
+    refuses_a_long_aggregate_type: "aggregate_type" = "REPEAT('a', 256)";
+    refuses_control_characters_in_aggregate_id: "aggregate_id" = "CONCAT('42', CHAR(9))";
+    refuses_an_empty_partition_key: "partition_key" = "''";
+    refuses_a_long_tenant_id: "tenant_id" = "REPEAT('t', 256)";
+    refuses_an_empty_idempotency_key: "idempotency_key" = "''";
+    refuses_an_empty_content_type: "content_type" = "''";
+    refuses_a_payload_over_one_mebibyte: "payload" = "REPEAT('a', 1048577)";
+    refuses_headers_that_are_not_strings: "headers" = "'{\"x-n\": 1}'";
+    refuses_header_names_that_are_not_tokens: "headers" = "'{\"x n\": \"1\"}'";
+    refuses_more_than_64_headers: "headers" = "(SELECT JSON_OBJECTAGG(CONCAT('h', seq), 'v') FROM seq_1_to_65)";
+    refuses_header_values_over_8_kib: "headers" = "JSON_OBJECT('h', REPEAT('v', 8193))";
+    refuses_an_id_that_is_not_a_lowercase_uuid: "id" = "'0190A0B1-0000-7000-8000-000000000000'";
+}
+
+/// One CALL enqueues: defaults filled, keyed rows numbered, the new id returned; a
+/// rolled-back call leaves nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_enqueue_procedure_fills_defaults_and_numbers_keys() {
+    let h = MySqlHarness::new().await;
+    let pool = h.outbox.pool();
+    let call = h
+        .outbox
+        .names()
+        .render(Dialect::MySql, "CALL {outbox_fn:enqueue}(?, ?, ?, ?, ?, ?)");
+    let enqueue = |event: &'static str, key: Option<&'static str>| {
+        sqlx::query_scalar::<_, String>(&call)
+            .bind("orders")
+            .bind(event)
+            .bind(b"{}".as_slice())
+            .bind(key)
+            .bind(None::<String>)
+            .bind(None::<String>)
+    };
+    let first = enqueue("order.paid", Some("order-1"))
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    let mut tx = pool.begin().await.unwrap();
+    enqueue("order.lost", Some("order-1"))
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+    let second = enqueue("order.shipped", Some("order-1"))
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    let rows: Vec<(String, String, String, Option<i64>)> = sqlx::query_as(&format!(
+        "SELECT CAST(id AS CHAR), CAST(idempotency_key AS CHAR), CAST(content_type AS CHAR), seq FROM {} ORDER BY seq",
+        h.table()
+    ))
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    let json = "application/json".to_owned();
+    assert_eq!(rows.len(), 2, "the rolled-back call left nothing: {rows:?}");
+    assert_eq!(
+        rows[0],
+        (first.clone(), first.clone(), json.clone(), rows[0].3)
+    );
+    assert_eq!(rows[1], (second.clone(), second.clone(), json, rows[1].3));
+    assert!(
+        rows[0].3 < rows[1].3,
+        "keyed rows numbered in commit order: {rows:?}"
+    );
+    assert!(first < second, "ids are time-ordered");
+    let id: uuid::Uuid = first.parse().unwrap();
+    assert_eq!(id.get_version_num(), 7);
+}
+
+/// The SQL `<outbox>_key(namespace, JSON_ARRAY(parts...))` equals the Rust
+/// `deterministic_key`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sql_deterministic_key_equals_the_rust_one() {
+    let h = MySqlHarness::new().await;
+    let sql = h
+        .outbox
+        .names()
+        .render(Dialect::MySql, "SELECT {outbox_fn:key}(?, ?)");
+    for (namespace, parts) in common::random_key_inputs(1000) {
+        let from_sql: String = sqlx::query_scalar(&sql)
+            .bind(namespace.to_string())
+            .bind(serde_json::to_string(&parts).unwrap())
+            .fetch_one(h.outbox.pool())
+            .await
+            .unwrap();
+        let parts: Vec<&str> = parts.iter().map(String::as_str).collect();
+        assert_eq!(
+            from_sql,
+            outbox_engine::deterministic_key(namespace, &parts).to_string(),
+            "{namespace} {parts:?}"
+        );
+    }
 }

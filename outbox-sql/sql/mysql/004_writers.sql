@@ -106,7 +106,7 @@ BEGIN
     INSERT INTO {outbox} (id, destination, event_type, payload, partition_key, idempotency_key, headers)
         VALUES (new_id, p_destination, p_event_type, p_payload, p_partition_key,
                 p_idempotency_key, COALESCE(p_headers, '{}'));
-    SELECT new_id AS id;
+    SELECT CAST(new_id AS CHAR) AS id;
 END
 {body_tag};
 CREATE FUNCTION IF NOT EXISTS {outbox_fn:key}(namespace CHAR(36), parts JSON) RETURNS CHAR(36) CHARACTER SET ascii
