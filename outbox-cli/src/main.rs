@@ -41,7 +41,12 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Create or upgrade the outbox table (idempotent).
-    Migrate,
+    Migrate {
+        /// Print the DDL instead of running it (for Flyway, Alembic, Prisma, …); needs no
+        /// connection.
+        #[arg(long)]
+        print: bool,
+    },
     /// Run a relay with the config file's routes until Ctrl-C or SIGTERM.
     Relay,
     /// Backlog, oldest pending age, leased and dead rows per destination.
@@ -201,7 +206,14 @@ async fn connect(cli: &Cli, config: Option<&Config>) -> Result<AnyStore> {
 async fn run(cli: Cli) -> Result<()> {
     let config = load_config(&cli)?;
     match &cli.command {
-        Command::Migrate => {
+        Command::Migrate { print: true } => {
+            let settings = store_settings(&cli, config.as_ref())?;
+            let script = Registry::default()
+                .store_schema(&settings)
+                .map_err(|e| e.to_string())?;
+            print!("{script}");
+        }
+        Command::Migrate { print: false } => {
             let store = connect(&cli, config.as_ref()).await?;
             store.migrate().await.map_err(|e| e.to_string())?;
             println!("migrated");

@@ -130,6 +130,11 @@ pub type BuildSink =
 pub type ConnectStore =
     for<'a> fn(&'a StoreSettings) -> BoxFuture<'a, Result<AnyStore, BuildError>>;
 
+/// What a [`StoreDriver`] writes its schema script with: the DDL that
+/// [`Backend::migrate`](crate::Backend::migrate) runs, for teams that apply migrations
+/// with their own tool.
+pub type SchemaScript = fn(&StoreSettings) -> Result<String, BuildError>;
+
 /// How to build sinks for some URL schemes.
 #[derive(Clone, Copy)]
 pub struct SinkDriver {
@@ -227,6 +232,8 @@ pub struct StoreDriver {
     pub schemes: &'static [&'static str],
     /// Connects (nothing is created; see [`Backend::migrate`](crate::Backend::migrate)).
     pub connect: ConnectStore,
+    /// The schema as a script, without connecting; `None` for stores without one.
+    pub schema: Option<SchemaScript>,
 }
 
 impl StoreDriver {

@@ -354,6 +354,38 @@ fn migrations(
         .collect()
 }
 
+/// Every statement of the outbox and inbox migrations for `names`, as one script a
+/// migration tool (Flyway, Alembic, Prisma, `psql -f`, the `mysql` client) can apply: the
+/// same DDL `migrate` runs, idempotent, so running `migrate` afterwards is safe. MySQL
+/// statements with bodies are wrapped in `DELIMITER` lines.
+///
+/// ```
+/// use outbox_sql::{Dialect, TableNames, schema_script};
+///
+/// let script = schema_script(Dialect::Postgres, &TableNames::default());
+/// assert!(script.contains("CREATE TABLE IF NOT EXISTS \"outbox\""));
+/// assert!(script.contains("FUNCTION \"outbox_enqueue\""));
+/// ```
+pub fn schema_script(dialect: Dialect, names: &TableNames) -> String {
+    let mut script = String::from(
+        "-- The outbox schema, as `migrate` applies it. Every statement is idempotent.\n",
+    );
+    let all = outbox_migrations(dialect, names)
+        .into_iter()
+        .chain(inbox_migrations(dialect, names));
+    for migration in all {
+        script.push_str(&format!("\n-- {}\n", migration.id));
+        for statement in migration.statements {
+            if dialect == Dialect::MySql && statement.contains(';') {
+                script.push_str(&format!("DELIMITER //\n{statement}\n//\nDELIMITER ;\n"));
+            } else {
+                script.push_str(&format!("{statement};\n"));
+            }
+        }
+    }
+    script
+}
+
 /// Splits a migration template into statements: each ends with `;` at the end of a line,
 /// except inside a function body between two `{body_tag}` markers. Comment lines are
 /// dropped.

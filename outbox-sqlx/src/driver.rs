@@ -14,6 +14,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 pub const POSTGRES: StoreDriver = StoreDriver {
     schemes: &["postgres", "postgresql"],
     connect: |settings| Box::pin(postgres(settings)),
+    schema: Some(|settings| schema(outbox_sql::Dialect::Postgres, settings)),
 };
 
 /// `sqlite:` URLs (`sqlite:outbox.db`, `sqlite::memory:`): a
@@ -22,6 +23,7 @@ pub const POSTGRES: StoreDriver = StoreDriver {
 pub const SQLITE: StoreDriver = StoreDriver {
     schemes: &["sqlite"],
     connect: |settings| Box::pin(sqlite(settings)),
+    schema: Some(|settings| schema(outbox_sql::Dialect::Sqlite, settings)),
 };
 
 /// `mysql://` and `mariadb://` URLs: a [`MySqlOutbox`](crate::mysql::MySqlOutbox).
@@ -29,6 +31,7 @@ pub const SQLITE: StoreDriver = StoreDriver {
 pub const MYSQL: StoreDriver = StoreDriver {
     schemes: &["mysql", "mariadb"],
     connect: |settings| Box::pin(mysql(settings)),
+    schema: Some(|settings| schema(outbox_sql::Dialect::MySql, settings)),
 };
 
 /// The table names the settings ask for.
@@ -50,6 +53,12 @@ fn names(settings: &StoreSettings) -> Result<TableNames, BuildError> {
             .map_err(|e| BuildError::config(format!("store.inbox_table: {e}")))?;
     }
     Ok(names)
+}
+
+/// The DDL `migrate` runs for these settings' table names.
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+fn schema(dialect: outbox_sql::Dialect, settings: &StoreSettings) -> Result<String, BuildError> {
+    Ok(outbox_sql::schema_script(dialect, &names(settings)?))
 }
 
 fn unreachable(settings: &StoreSettings, reason: impl std::fmt::Display) -> BuildError {

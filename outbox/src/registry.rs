@@ -2,7 +2,9 @@
 
 use std::sync::Arc;
 
-pub use outbox_engine::registry::{BuildError, RouteSettings, SinkDriver, StoreDriver, scheme};
+pub use outbox_engine::registry::{
+    BuildError, RouteSettings, SchemaScript, SinkDriver, StoreDriver, scheme,
+};
 use outbox_engine::{AnyStore, DynSink, StoreSettings, redact};
 
 use crate::Error;
@@ -112,6 +114,29 @@ impl Registry {
                 what: "store".to_owned(),
                 source,
             })
+    }
+
+    /// The DDL that [`Backend::migrate`](outbox_engine::Backend::migrate) runs for the
+    /// store `settings` describe, as one script for a team's own migration tool; nothing
+    /// is connected to.
+    ///
+    /// # Errors
+    ///
+    /// As [`connect_store`](Self::connect_store) for the scheme; [`Error::Build`] when the
+    /// store has no SQL schema or the table names are invalid.
+    pub fn store_schema(&self, settings: &StoreSettings) -> Result<String, Error> {
+        let Some(driver) = self.stores.iter().find(|d| d.handles(&settings.url)) else {
+            let known = self.stores.iter().flat_map(|d| d.schemes.iter().copied());
+            return Err(unknown("store", &settings.url, known));
+        };
+        let build = |source| Error::Build {
+            what: "store".to_owned(),
+            source,
+        };
+        let schema = driver
+            .schema
+            .ok_or_else(|| build(BuildError::config("this store has no schema to print")))?;
+        schema(settings).map_err(build)
     }
 
     /// Builds the sink of `route` from its table (its `url` scheme picks the driver),

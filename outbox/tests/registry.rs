@@ -82,7 +82,7 @@ const MEMORY_STORE: StoreDriver = StoreDriver {
             }
             Ok(AnyStore::new(memory().clone()))
         })
-    },
+    },    schema: None,
 };
 
 fn registry() -> Registry {
