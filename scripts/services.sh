@@ -9,6 +9,7 @@
 #   MariaDB     mysql://root@127.0.0.1:3306/test          (root, empty password)
 #   Redis       redis://127.0.0.1:6379/                   (no persistence; redis-server is
 #               also needed as a binary: some tests start private servers on other ports)
+#   Python and Node with the drivers the foreign-writer tests use (see ensure_writers)
 set -euo pipefail
 
 log() { printf '[services] %s\n' "$*" >&2; }
@@ -103,6 +104,33 @@ ensure_redis() {
     echo "OUTBOX_TEST_REDIS_URL=redis://127.0.0.1:6379/"
 }
 
+# The foreign-writer tests (outbox-cli/tests/writers.rs) run services written in Python
+# (psycopg, PyMySQL) and Node (pg) against the outbox. Their packages live in a
+# virtualenv and a node_modules directory owned by the project, outside the repository.
+WRITERS_DIR=${OUTBOX_WRITERS_DIR:-$HOME/.cache/outbox-writers}
+
+ensure_writers() {
+    local venv=$WRITERS_DIR/venv
+    if ! "$venv/bin/python" -c 'import psycopg, pymysql' >/dev/null 2>&1; then
+        command -v python3 >/dev/null || apt_install python3
+        if ! python3 -m venv --clear "$venv" >/dev/null 2>&1; then
+            apt_install python3-venv
+            python3 -m venv --clear "$venv"
+        fi
+        log "installing psycopg and PyMySQL into $venv"
+        "$venv/bin/pip" install -q --disable-pip-version-check 'psycopg[binary]>=3.1,<4' 'PyMySQL>=1.1'
+    fi
+    echo "OUTBOX_TEST_PYTHON=$venv/bin/python"
+    if [[ ! -f $WRITERS_DIR/node/node_modules/pg/package.json ]]; then
+        command -v npm >/dev/null || apt_install nodejs npm
+        log "installing the pg package into $WRITERS_DIR/node"
+        npm install --prefix "$WRITERS_DIR/node" --silent --no-audit --no-fund 'pg@^8' >/dev/null
+    fi
+    echo "OUTBOX_TEST_NODE=$(command -v node)"
+    echo "OUTBOX_TEST_NODE_PATH=$WRITERS_DIR/node/node_modules"
+}
+
 ensure_postgres
 ensure_mariadb
 ensure_redis
+ensure_writers

@@ -82,7 +82,8 @@ const MEMORY_STORE: StoreDriver = StoreDriver {
             }
             Ok(AnyStore::new(memory().clone()))
         })
-    },    schema: None,
+    },
+    schema: None,
 };
 
 fn registry() -> Registry {
