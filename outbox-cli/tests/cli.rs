@@ -311,3 +311,139 @@ fn bad_configuration_gives_one_line_errors_and_a_failure_code() {
         assert!(!err.contains("hunter2"), "passwords never appear: {err}");
     }
 }
+
+/// Runs a database client; panics with its output unless it succeeds.
+fn client(program: &str, args: &[&str]) {
+    let out = outbox_test_support::output_within(
+        program,
+        Duration::from_secs(60),
+        Command::new(program).args(args),
+    );
+    assert!(
+        out.status.success(),
+        "{program} {args:?}: {}{}",
+        stdout(&out),
+        stderr(&out)
+    );
+}
+
+/// The printed schema for `store` and `table`, written to a file in `dir`; printing
+/// connects to nothing.
+fn printed_schema(dir: &std::path::Path, store: &str, table: &str) -> std::path::PathBuf {
+    let out = outbox_cmd(&["--store", store, "--table", table, "migrate", "--print"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let script = stdout(&out);
+    assert!(script.contains(table), "{script}");
+    let path = dir.join(format!("{table}.sql"));
+    std::fs::write(&path, script).unwrap();
+    path
+}
+
+/// After the script, `outbox migrate` runs cleanly over it and a row with only
+/// destination, event type and payload is pending.
+fn migrate_then_one_pending_row(store: &str, table: &str) {
+    let out = outbox_cmd(&["--store", store, "--table", table, "migrate"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = outbox_cmd(&["--store", store, "--table", table, "status", "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let status: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(
+        status["destinations"][0]["destination"], "orders",
+        "{status}"
+    );
+    assert_eq!(status["destinations"][0]["pending"], 1, "{status}");
+}
+
+/// `outbox migrate --print` writes the DDL a team applies with its own tool: psql and the
+/// mysql client take it as it is, and so does SQLite.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_printed_schema_applies_with_the_database_clients() {
+    let dir = tempfile::tempdir().unwrap();
+    let minimal = |table: &str, payload: &str| {
+        format!(
+            "INSERT INTO {table} (destination, event_type, payload) VALUES ('orders', 'order.paid', {payload})"
+        )
+    };
+
+    let pg = url();
+    let table = format!("printed_{:016x}", fastrand::u64(..));
+    let script = printed_schema(dir.path(), "postgres://nobody@192.0.2.1/none", &table);
+    client(
+        "psql",
+        &[
+            "-q",
+            "-v",
+            "ON_ERROR_STOP=1",
+            &pg,
+            "-f",
+            script.to_str().unwrap(),
+        ],
+    );
+    client(
+        "psql",
+        &[
+            "-q",
+            "-v",
+            "ON_ERROR_STOP=1",
+            &pg,
+            "-c",
+            &minimal(&table, "'\\x7b7d'"),
+        ],
+    );
+    migrate_then_one_pending_row(&pg, &table);
+
+    let my = std::env::var("OUTBOX_TEST_MYSQL_URL")
+        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned());
+    let parsed = url::Url::parse(&my).unwrap();
+    let table = format!("printed_{:016x}", fastrand::u64(..));
+    let script = printed_schema(dir.path(), "mysql://nobody@192.0.2.1/none", &table);
+    let (host, port) = (
+        parsed.host_str().unwrap(),
+        parsed.port().unwrap_or(3306).to_string(),
+    );
+    let database = parsed.path().trim_start_matches('/');
+    let password = format!("--password={}", parsed.password().unwrap_or(""));
+    let mysql = |sql: &str| {
+        client(
+            "mysql",
+            &[
+                "-h",
+                host,
+                "-P",
+                &port,
+                "-u",
+                parsed.username(),
+                &password,
+                database,
+                "-e",
+                sql,
+            ],
+        );
+    };
+    mysql(&format!("source {}", script.display()));
+    mysql(&minimal(&table, "'{}'"));
+    migrate_then_one_pending_row(&my, &table);
+    mysql(&format!(
+        "DROP TABLE {table}; DROP TABLE {table}_keys; DROP FUNCTION {table}_uuidv7; \
+         DROP FUNCTION {table}_key; DROP PROCEDURE {table}_enqueue; \
+         DELETE FROM outbox_migrations WHERE id LIKE '{table}/%'"
+    ));
+
+    let file = dir.path().join("printed.db");
+    let sqlite = format!("sqlite:{}", file.display());
+    let script = printed_schema(dir.path(), &sqlite, "outbox");
+    let options = sqlx::sqlite::SqliteConnectOptions::new()
+        .filename(&file)
+        .create_if_missing(true);
+    let pool = sqlx::SqlitePool::connect_with(options).await.unwrap();
+    sqlx::raw_sql(&std::fs::read_to_string(script).unwrap())
+        .execute(&pool)
+        .await
+        .unwrap();
+    sqlx::query(&minimal("outbox", "X'7b7d'"))
+        .execute(&pool)
+        .await
+        .unwrap();
+    pool.close().await;
+    migrate_then_one_pending_row(&sqlite, "outbox");
+}
