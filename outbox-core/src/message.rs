@@ -64,6 +64,8 @@ pub type Headers = BTreeMap<String, String>;
 ///
 /// The defaults fit every sink we ship (the smallest broker limit is SQS at 256 KiB per
 /// message including attributes; sinks check their own limit again at publish time).
+/// The SQL stores' tables enforce the defaults too, for writers in other languages
+/// (decision 0020): raising a limit here also needs the matching table constraint relaxed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Limits {
