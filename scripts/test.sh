@@ -155,7 +155,11 @@ step "architecture invariants"
 check scripts/check-architecture.sh
 
 step "publishable (every library crate packages and builds from its package)"
-check cargo publish --workspace --dry-run --allow-dirty --quiet
+# The packages build as registry crates, which cargo never rebuilds for the same version:
+# in a target directory kept between runs, forget our own crates' builds first.
+publish_target="${CARGO_TARGET_DIR:-target}/publish-check"
+rm -rf "$publish_target"/debug/.fingerprint/outbox-* "$publish_target"/package
+check env CARGO_TARGET_DIR="$publish_target" cargo publish --workspace --dry-run --allow-dirty --quiet
 
 step "harness self-check (a failing or hanging test ends with its children, red)"
 check scripts/check-harness.sh
