@@ -14,12 +14,16 @@ ALTER TABLE {outbox}
     ALTER COLUMN id SET DEFAULT {outbox_fn:uuidv7}(),
     ALTER COLUMN available_at SET DEFAULT now(),
     ALTER COLUMN content_type SET DEFAULT 'application/json';
--- What a column default cannot say: the idempotency key defaults to the row's own id, and
--- a pending row written with available_at NULL is due now rather than never. The WHEN
--- clause keeps the trigger off the Rust path, which always sets both.
+-- What a column default cannot say: the idempotency key defaults to the row's own id, a
+-- pending row written with available_at NULL is due now rather than never, and a NULL
+-- written explicitly (a driver's None) means the default too. The WHEN clause keeps the
+-- trigger off the Rust path, which always sets all of them.
 CREATE OR REPLACE FUNCTION {outbox_fn:fill}() RETURNS trigger LANGUAGE plpgsql AS {body_tag}
 BEGIN
+    NEW.id := COALESCE(NEW.id, {outbox_fn:uuidv7}());
     NEW.idempotency_key := COALESCE(NEW.idempotency_key, NEW.id::text);
+    NEW.content_type := COALESCE(NEW.content_type, 'application/json');
+    NEW.headers := COALESCE(NEW.headers, '{}');
     IF NEW.status = 'pending' THEN
         NEW.available_at := COALESCE(NEW.available_at, now());
     END IF;
@@ -28,7 +32,8 @@ END
 {body_tag};
 DROP TRIGGER IF EXISTS {outbox_trg:fill_trg} ON {outbox};
 CREATE TRIGGER {outbox_trg:fill_trg} BEFORE INSERT ON {outbox} FOR EACH ROW
-    WHEN (NEW.idempotency_key IS NULL OR (NEW.available_at IS NULL AND NEW.status = 'pending'))
+    WHEN (NEW.id IS NULL OR NEW.idempotency_key IS NULL OR NEW.content_type IS NULL
+          OR NEW.headers IS NULL OR (NEW.available_at IS NULL AND NEW.status = 'pending'))
     EXECUTE FUNCTION {outbox_fn:fill}();
 -- One statement for a writer: inserts the message (the table's checks apply, keyed rows
 -- are numbered at COMMIT) and signals the relays, which PostgreSQL delivers only if the
