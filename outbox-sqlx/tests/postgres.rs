@@ -664,17 +664,11 @@ async fn insert_foreign(h: &PgHarness, rows: &[common::ForeignRow]) -> Result<()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unreadable_headers_dead_letter_their_row_not_the_batch() {
     let h = PgHarness::new().await;
-    let check = h
-        .outbox
-        .names()
-        .render(outbox_sql::Dialect::Postgres, "{outbox_headers_check}");
-    sqlx::query(&format!(
-        "ALTER TABLE {} DROP CONSTRAINT {check}",
-        h.table()
-    ))
-    .execute(h.outbox.pool())
-    .await
-    .unwrap();
+    let drop = h.outbox.names().render(
+        outbox_sql::Dialect::Postgres,
+        "DROP TRIGGER {outbox_trg:refuse_trg} ON {outbox}",
+    );
+    sqlx::query(&drop).execute(h.outbox.pool()).await.unwrap();
     let rows = common::foreign_rows(200, &[(0, r#"{"x-n": 1}"#), (57, "[1,2]"), (150, "null")]);
     insert_foreign(&h, &rows).await.unwrap();
     let poisoned = [
@@ -701,7 +695,7 @@ async fn the_table_refuses_headers_that_are_not_an_object_of_strings() {
         r#""text""#,
         r#"{"a": {"b": "c"}}"#,
     ];
-    common::refuses_unreadable_rows(insert, &bad, "headers_check", None).await;
+    common::refuses_unreadable_rows(insert, &bad, "column headers", None).await;
 }
 
 // ---- Writers in other languages (004_writers): defaults, checks, enqueue(), key() ----
@@ -751,7 +745,7 @@ macro_rules! refuses {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn $test() {
             let h = PgHarness::new().await;
-            let needle = format!("{}_{}_check", h.outbox.names().outbox_name().name(), $column);
+            let needle = format!("column {}", $column);
             common::assert_refused(insert_with(&h, $column, $value).await, $column, &needle);
         }
     )*};
