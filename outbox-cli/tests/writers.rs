@@ -81,8 +81,9 @@ struct Setup {
 }
 
 /// Migrates with `outbox migrate`, runs `outbox relay` towards a recording receiver and
-/// the writer, then checks what arrived against what the writer committed.
-async fn writers_are_delivered_in_commit_order(mut setup: Setup, transactions: usize) {
+/// the writer, then checks what arrived against what the writer committed. Returns how
+/// many transactions committed.
+async fn writers_are_delivered_in_commit_order(mut setup: Setup, transactions: usize) -> i64 {
     let migrate = output_within(
         "outbox migrate",
         LIMIT,
@@ -216,6 +217,7 @@ async fn writers_are_delivered_in_commit_order(mut setup: Setup, transactions: u
             "key {key}: arrivals in commit order"
         );
     }
+    i64::try_from(committed.len()).unwrap()
 }
 
 fn python() -> String {
@@ -231,14 +233,9 @@ fn business_table() -> String {
     format!("orders_{:016x}", fastrand::u64(..))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn python_writers_on_postgres_are_delivered_in_commit_order() {
-    let url = env_or(
-        "OUTBOX_TEST_POSTGRES_URL",
-        "postgres://postgres@127.0.0.1:5432/test",
-    );
-    let python = python();
-    let pool = sqlx::PgPool::connect(&url).await.unwrap_or_else(|e| {
+/// A fresh business table on PostgreSQL for the writer's orders.
+async fn pg_business_table(url: &str) -> (sqlx::PgPool, String) {
+    let pool = sqlx::PgPool::connect(url).await.unwrap_or_else(|e| {
         panic!("PostgreSQL is not reachable at {url} ({e}); run scripts/services.sh")
     });
     let business = business_table();
@@ -248,10 +245,21 @@ async fn python_writers_on_postgres_are_delivered_in_commit_order() {
     .execute(&pool)
     .await
     .unwrap();
+    (pool, business)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_writers_on_postgres_are_delivered_in_commit_order() {
+    let url = env_or(
+        "OUTBOX_TEST_POSTGRES_URL",
+        "postgres://postgres@127.0.0.1:5432/test",
+    );
+    let python = python();
+    let (pool, business) = pg_business_table(&url).await;
     let mut writer = Command::new(python);
     writer.args([script("writer.py"), "postgres".to_owned(), url.clone()]);
     let table = format!("pywriter_{:016x}", fastrand::u64(..));
-    writers_are_delivered_in_commit_order(
+    let committed = writers_are_delivered_in_commit_order(
         Setup {
             store_url: url,
             table,
@@ -265,10 +273,7 @@ async fn python_writers_on_postgres_are_delivered_in_commit_order() {
         .fetch_one(&pool)
         .await
         .unwrap();
-    assert!(
-        placed > 0 && placed < TRANSACTIONS as i64,
-        "only committed orders remain: {placed}"
-    );
+    assert_eq!(placed, committed, "exactly the committed orders remain");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -288,7 +293,7 @@ async fn python_writers_on_mysql_are_delivered_in_commit_order() {
     let table = format!("pywriter_{:016x}", fastrand::u64(..));
     let mut writer = Command::new(python);
     writer.args([script("writer.py"), "mysql".to_owned(), url.clone()]);
-    writers_are_delivered_in_commit_order(
+    let committed = writers_are_delivered_in_commit_order(
         Setup {
             store_url: url,
             table: table.clone(),
@@ -302,10 +307,7 @@ async fn python_writers_on_mysql_are_delivered_in_commit_order() {
         .fetch_one(&pool)
         .await
         .unwrap();
-    assert!(
-        placed > 0 && placed < TRANSACTIONS as i64,
-        "only committed orders remain: {placed}"
-    );
+    assert_eq!(placed, committed, "exactly the committed orders remain");
     for statement in [
         format!("DROP TABLE {business}"),
         format!("DROP TABLE {table}"),
@@ -342,29 +344,25 @@ async fn node_writers_on_postgres_are_delivered_in_commit_order() {
         Path::new(&node_path).join("pg/package.json").exists(),
         "this test needs the pg package in {node_path} (set OUTBOX_TEST_NODE_PATH); run scripts/services.sh"
     );
-    let pool = sqlx::PgPool::connect(&url).await.unwrap_or_else(|e| {
-        panic!("PostgreSQL is not reachable at {url} ({e}); run scripts/services.sh")
-    });
-    let business = business_table();
-    sqlx::query(&format!(
-        "CREATE TABLE {business} (n int PRIMARY KEY, status text NOT NULL)"
-    ))
-    .execute(&pool)
-    .await
-    .unwrap();
+    let (pool, business) = pg_business_table(&url).await;
     let mut writer = Command::new(node);
     writer
         .env("NODE_PATH", &node_path)
         .args([script("writer.cjs"), url.clone()]);
     let table = format!("nodewriter_{:016x}", fastrand::u64(..));
-    writers_are_delivered_in_commit_order(
+    let committed = writers_are_delivered_in_commit_order(
         Setup {
             store_url: url,
             table,
-            business,
+            business: business.clone(),
             writer,
         },
         TRANSACTIONS / 2,
     )
     .await;
+    let placed: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {business}"))
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(placed, committed, "exactly the committed orders remain");
 }

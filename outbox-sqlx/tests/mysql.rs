@@ -1670,26 +1670,8 @@ async fn the_table_refuses_unreadable_ids_and_headers() {
 /// Inserts one row for `orders` as a foreign writer would, with `column` set to the SQL
 /// expression `value` and every other column left to the table.
 async fn insert_with(h: &MySqlHarness, column: &str, value: &str) -> Result<(), sqlx::Error> {
-    let mut values = vec![
-        ("destination", "'orders'".to_owned()),
-        ("event_type", "'order.paid'".to_owned()),
-        ("payload", "'{}'".to_owned()),
-    ];
-    match values.iter_mut().find(|(c, _)| *c == column) {
-        Some(slot) => slot.1 = value.to_owned(),
-        None => values.push((column, value.to_owned())),
-    }
-    let columns: Vec<&str> = values.iter().map(|(c, _)| *c).collect();
-    let exprs: Vec<&str> = values.iter().map(|(_, v)| v.as_str()).collect();
-    sqlx::query(&format!(
-        "INSERT INTO {} ({}) VALUES ({})",
-        h.table(),
-        columns.join(", "),
-        exprs.join(", ")
-    ))
-    .execute(h.outbox.pool())
-    .await
-    .map(|_| ())
+    let sql = common::insert_sql(&h.table(), "'{}'", column, value);
+    sqlx::query(&sql).execute(h.outbox.pool()).await.map(|_| ())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -208,3 +208,26 @@ pub fn random_key_inputs(n: usize) -> Vec<(uuid::Uuid, Vec<String>)> {
         })
         .collect()
 }
+
+/// The INSERT a foreign writer would run for one `orders` row into `table`: destination,
+/// event type and `payload` (a SQL literal), with `column` set to the SQL expression
+/// `value` (replacing one of those or adding a column); every other column is left to the
+/// table.
+pub fn insert_sql(table: &str, payload: &str, column: &str, value: &str) -> String {
+    let mut values = vec![
+        ("destination", "'orders'"),
+        ("event_type", "'order.paid'"),
+        ("payload", payload),
+    ];
+    match values.iter_mut().find(|(c, _)| *c == column) {
+        Some(slot) => slot.1 = value,
+        None => values.push((column, value)),
+    }
+    let columns: Vec<&str> = values.iter().map(|(c, _)| *c).collect();
+    let exprs: Vec<&str> = values.iter().map(|(_, v)| *v).collect();
+    format!(
+        "INSERT INTO {table} ({}) VALUES ({})",
+        columns.join(", "),
+        exprs.join(", ")
+    )
+}
