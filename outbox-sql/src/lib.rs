@@ -271,15 +271,15 @@ impl TableNames {
 }
 
 impl TableNames {
-    /// `{outbox_check:COLUMN}` is the constraint `<outbox>_COLUMN_check`, `{outbox_fn:NAME}`
-    /// the schema-qualified routine `<outbox>_NAME`, `{outbox_trg:NAME}` the trigger
-    /// `<outbox>_NAME` (schema-qualified in SQLite); NAME is `[a-z0-9_]+`.
+    /// `{outbox_fn:NAME}` is the schema-qualified routine `<outbox>_NAME`,
+    /// `{outbox_trg:NAME}` the trigger `<outbox>_NAME` (schema-qualified in SQLite); NAME
+    /// is `[a-z0-9_]+`.
     fn derived_placeholder<'t>(
         &self,
         dialect: Dialect,
         text: &'t str,
     ) -> Option<(String, &'t str)> {
-        let (kind, rest) = ["{outbox_check:", "{outbox_fn:", "{outbox_trg:"]
+        let (kind, rest) = ["{outbox_fn:", "{outbox_trg:"]
             .into_iter()
             .find_map(|kind| Some((kind, text.strip_prefix(kind)?)))?;
         let end = rest.find('}')?;
@@ -292,10 +292,6 @@ impl TableNames {
             return None;
         }
         let value = match kind {
-            "{outbox_check:" => self
-                .outbox
-                .derived(&format!("_{name}_check"))
-                .quoted(dialect),
             "{outbox_fn:" => self.qualified(dialect, &self.outbox.derived(&format!("_{name}"))),
             _ => self.index(dialect, &self.outbox, &format!("_{name}")),
         };
@@ -447,6 +443,25 @@ mod tests {
         );
         let mysql = names.render(Dialect::MySql, "{outbox}");
         assert_eq!(mysql, "`app`.`my {outbox}`");
+    }
+
+    #[test]
+    fn renders_derived_names_and_the_table_as_a_literal() {
+        let names = TableNames::default()
+            .schema("app")
+            .unwrap()
+            .outbox(r#""it's""#)
+            .unwrap();
+        let sql = names.render(
+            Dialect::Postgres,
+            "{outbox_fn:enqueue} {outbox_trg:fill_trg} {outbox_literal} {outbox_fn:Bad}",
+        );
+        assert_eq!(
+            sql,
+            r#""app"."it's_enqueue" "it's_fill_trg" '"app"."it''s"' {outbox_fn:Bad}"#
+        );
+        let sqlite = names.render(Dialect::Sqlite, "{outbox_trg:fill}");
+        assert_eq!(sqlite, r#""app"."it's_fill""#);
     }
 
     #[test]
