@@ -49,6 +49,7 @@ pub mod settings;
 mod sink;
 pub mod state;
 mod store;
+pub mod template;
 mod wakeup;
 pub mod webhooks;
 

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use outbox_engine::Message;
+use outbox_engine::template::Template;
 use serde::Deserialize;
 
 use crate::error::RedisSinkError;
@@ -636,59 +637,14 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
 /// use outbox_sink_redis::StreamTemplate;
 ///
 /// let t = StreamTemplate::parse("events.{tenant_id}.{event_type}")?;
-/// assert!(!t.is_fixed());
-/// assert!(StreamTemplate::parse("orders").unwrap().is_fixed());
+/// assert!(t.fixed().is_none());
+/// assert_eq!(StreamTemplate::parse("orders").unwrap().fixed().as_deref(), Some("orders"));
 /// assert!(StreamTemplate::parse("orders.{nope}").is_err());
 /// assert!(StreamTemplate::parse("orders.{event_type").is_err());
 /// # Ok::<(), outbox_sink_redis::RedisSinkError>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StreamTemplate {
-    source: String,
-    parts: Vec<Part>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Part {
-    Literal(String),
-    Field(Field),
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Field {
-    Destination,
-    EventType,
-    PartitionKey,
-    TenantId,
-    AggregateType,
-}
-
-impl Field {
-    const ALL: [(&'static str, Field); 5] = [
-        ("destination", Field::Destination),
-        ("event_type", Field::EventType),
-        ("partition_key", Field::PartitionKey),
-        ("tenant_id", Field::TenantId),
-        ("aggregate_type", Field::AggregateType),
-    ];
-
-    fn name(self) -> &'static str {
-        Self::ALL
-            .iter()
-            .find(|(_, field)| *field == self)
-            .map_or("?", |(name, _)| name)
-    }
-
-    fn value(self, message: &Message) -> Option<&str> {
-        match self {
-            Field::Destination => Some(&message.destination),
-            Field::EventType => Some(&message.event_type),
-            Field::PartitionKey => message.partition_key.as_deref(),
-            Field::TenantId => message.tenant_id.as_deref(),
-            Field::AggregateType => message.aggregate_type.as_deref(),
-        }
-    }
-}
+pub struct StreamTemplate(Template);
 
 impl StreamTemplate {
     /// Parses a template.
@@ -711,61 +667,9 @@ impl StreamTemplate {
                 template.len()
             )));
         }
-        if template.chars().any(char::is_control) {
-            return Err(fail("must not contain control characters".to_owned()));
-        }
-        let mut parts = Vec::new();
-        let mut literal = String::new();
-        let mut chars = template.char_indices().peekable();
-        while let Some((at, c)) = chars.next() {
-            match c {
-                '{' if chars.peek().map(|(_, c)| *c) == Some('{') => {
-                    chars.next();
-                    literal.push('{');
-                }
-                '}' if chars.peek().map(|(_, c)| *c) == Some('}') => {
-                    chars.next();
-                    literal.push('}');
-                }
-                '{' => {
-                    let rest = &template[at + 1..];
-                    let Some(end) = rest.find('}') else {
-                        return Err(fail(format!(
-                            "unclosed `{{` at byte {at} (write `{{{{` for a literal brace)"
-                        )));
-                    };
-                    let name = &rest[..end];
-                    let Some((_, field)) = Field::ALL.iter().find(|(n, _)| *n == name) else {
-                        let known: Vec<String> =
-                            Field::ALL.iter().map(|(n, _)| format!("{{{n}}}")).collect();
-                        return Err(fail(format!(
-                            "unknown placeholder {{{name}}} (known: {})",
-                            known.join(", ")
-                        )));
-                    };
-                    if !literal.is_empty() {
-                        parts.push(Part::Literal(std::mem::take(&mut literal)));
-                    }
-                    parts.push(Part::Field(*field));
-                    for _ in 0..name.chars().count() + 1 {
-                        chars.next();
-                    }
-                }
-                '}' => {
-                    return Err(fail(format!(
-                        "unmatched `}}` at byte {at} (write `}}}}` for a literal brace)"
-                    )));
-                }
-                c => literal.push(c),
-            }
-        }
-        if !literal.is_empty() {
-            parts.push(Part::Literal(literal));
-        }
-        Ok(Self {
-            source: template.to_owned(),
-            parts,
-        })
+        Template::parse(template)
+            .map(Self)
+            .map_err(|e| fail(e.reason))
     }
 
     /// The template as written.
@@ -776,19 +680,19 @@ impl StreamTemplate {
     /// # Ok::<(), outbox_sink_redis::RedisSinkError>(())
     /// ```
     pub fn as_str(&self) -> &str {
-        &self.source
+        self.0.as_str()
     }
 
-    /// Whether the template names one fixed stream (no placeholders).
+    /// The one stream key of a template without placeholders, `None` otherwise.
     ///
     /// ```
     /// # use outbox_sink_redis::StreamTemplate;
-    /// assert!(StreamTemplate::parse("orders.{{v2}}")?.is_fixed());
-    /// assert!(!StreamTemplate::parse("orders.{tenant_id}")?.is_fixed());
+    /// assert_eq!(StreamTemplate::parse("orders.{{v2}}")?.fixed().as_deref(), Some("orders.{v2}"));
+    /// assert_eq!(StreamTemplate::parse("orders.{tenant_id}")?.fixed(), None);
     /// # Ok::<(), outbox_sink_redis::RedisSinkError>(())
     /// ```
-    pub fn is_fixed(&self) -> bool {
-        self.parts.iter().all(|p| matches!(p, Part::Literal(_)))
+    pub fn fixed(&self) -> Option<String> {
+        self.0.fixed()
     }
 
     /// The stream key for `message`.
@@ -812,26 +716,11 @@ impl StreamTemplate {
     /// A description of the problem when the message lacks a field the template needs, or
     /// the key would be longer than [`MAX_STREAM_KEY_BYTES`].
     pub fn render(&self, message: &Message) -> Result<String, String> {
-        let mut key = String::with_capacity(self.source.len() + 32);
-        for part in &self.parts {
-            match part {
-                Part::Literal(text) => key.push_str(text),
-                Part::Field(field) => match field.value(message) {
-                    Some(value) if !value.is_empty() => key.push_str(value),
-                    _ => {
-                        return Err(format!(
-                            "stream template {:?} needs {}, which the message does not have",
-                            self.source,
-                            field.name()
-                        ));
-                    }
-                },
-            }
-        }
+        let key = self.0.render(message).map_err(|e| format!("stream {e}"))?;
         if key.len() > MAX_STREAM_KEY_BYTES {
             return Err(format!(
                 "stream key rendered from {:?} is {} bytes, limit is {MAX_STREAM_KEY_BYTES}",
-                self.source,
+                self.0.as_str(),
                 key.len()
             ));
         }
@@ -1234,9 +1123,9 @@ mod tests {
     fn templates_render_fields_and_escapes() {
         let t = StreamTemplate::parse("{{x}}:{destination}/{event_type}@{tenant_id}").unwrap();
         assert_eq!(t.render(&message()).unwrap(), "{x}:orders/order.paid@acme");
-        assert!(!t.is_fixed());
+        assert_eq!(t.fixed(), None);
         let fixed = StreamTemplate::parse("a{{b}}c").unwrap();
-        assert!(fixed.is_fixed());
+        assert_eq!(fixed.fixed().as_deref(), Some("a{b}c"));
         assert_eq!(fixed.render(&message()).unwrap(), "a{b}c");
         // Multi-byte characters next to placeholders.
         let t = StreamTemplate::parse("é{event_type}ü").unwrap();

@@ -181,8 +181,7 @@ impl RedisSink {
 
         let max_argument = max_argument(&mut conn).await;
 
-        if template.is_fixed() {
-            let key = template.as_str().replace("{{", "{").replace("}}", "}");
+        if let Some(key) = template.fixed() {
             let found: String = redis::cmd("TYPE")
                 .arg(&key)
                 .query_async(&mut conn)

@@ -1,0 +1,614 @@
+//! The [`AmqpSink`]: pipelined publishes per batch, each marked from its own confirm.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lapin::message::BasicReturnMessage;
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
+use lapin::publisher_confirm::Confirmation;
+use lapin::tcp::{OwnedIdentity, OwnedTLSConfig};
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
+use outbox_engine::{
+    Failure, FailureClass, Message, Outcome, Outcomes, PublishContext, Sink, gather,
+};
+use tokio::sync::Mutex;
+use tokio::time::Instant;
+use tracing::{debug, warn};
+
+use crate::config::{AmqpSinkConfig, MAX_NAME_BYTES, Templates};
+use crate::error::{AmqpSinkError, classify};
+use crate::receive::{HEADER_PREFIX, metadata_headers};
+
+/// The longest pause between two reconnection attempts.
+const MAX_RECONNECT_PAUSE: Duration = Duration::from_secs(5);
+
+/// Publishes outbox messages to RabbitMQ (or any AMQP 0-9-1 broker with publisher
+/// confirms).
+///
+/// Build one with [`connect`](Self::connect) (or [`from_url`](Self::from_url)), which
+/// validates the configuration, connects, and checks that a fixed exchange exists, so a
+/// misconfigured route fails at start-up instead of at the first batch. Clones share one
+/// connection; each concurrent publish takes a channel of its own (in confirm mode) from
+/// a small pool. After the broker closes the connection (a restart, an operator, a missed
+/// heartbeat) the next publish reconnects, pausing between failed attempts (up to 5 s);
+/// messages that meet a closed connection fail retryably and the relay tries them again.
+///
+/// Each [`publish`](Sink::publish) sends the whole batch on one channel without waiting
+/// between messages, then collects the publisher confirms. A message is published only
+/// when the broker acknowledged it **and** did not return it: every message is sent with
+/// `mandatory`, so one that no queue receives comes back (`basic.return`) and is
+/// dead-lettered as unroutable instead of being marked published on the broker's ack.
+/// Outcomes are reported as the confirms arrive (see
+/// [`publish_reporting`](Sink::publish_reporting)).
+///
+/// ```no_run
+/// use outbox_engine::{MemoryStore, Relay};
+/// use outbox_sink_amqp::{AmqpSink, AmqpSinkConfig};
+///
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let sink = AmqpSink::connect(
+///     AmqpSinkConfig::new("amqp://guest:guest@127.0.0.1:5672/%2f")
+///         .exchange("shop")
+///         .routing_key("{event_type}"),
+/// )
+/// .await?;
+/// let store = MemoryStore::new();
+/// let relay = Relay::builder(store).route("orders", sink).build()?;
+/// relay.drain().await?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct AmqpSink {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: AmqpSinkConfig,
+    templates: Templates,
+    tls: OwnedTLSConfig,
+    /// The URL with the password hidden, for messages.
+    url: String,
+    state: Mutex<State>,
+}
+
+/// The connection and its idle channels; `None` until (re)connected.
+#[derive(Default)]
+struct State {
+    connection: Option<Connection>,
+    idle: Vec<Channel>,
+    /// Consecutive failed connection attempts, and when the last one ended.
+    failures: u32,
+    last_failure: Option<(Instant, String)>,
+}
+
+impl fmt::Debug for AmqpSink {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AmqpSink")
+            .field("config", &self.inner.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl AmqpSink {
+    /// Validates `config`, connects, and checks the broker.
+    ///
+    /// Start-up checks: the TLS files (if any) can be read; the broker accepts the
+    /// credentials and the vhost; a channel can enter confirm mode; a fixed, non-default
+    /// exchange exists (a passive declare, which creates nothing).
+    ///
+    /// # Errors
+    ///
+    /// An [`AmqpSinkError`] saying what is wrong; the route must not start.
+    pub async fn connect(config: AmqpSinkConfig) -> Result<Self, AmqpSinkError> {
+        let templates = config.templates()?;
+        let tls = tls_config(&config)?;
+        let url = outbox_engine::redact::url(&config.url);
+        let inner = Inner {
+            config,
+            templates,
+            tls,
+            url,
+            state: Mutex::new(State::default()),
+        };
+        let deadline = Instant::now() + inner.config.connect_timeout;
+        let channel = {
+            let mut state = inner.state.lock().await;
+            inner
+                .channel(&mut state, deadline)
+                .await
+                .map_err(|source| AmqpSinkError::Connect {
+                    url: inner.url.clone(),
+                    source,
+                })?
+        };
+        if let Some(exchange) = inner.templates.exchange.fixed().filter(|e| !e.is_empty()) {
+            let passive = ExchangeDeclareOptions {
+                passive: true,
+                ..ExchangeDeclareOptions::default()
+            };
+            let declared = channel
+                .exchange_declare(
+                    exchange.as_str().into(),
+                    ExchangeKind::Direct,
+                    passive,
+                    FieldTable::default(),
+                )
+                .await;
+            match declared {
+                Ok(()) => inner.give_back(channel).await,
+                Err(e) if e.is_amqp_soft_error() => {
+                    return Err(AmqpSinkError::ExchangeNotFound {
+                        exchange,
+                        url: inner.url.clone(),
+                    });
+                }
+                Err(source) => {
+                    return Err(AmqpSinkError::Connect {
+                        url: inner.url.clone(),
+                        source,
+                    });
+                }
+            }
+        } else {
+            inner.give_back(channel).await;
+        }
+        Ok(Self {
+            inner: Arc::new(inner),
+        })
+    }
+
+    /// [`AmqpSinkConfig::from_url`] followed by [`connect`](Self::connect).
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), outbox_sink_amqp::AmqpSinkError> {
+    /// let sink = outbox_sink_amqp::AmqpSink::from_url(
+    ///     "amqp://guest:guest@127.0.0.1:5672/%2f?exchange=shop&routing_key={event_type}",
+    /// )
+    /// .await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As for [`AmqpSinkConfig::from_url`] and [`connect`](Self::connect).
+    pub async fn from_url(url: &str) -> Result<Self, AmqpSinkError> {
+        Self::connect(AmqpSinkConfig::from_url(url)?).await
+    }
+
+    /// The configuration this sink runs with.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), outbox_sink_amqp::AmqpSinkError> {
+    /// let sink = outbox_sink_amqp::AmqpSink::from_url("amqp://127.0.0.1/%2f?routing_key=orders").await?;
+    /// assert_eq!(sink.config().routing_key, "orders");
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn config(&self) -> &AmqpSinkConfig {
+        &self.inner.config
+    }
+}
+
+impl Sink for AmqpSink {
+    async fn publish(
+        &self,
+        batch: &[Message],
+        cx: &PublishContext,
+    ) -> Result<Vec<Outcome>, Failure> {
+        Ok(gather(batch.len(), |outcomes| async move {
+            self.publish_reporting(batch, cx, &outcomes).await;
+        })
+        .await)
+    }
+
+    async fn publish_reporting(&self, batch: &[Message], cx: &PublishContext, outcomes: &Outcomes) {
+        let unanswered = std::sync::Mutex::new(vec![true; batch.len()]);
+        let report = |index: usize, outcome: Outcome| {
+            unanswered.lock().unwrap_or_else(|e| e.into_inner())[index] = false;
+            outcomes.report(index, outcome);
+        };
+        let publish = self.inner.publish(batch, cx.deadline(), &report);
+        if tokio::time::timeout_at(cx.deadline(), publish)
+            .await
+            .is_err()
+        {
+            let failure = Failure::retryable(
+                FailureClass::Timeout,
+                "no publisher confirm before the publish deadline; the message may have reached the broker",
+            );
+            let unanswered = unanswered.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            for (index, _) in unanswered.iter().enumerate().filter(|(_, open)| **open) {
+                outcomes.report(index, failure.clone().into());
+            }
+        }
+    }
+}
+
+/// A message ready to send: where to, and the AMQP properties.
+struct Prepared {
+    index: usize,
+    exchange: String,
+    routing_key: String,
+    properties: BasicProperties,
+}
+
+impl Inner {
+    async fn publish(
+        &self,
+        batch: &[Message],
+        deadline: std::time::Instant,
+        report: &(dyn Fn(usize, Outcome) + Sync),
+    ) {
+        let deadline = Instant::from_std(deadline);
+        let mut ready = Vec::with_capacity(batch.len());
+        for (index, message) in batch.iter().enumerate() {
+            match self.prepare(index, message) {
+                Ok(prepared) => ready.push(prepared),
+                Err(failure) => report(index, failure.into()),
+            }
+        }
+        if ready.is_empty() {
+            return;
+        }
+        let channel = {
+            let mut state = self.state.lock().await;
+            match self.channel(&mut state, deadline).await {
+                Ok(channel) => channel,
+                Err(e) => {
+                    let failure = not_sent(&state, &e);
+                    for p in &ready {
+                        report(p.index, failure.clone().into());
+                    }
+                    return;
+                }
+            }
+        };
+
+        // Send everything, then collect the confirms in order.
+        let mut pending = Vec::with_capacity(ready.len());
+        let mut broken: Option<lapin::Error> = None;
+        for p in &ready {
+            if broken.is_some() {
+                pending.push((p, None));
+                continue;
+            }
+            match self.send(&channel, p, &batch[p.index]).await {
+                Ok(confirm) => pending.push((p, Some(confirm))),
+                Err(e) => {
+                    broken = Some(e);
+                    pending.push((p, None));
+                }
+            }
+        }
+        let mut isolate = Vec::new();
+        for (p, confirm) in pending {
+            let result = match confirm {
+                Some(confirm) => confirm.await,
+                None => Err(broken.clone().expect("a send failed")),
+            };
+            match result {
+                Ok(confirmation) => report(p.index, outcome(confirmation, p)),
+                Err(_) => isolate.push(p),
+            }
+        }
+        if isolate.is_empty() {
+            self.give_back(channel).await;
+            return;
+        }
+
+        // The channel (or the connection) closed under the batch. Send the messages
+        // that got no confirm again one at a time, so each gets its own answer.
+        debug!(
+            url = %self.url,
+            messages = isolate.len(),
+            "channel closed during a batch; sending its unconfirmed messages one by one"
+        );
+        drop(channel);
+        for p in isolate {
+            let result = async {
+                let mut state = self.state.lock().await;
+                let channel = self.channel(&mut state, deadline).await?;
+                drop(state);
+                let confirm = self.send(&channel, p, &batch[p.index]).await?;
+                let confirmation = confirm.await?;
+                self.give_back(channel).await;
+                Ok::<_, lapin::Error>(confirmation)
+            }
+            .await;
+            let outcome = match result {
+                Ok(confirmation) => outcome(confirmation, p),
+                Err(e) if self.connected().await => Outcome::Failed(classify(&e)),
+                Err(e) => Outcome::Failed(Failure::retryable(
+                    FailureClass::Connection,
+                    format!("connection to {} lost: {e}", self.url),
+                )),
+            };
+            report(p.index, outcome);
+        }
+    }
+
+    /// Checks and renders one message; a failure here is the message's own and permanent.
+    fn prepare(&self, index: usize, message: &Message) -> Result<Prepared, Failure> {
+        if message.payload.len() > self.config.max_payload_bytes {
+            return Err(Failure::permanent(
+                FailureClass::TooLarge,
+                format!(
+                    "payload is {} bytes, the route's max_payload_bytes is {}",
+                    message.payload.len(),
+                    self.config.max_payload_bytes
+                ),
+            ));
+        }
+        let render = |what: &str, template: &outbox_engine::template::Template| {
+            let name = template
+                .render(message)
+                .map_err(|e| Failure::permanent(FailureClass::Config, format!("{what} {e}")))?;
+            if name.len() > MAX_NAME_BYTES {
+                return Err(Failure::permanent(
+                    FailureClass::Config,
+                    format!(
+                        "{what} rendered from {:?} is {} bytes, AMQP allows {MAX_NAME_BYTES}",
+                        template.as_str(),
+                        name.len()
+                    ),
+                ));
+            }
+            Ok(name)
+        };
+        let exchange = render("exchange", &self.templates.exchange)?;
+        let routing_key = render("routing key", &self.templates.routing_key)?;
+
+        let mut headers = FieldTable::default();
+        for (name, value) in metadata_headers(message) {
+            headers.insert(name.into(), AMQPValue::LongString(LongString::from(value)));
+        }
+        for (name, value) in &message.headers {
+            if name
+                .get(..HEADER_PREFIX.len())
+                .is_some_and(|p| p.eq_ignore_ascii_case(HEADER_PREFIX))
+            {
+                return Err(Failure::permanent(
+                    FailureClass::Serialization,
+                    format!(
+                        "header {name:?} uses the prefix `{HEADER_PREFIX}`, which the AMQP sink reserves for its own headers"
+                    ),
+                ));
+            }
+            headers.insert(
+                name.as_str().into(),
+                AMQPValue::LongString(LongString::from(value.as_str())),
+            );
+        }
+        let timestamp = u64::try_from(message.created_at.timestamp()).unwrap_or(0);
+        let mut properties = BasicProperties::default()
+            .with_message_id(ShortString::from(message.id.to_string()))
+            .with_type(ShortString::from(message.event_type.as_str()))
+            .with_timestamp(timestamp)
+            .with_headers(headers);
+        if !message.content_type.is_empty() && message.content_type.len() <= MAX_NAME_BYTES {
+            properties = properties.with_content_type(message.content_type.as_str().into());
+        }
+        if self.config.persistent {
+            properties = properties.with_delivery_mode(2);
+        }
+        Ok(Prepared {
+            index,
+            exchange,
+            routing_key,
+            properties,
+        })
+    }
+
+    async fn send(
+        &self,
+        channel: &Channel,
+        p: &Prepared,
+        message: &Message,
+    ) -> Result<lapin::publisher_confirm::PublisherConfirm, lapin::Error> {
+        channel
+            .basic_publish(
+                p.exchange.as_str().into(),
+                p.routing_key.as_str().into(),
+                BasicPublishOptions {
+                    mandatory: true,
+                    ..BasicPublishOptions::default()
+                },
+                &message.payload,
+                p.properties.clone(),
+            )
+            .await
+    }
+
+    async fn connected(&self) -> bool {
+        let state = self.state.lock().await;
+        state
+            .connection
+            .as_ref()
+            .is_some_and(|c| c.status().connected())
+    }
+
+    /// An idle channel in confirm mode, (re)connecting first if needed.
+    async fn channel(&self, state: &mut State, deadline: Instant) -> Result<Channel, lapin::Error> {
+        if !state
+            .connection
+            .as_ref()
+            .is_some_and(|c| c.status().connected())
+        {
+            state.idle.clear();
+            state.connection = None;
+            let connection = self.reconnect(state, deadline).await?;
+            state.connection = Some(connection);
+        }
+        while let Some(channel) = state.idle.pop() {
+            if channel.status().connected() {
+                return Ok(channel);
+            }
+        }
+        let connection = state.connection.as_ref().expect("connected above");
+        if connection.status().blocked() {
+            return Err(lapin::Error::from(std::io::Error::other(BLOCKED)));
+        }
+        let channel = connection.create_channel().await?;
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await?;
+        Ok(channel)
+    }
+
+    async fn reconnect(&self, state: &mut State, deadline: Instant) -> Result<Connection, lapin::Error> {
+        if let Some((at, last)) = &state.last_failure {
+            let pause = reconnect_pause(state.failures);
+            if at.elapsed() < pause {
+                return Err(lapin::Error::from(std::io::Error::other(format!(
+                    "{WAITING}: the last attempt failed {} ms ago ({last})",
+                    at.elapsed().as_millis()
+                ))));
+            }
+        }
+        let limit = deadline.min(Instant::now() + self.config.connect_timeout);
+        let properties = ConnectionProperties::default()
+            .with_connection_name(format!("outbox-relay-{}", std::process::id()).into());
+        let runtime = lapin::runtime::default_runtime()?;
+        let attempt = Connection::connect_with_config(
+            &self.config.url,
+            properties,
+            self.tls.clone(),
+            runtime,
+        );
+        let result = match tokio::time::timeout_at(limit, attempt).await {
+            Ok(result) => result,
+            Err(_) => Err(lapin::Error::from(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "connecting timed out",
+            ))),
+        };
+        match &result {
+            Ok(_) => {
+                if state.failures > 0 {
+                    warn!(url = %self.url, after_failures = state.failures, "reconnected to the AMQP broker");
+                }
+                state.failures = 0;
+                state.last_failure = None;
+            }
+            Err(e) => {
+                state.failures = state.failures.saturating_add(1);
+                state.last_failure = Some((Instant::now(), e.to_string()));
+                warn!(url = %self.url, error = %e, failures = state.failures, "cannot connect to the AMQP broker");
+            }
+        }
+        result
+    }
+
+    async fn give_back(&self, channel: Channel) {
+        if channel.status().connected() {
+            self.state.lock().await.idle.push(channel);
+        }
+    }
+}
+
+const BLOCKED: &str = "the broker blocks publishers (a memory or disk alarm)";
+const WAITING: &str = "waiting before reconnecting";
+
+/// The failure for messages that were never sent because no channel could be had.
+fn not_sent(state: &State, error: &lapin::Error) -> Failure {
+    let text = error.to_string();
+    if text.contains(BLOCKED) {
+        return Failure::retryable(FailureClass::Unavailable, BLOCKED)
+            .deferred()
+            .with_retry_after(Duration::from_secs(1));
+    }
+    let failure = classify(error);
+    if text.contains(WAITING) {
+        let pause = reconnect_pause(state.failures);
+        return Failure::retryable(failure.class, text)
+            .deferred()
+            .with_retry_after(pause);
+    }
+    failure
+}
+
+fn reconnect_pause(failures: u32) -> Duration {
+    let exp = failures.saturating_sub(1).min(6);
+    (Duration::from_millis(100) * 2u32.pow(exp)).min(MAX_RECONNECT_PAUSE)
+}
+
+/// The outcome of one confirmed publish.
+fn outcome(confirmation: Confirmation, p: &Prepared) -> Outcome {
+    match confirmation {
+        Confirmation::Ack(None) => Outcome::published_with(format!(
+            "exchange {:?}, routing key {:?}",
+            p.exchange, p.routing_key
+        )),
+        Confirmation::Ack(Some(returned)) | Confirmation::Nack(Some(returned)) => {
+            Outcome::Failed(unroutable(&returned, p))
+        }
+        Confirmation::Nack(None) => Outcome::retryable(
+            FailureClass::Unavailable,
+            "the broker nacked the message (it could not take it; a queue may be unavailable)",
+        ),
+        Confirmation::NotRequested => Outcome::retryable(
+            FailureClass::Other,
+            "the channel was not in confirm mode; nothing confirms the message arrived",
+        ),
+    }
+}
+
+fn unroutable(returned: &BasicReturnMessage, p: &Prepared) -> Failure {
+    Failure::permanent(
+        FailureClass::Unroutable,
+        format!(
+            "returned by the broker: {} {} (exchange {:?}, routing key {:?}); no queue is bound for it",
+            returned.reply_code,
+            returned.reply_text.as_str(),
+            p.exchange,
+            p.routing_key
+        ),
+    )
+}
+
+fn tls_config(config: &AmqpSinkConfig) -> Result<OwnedTLSConfig, AmqpSinkError> {
+    let read = |setting: &'static str, path: &std::path::Path| {
+        std::fs::read(path).map_err(|e| AmqpSinkError::TlsFile {
+            setting,
+            path: path.display().to_string(),
+            reason: e.to_string(),
+        })
+    };
+    let cert_chain = match &config.tls_ca_file {
+        Some(path) => Some(
+            String::from_utf8(read("tls_ca_file", path)?).map_err(|_| AmqpSinkError::TlsFile {
+                setting: "tls_ca_file",
+                path: path.display().to_string(),
+                reason: "not a PEM file (not UTF-8)".to_owned(),
+            })?,
+        ),
+        None => None,
+    };
+    let identity = match (&config.tls_cert_file, &config.tls_key_file) {
+        (Some(cert), Some(key)) => Some(OwnedIdentity::PKCS8 {
+            pem: read("tls_cert_file", cert)?,
+            key: read("tls_key_file", key)?,
+        }),
+        _ => None,
+    };
+    Ok(OwnedTLSConfig {
+        identity,
+        cert_chain,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reconnect_pauses_grow_and_stop_at_the_cap() {
+        assert_eq!(reconnect_pause(1), Duration::from_millis(100));
+        assert_eq!(reconnect_pause(2), Duration::from_millis(200));
+        assert_eq!(reconnect_pause(40), MAX_RECONNECT_PAUSE);
+    }
+}
