@@ -9,6 +9,8 @@
 #   MariaDB     mysql://root@127.0.0.1:3306/test          (root, empty password)
 #   Redis       redis://127.0.0.1:6379/                   (no persistence; redis-server is
 #               also needed as a binary: some tests start private servers on other ports)
+#   RabbitMQ    amqp://guest:guest@127.0.0.1:5672/outbox-test   (vhost `outbox-test`;
+#               rabbitmqctl must work for the tests that close connections or stop the app)
 #   Python and Node with the drivers the foreign-writer tests use (see ensure_writers)
 set -euo pipefail
 
@@ -104,6 +106,25 @@ ensure_redis() {
     echo "OUTBOX_TEST_REDIS_URL=redis://127.0.0.1:6379/"
 }
 
+rabbitmq_up() { as_root rabbitmqctl -q await_startup --timeout 5; }
+
+ensure_rabbitmq() {
+    if ! command -v rabbitmqctl >/dev/null || [[ ! -x /usr/sbin/rabbitmq-server ]]; then
+        apt_install rabbitmq-server
+    fi
+    if ! rabbitmq_up >/dev/null 2>&1; then
+        log "starting RabbitMQ"
+        as_root sh -c 'rabbitmq-server -detached' >/dev/null 2>&1 || true
+        wait_for RabbitMQ 90 rabbitmq_up
+    fi
+    if ! as_root rabbitmqctl -q list_vhosts | grep -qx outbox-test; then
+        log "creating RabbitMQ vhost outbox-test"
+        as_root rabbitmqctl -q add_vhost outbox-test
+    fi
+    as_root rabbitmqctl -q set_permissions -p outbox-test guest '.*' '.*' '.*'
+    echo "OUTBOX_TEST_AMQP_URL=amqp://guest:guest@127.0.0.1:5672/outbox-test"
+}
+
 # The foreign-writer tests (outbox-cli/tests/writers.rs) run services written in Python
 # (psycopg, PyMySQL) and Node (pg) against the outbox. Their packages live in a
 # virtualenv and a node_modules directory owned by the project, outside the repository.
@@ -133,4 +154,5 @@ ensure_writers() {
 ensure_postgres
 ensure_mariadb
 ensure_redis
+ensure_rabbitmq
 ensure_writers

@@ -9,6 +9,7 @@
 //! | `postgres`, `sqlite`, `mysql` | [`sqlx`](outbox_sqlx) stores: enqueue in your transaction, relay store, inbox |
 //! | `http` | the HTTP / webhook sink |
 //! | `redis` | the Redis Streams sink |
+//! | `amqp` | the RabbitMQ (AMQP 0-9-1) sink |
 //! | `full` | all of the above |
 //! | `testkit` | in-memory store, recording and flaky sinks, conformance suites |
 //!
@@ -41,6 +42,9 @@ pub use registry::Registry;
 /// The HTTP / webhook sink (feature `http`).
 #[cfg(feature = "http")]
 pub use outbox_sink_http as http;
+/// The RabbitMQ (AMQP 0-9-1) sink (feature `amqp`).
+#[cfg(feature = "amqp")]
+pub use outbox_sink_amqp as amqp;
 /// The Redis Streams sink (feature `redis`).
 #[cfg(feature = "redis")]
 pub use outbox_sink_redis as redis;

@@ -21,6 +21,8 @@ const KNOWN: &[(&str, &str, &str)] = &[
     ("sink", "https", "http"),
     ("sink", "redis", "redis"),
     ("sink", "rediss", "redis"),
+    ("sink", "amqp", "amqp"),
+    ("sink", "amqps", "amqp"),
 ];
 
 /// The drivers stores and sinks are built with, by URL scheme.
@@ -68,6 +70,8 @@ impl Default for Registry {
         registry.sinks.push(outbox_sink_http::DRIVER);
         #[cfg(feature = "redis")]
         registry.sinks.push(outbox_sink_redis::DRIVER);
+        #[cfg(feature = "amqp")]
+        registry.sinks.push(outbox_sink_amqp::DRIVER);
         registry
     }
 }

@@ -6,10 +6,12 @@ use std::time::Duration;
 
 use lapin::message::BasicReturnMessage;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
-use lapin::publisher_confirm::Confirmation;
 use lapin::tcp::{OwnedIdentity, OwnedTLSConfig};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
-use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
+use lapin::{
+    BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind,
+    PublisherConfirm,
+};
 use outbox_engine::{
     Failure, FailureClass, Message, Outcome, Outcomes, PublishContext, Sink, gather,
 };
@@ -240,10 +242,9 @@ impl Inner {
     async fn publish(
         &self,
         batch: &[Message],
-        deadline: std::time::Instant,
+        deadline: Instant,
         report: &(dyn Fn(usize, Outcome) + Sync),
     ) {
-        let deadline = Instant::from_std(deadline);
         let mut ready = Vec::with_capacity(batch.len());
         for (index, message) in batch.iter().enumerate() {
             match self.prepare(index, message) {
@@ -408,7 +409,7 @@ impl Inner {
         channel: &Channel,
         p: &Prepared,
         message: &Message,
-    ) -> Result<lapin::publisher_confirm::PublisherConfirm, lapin::Error> {
+    ) -> Result<PublisherConfirm, lapin::Error> {
         channel
             .basic_publish(
                 p.exchange.as_str().into(),
