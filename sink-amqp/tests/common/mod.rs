@@ -187,13 +187,16 @@ pub fn close_connections(prefix: &str) -> usize {
     let listing = rabbitmqctl(&["-q", "list_connections", "--no-table-headers", "pid", "client_properties"]);
     let mut closed = 0;
     for line in listing.lines() {
-        let Some((pid, properties)) = line.split_once('\t') else {
+        // `<rabbit@host.1.2.3>` then the client properties, `{"connection_name","…"}` among them.
+        let Some(end) = line.find('>') else {
             continue;
         };
-        if properties.contains(&format!("<<\"{prefix}")) {
+        let (pid, properties) = (&line[..=end], &line[end + 1..]);
+        if properties.contains(&format!("{{\"connection_name\",\"{prefix}")) {
             rabbitmqctl(&["close_connection", pid, "closed by the outbox test"]);
             closed += 1;
         }
     }
+    assert!(closed > 0, "no connection named {prefix}… in:\n{listing}");
     closed
 }
