@@ -1,7 +1,8 @@
 //! `outbox relay` killed with SIGKILL again and again mid-batch, in front of a webhook
-//! receiver that answers each request after a short random delay: nothing committed is
-//! lost, and the re-sends (duplicates) stay bounded by what was in flight at each kill.
-//! Prints `kill9: kills=… committed=… deliveries=… duplicates=… lost=…`.
+//! receiver that answers each request after a short random delay, and in front of
+//! RabbitMQ: nothing committed is lost, and the re-sends (duplicates) stay bounded by what
+//! was in flight at each kill. Prints `kill9 <sink>: kills=… committed=… deliveries=…
+//! duplicates=… lost=…`.
 
 use std::collections::HashSet;
 use std::process::Command;
@@ -14,7 +15,6 @@ use outbox_test_support::{ChildGuard, wait_until};
 
 mod common;
 
-const MESSAGES: usize = 6_000;
 const KILLS: usize = 20;
 
 fn env_or(var: &str, default: &str) -> String {
@@ -23,6 +23,24 @@ fn env_or(var: &str, default: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_loses_nothing_and_resends_only_what_was_in_flight() {
+    // The receiver: records every delivery on arrival, answers after 5-40 ms.
+    let (hook, got) = common::recording_receiver(5..40).await;
+    let route = format!("url = \"{hook}\"\nallow = [\"127.0.0.1/32\"]\n");
+    kill_loop("http", &route, got, 8_000).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_in_front_of_amqp_loses_nothing() {
+    let (url, queue, got) = common::amqp_consumer().await;
+    let route = format!("url = \"{url}\"\nrouting_key = \"{queue}\"\n");
+    // RabbitMQ takes messages fast: more of them, so that 20 kills land mid-batch.
+    kill_loop("amqp", &route, got, 40_000).await;
+    common::delete_amqp_queue(&url, &queue).await;
+}
+
+/// Runs the kill loop with `route` (the TOML of route `hooks`) while `got` records the
+/// ids the receiver gets.
+async fn kill_loop(sink: &str, route: &str, got: common::Received, count: usize) {
     let pg_url = env_or(
         "OUTBOX_TEST_POSTGRES_URL",
         "postgres://postgres@127.0.0.1:5432/test",
@@ -33,7 +51,7 @@ async fn kill_9_loses_nothing_and_resends_only_what_was_in_flight() {
     let table = format!("kill9_{:016x}", fastrand::u64(..));
     let outbox = PgOutbox::with_names(pool.clone(), TableNames::default().outbox(&table).unwrap());
     outbox.migrate().await.unwrap();
-    let messages: Vec<NewMessage> = (0..MESSAGES)
+    let messages: Vec<NewMessage> = (0..count)
         .map(|i| {
             NewMessage::builder("hooks", "order.paid")
                 .json(&i)
@@ -48,9 +66,6 @@ async fn kill_9_loses_nothing_and_resends_only_what_was_in_flight() {
     }
     let committed: HashSet<String> = messages.iter().map(|m| m.id().to_string()).collect();
 
-    // The receiver: records every delivery on arrival, answers after 5-40 ms.
-    let (hook, got) = common::recording_receiver(5..40).await;
-
     let dir = std::env::temp_dir().join(format!("outbox-{table}"));
     std::fs::create_dir_all(&dir).unwrap();
     let config = dir.join("outbox.toml");
@@ -58,7 +73,7 @@ async fn kill_9_loses_nothing_and_resends_only_what_was_in_flight() {
         &config,
         format!(
             "[store]\nurl = \"{pg_url}\"\ntable = \"{table}\"\n\n[relay]\nbatch_size = 100\nconcurrency = 2\nlease = \"2s\"\npoll_interval = \"100ms\"\n\n\
-             [routes.hooks]\nurl = \"{hook}\"\nallow = [\"127.0.0.1/32\"]\n"
+             [routes.hooks]\n{route}"
         ),
     )
     .unwrap();
@@ -90,7 +105,7 @@ async fn kill_9_loses_nothing_and_resends_only_what_was_in_flight() {
     let mut leased_at_kills = 0;
     while kills < KILLS {
         let before = got.lock().unwrap().len();
-        if before >= MESSAGES {
+        if before >= count {
             break;
         }
         let mut relay = start_relay();
@@ -118,7 +133,7 @@ async fn kill_9_loses_nothing_and_resends_only_what_was_in_flight() {
             .fetch_one(&pool)
             .await
             .unwrap()
-                == MESSAGES as i64
+                == count as i64
         },
     )
     .await;
@@ -127,19 +142,25 @@ async fn kill_9_loses_nothing_and_resends_only_what_was_in_flight() {
         "graceful stop"
     );
 
+    wait_until(
+        "the receiver to have every published message",
+        Duration::from_secs(30),
+        || async { got.lock().unwrap().iter().collect::<HashSet<_>>().len() >= count },
+    )
+    .await;
     let deliveries = got.lock().unwrap().clone();
     let distinct: HashSet<String> = deliveries.iter().cloned().collect();
     let lost = committed.difference(&distinct).count();
     let unexpected = distinct.difference(&committed).count();
     let duplicates = deliveries.len() - distinct.len();
     eprintln!(
-        "kill9: kills={kills} committed={MESSAGES} deliveries={} duplicates={duplicates} \
+        "kill9 {sink}: kills={kills} committed={count} deliveries={} duplicates={duplicates} \
          leased_at_kills={leased_at_kills} lost={lost} unexpected={unexpected}",
         deliveries.len()
     );
     assert!(
-        kills >= 10,
-        "the relay was killed mid-batch at least 10 times ({kills})"
+        kills == KILLS,
+        "the relay was killed mid-batch {KILLS} times ({kills})"
     );
     assert_eq!(lost, 0, "every committed message was delivered");
     assert_eq!(

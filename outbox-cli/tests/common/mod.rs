@@ -37,3 +37,76 @@ pub async fn recording_receiver(delay_ms: Range<u64>) -> (String, Received) {
     tokio::spawn(async move { axum::serve(listener, app).await });
     (url, got)
 }
+
+/// A fresh durable queue on the test RabbitMQ (`OUTBOX_TEST_AMQP_URL`) and a consumer
+/// that records each delivery's `message_id` on arrival. Returns the broker URL, the
+/// queue's name and the record.
+pub async fn amqp_consumer() -> (String, String, Received) {
+    use outbox::amqp::client::options::{BasicGetOptions, QueueDeclareOptions};
+    use outbox::amqp::client::types::FieldTable;
+    use outbox::amqp::client::{Connection, ConnectionProperties};
+
+    let url = outbox_test_support::server_url(
+        "OUTBOX_TEST_AMQP_URL",
+        "amqp://guest:guest@127.0.0.1:5672/outbox-test",
+    );
+    let connection = match tokio::time::timeout(
+        Duration::from_secs(10),
+        Connection::connect(&url, ConnectionProperties::default()),
+    )
+    .await
+    {
+        Ok(Ok(c)) => c,
+        Ok(Err(e)) => outbox_test_support::no_server("RabbitMQ", "OUTBOX_TEST_AMQP_URL", &url, e),
+        Err(_) => outbox_test_support::no_server("RabbitMQ", "OUTBOX_TEST_AMQP_URL", &url, "timeout"),
+    };
+    let channel = connection.create_channel().await.unwrap();
+    let queue = format!("outbox-test.cli.{:016x}", fastrand::u64(..));
+    channel
+        .queue_declare(
+            queue.as_str().into(),
+            QueueDeclareOptions::durable(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let got: Received = Arc::default();
+    let record = got.clone();
+    let name = queue.clone();
+    tokio::spawn(async move {
+        let _connection = connection;
+        loop {
+            match channel
+                .basic_get(name.as_str().into(), BasicGetOptions { no_ack: true })
+                .await
+            {
+                Ok(Some(message)) => {
+                    let id = message
+                        .delivery
+                        .properties
+                        .message_id()
+                        .as_ref()
+                        .map(|id| id.as_str().to_owned())
+                        .unwrap_or_default();
+                    record.lock().unwrap().push(id);
+                }
+                Ok(None) => tokio::time::sleep(Duration::from_millis(5)).await,
+                Err(_) => return,
+            }
+        }
+    });
+    (url, queue, got)
+}
+
+/// Deletes a test queue made by [`amqp_consumer`].
+pub async fn delete_amqp_queue(url: &str, queue: &str) {
+    use outbox::amqp::client::{Connection, ConnectionProperties};
+    let connection = Connection::connect(url, ConnectionProperties::default())
+        .await
+        .unwrap();
+    let channel = connection.create_channel().await.unwrap();
+    channel
+        .queue_delete(queue.into(), Default::default())
+        .await
+        .unwrap();
+}
