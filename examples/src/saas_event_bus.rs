@@ -1,6 +1,7 @@
 //! SaaS event bus: billing events (tenant created, invoice issued, payment received,
-//! invoice paid) published to one route, `billing-events`, first on Redis Streams and then
-//! over HTTP — with the same code and only the relay's configuration text changed.
+//! invoice paid) published to one route, `billing-events`, first on Redis Streams, then
+//! over HTTP, then to RabbitMQ — with the same code and only the relay's configuration
+//! text changed.
 //!
 //! The billing service keeps tenants, invoices and the outbox in PostgreSQL. Each change
 //! and its event commit in one transaction. Every event carries its tenant id, and its
@@ -13,7 +14,9 @@
 //! exactly as `outbox relay --config outbox.toml` builds it. On Monday the route's `url` is
 //! `redis://…`: an analytics consumer reads the stream with a consumer group. On Tuesday
 //! the text says `http://…` instead: a webhook consumer receives the same kind of events,
-//! signed. Nothing else changes. Either consumer deduplicates by event id, which matters
+//! signed. On Wednesday it says `amqp://…`, with an exchange and a routing key template
+//! (`{tenant_id}.{event_type}`): a ledger service consumes a queue bound to that exchange.
+//! Nothing else changes. Every consumer deduplicates by event id, which matters
 //! on Tuesday: one acknowledgement is lost on the way back, the relay delivers that event
 //! again, and the consumer drops the copy. Tuesday's consumer is also briefly unavailable
 //! for a partial-payment notice; the invoice's "paid" event waits for it.
@@ -28,6 +31,8 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use outbox::NewMessage;
 use outbox::TableNames;
+use outbox::amqp::Received;
+use outbox::amqp::client as amqp;
 use outbox::postgres::{PgNotifier, PgOutbox};
 use outbox::redis::client as redis;
 use outbox_sink_http::receiver::WebhookReceiver;
@@ -48,6 +53,8 @@ pub struct Summary {
     pub redis_events: u64,
     /// Distinct events the HTTP consumer received (Tuesday).
     pub http_events: u64,
+    /// Distinct events the RabbitMQ consumer received (Wednesday).
+    pub amqp_events: u64,
     /// Deliveries the consumers recognised by event id and dropped.
     pub duplicates_dropped: u64,
     /// Events that arrived before an earlier event of their aggregate.
@@ -60,9 +67,10 @@ impl fmt::Display for Summary {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "redis_events={} http_events={} duplicates_dropped={} out_of_order={} lost={}",
+            "redis_events={} http_events={} amqp_events={} duplicates_dropped={} out_of_order={} lost={}",
             self.redis_events,
             self.http_events,
+            self.amqp_events,
             self.duplicates_dropped,
             self.out_of_order,
             self.lost
@@ -80,7 +88,7 @@ fn toml_str(text: &str) -> String {
 }
 
 /// The relay's configuration file. Only the `[routes.billing-events]` table differs
-/// between Monday and Tuesday.
+/// between the days.
 fn config_text(table: &str, route: &str) -> String {
     format!(
         r#"[store]
@@ -378,6 +386,33 @@ async fn read_group(
     }
 }
 
+/// Reads every message now in the queue, acknowledging each after handling it.
+async fn read_queue(
+    channel: &amqp::Channel,
+    queue: &str,
+    view: &mut ConsumerView,
+) -> Result<(), Error> {
+    use amqp::options::{BasicAckOptions, BasicGetOptions};
+    while let Some(message) = channel
+        .basic_get(queue.into(), BasicGetOptions::default())
+        .await?
+    {
+        let delivery = message.delivery;
+        let received = Received::from_delivery(&delivery)?;
+        let payload: serde_json::Value =
+            serde_json::from_slice(&received.payload).unwrap_or_default();
+        view.ingest(Delivered {
+            event_id: received.idempotency_key,
+            tenant: received.tenant_id,
+            key: received.partition_key,
+            event_type: received.event_type,
+            version: payload["version"].as_i64().unwrap_or_default(),
+        });
+        delivery.ack(BasicAckOptions::default()).await?;
+    }
+    Ok(())
+}
+
 /// The webhook consumer: verifies the signature, then hands the event to its view.
 #[derive(Clone)]
 struct HttpConsumer {
@@ -439,6 +474,8 @@ struct Names {
     tenants: String,
     invoices: String,
     stream: String,
+    exchange: String,
+    queue: String,
 }
 
 /// Runs the whole story against the servers of `scripts/services.sh` and returns what the
@@ -450,18 +487,28 @@ struct Names {
 pub async fn run() -> Result<Summary, Error> {
     let pool = support::postgres().await?;
     let mut redis_conn = support::redis().await?;
+    let (_amqp_connection, channel) = support::amqp().await?;
     let names = Names {
         outbox: support::fresh("saas_outbox"),
         tenants: support::fresh("saas_tenants"),
         invoices: support::fresh("saas_invoices"),
         stream: support::fresh("billing_events"),
+        exchange: support::fresh("billing"),
+        queue: support::fresh("ledger"),
     };
-    let result = story(&pool, &mut redis_conn, &names).await;
+    let result = story(&pool, &mut redis_conn, &channel, &names).await;
     // Clean up whatever happened; the story's own error comes first.
     let cleaned = async {
         support::drop_outbox(&pool, &names.outbox).await?;
         support::drop_tables(&pool, &[&names.tenants, &names.invoices]).await?;
-        support::delete_stream(&mut redis_conn, &names.stream).await
+        support::delete_stream(&mut redis_conn, &names.stream).await?;
+        channel
+            .queue_delete(names.queue.as_str().into(), Default::default())
+            .await?;
+        channel
+            .exchange_delete(names.exchange.as_str().into(), Default::default())
+            .await?;
+        Ok::<_, Error>(())
     }
     .await;
     let summary = result?;
@@ -472,6 +519,7 @@ pub async fn run() -> Result<Summary, Error> {
 async fn story(
     pool: &PgPool,
     redis_conn: &mut redis::aio::MultiplexedConnection,
+    channel: &amqp::Channel,
     names: &Names,
 ) -> Result<Summary, Error> {
     let outbox = PgOutbox::with_names(pool.clone(), TableNames::default().outbox(&names.outbox)?);
@@ -552,7 +600,25 @@ async fn story(
     let http_view = std::mem::take(&mut *consumer.view.lock().expect("view"));
     http_view.print(&format!("HTTP consumer ({base}/events)"));
 
-    let untenanted = redis_view.untenanted + http_view.untenanted;
+    // Wednesday: the same route, now a RabbitMQ exchange. The broker's topology is the
+    // operator's: a topic exchange and the ledger's queue, bound to every routing key.
+    declare_topology(channel, &names.exchange, &names.queue).await?;
+    let amqp_route = format!(
+        "[routes.{ROUTE}]\nurl = {}\nexchange = {}\nrouting_key = \"{{tenant_id}}.{{event_type}}\"\n",
+        toml_str(&support::amqp_url()),
+        toml_str(&names.exchange)
+    );
+    let wednesday = run_day(
+        &mut billing,
+        &config_text(&names.outbox, &amqp_route),
+        "wed",
+    )
+    .await?;
+    let mut amqp_view = ConsumerView::default();
+    read_queue(channel, &names.queue, &mut amqp_view).await?;
+    amqp_view.print(&format!("RabbitMQ consumer (queue {})", names.queue));
+
+    let untenanted = redis_view.untenanted + http_view.untenanted + amqp_view.untenanted;
     if untenanted > 0 {
         return Err(format!("{untenanted} events arrived without a tenant id").into());
     }
@@ -563,28 +629,74 @@ async fn story(
         + tuesday
             .iter()
             .filter(|id| !http_view.seen.contains(*id))
+            .count()
+        + wednesday
+            .iter()
+            .filter(|id| !amqp_view.seen.contains(*id))
             .count();
     Ok(Summary {
         redis_events: redis_view.events.len() as u64,
         http_events: http_view.events.len() as u64,
-        duplicates_dropped: redis_view.duplicates + http_view.duplicates,
-        out_of_order: redis_view.out_of_order + http_view.out_of_order,
+        amqp_events: amqp_view.events.len() as u64,
+        duplicates_dropped: redis_view.duplicates + http_view.duplicates + amqp_view.duplicates,
+        out_of_order: redis_view.out_of_order + http_view.out_of_order + amqp_view.out_of_order,
         lost: lost as u64,
     })
+}
+
+/// A durable topic exchange and a durable queue bound to it for every routing key.
+async fn declare_topology(
+    channel: &amqp::Channel,
+    exchange: &str,
+    queue: &str,
+) -> Result<(), Error> {
+    use amqp::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
+    use amqp::types::FieldTable;
+    let durable = ExchangeDeclareOptions {
+        durable: true,
+        ..ExchangeDeclareOptions::default()
+    };
+    channel
+        .exchange_declare(
+            exchange.into(),
+            amqp::ExchangeKind::Topic,
+            durable,
+            FieldTable::default(),
+        )
+        .await?;
+    channel
+        .queue_declare(
+            queue.into(),
+            QueueDeclareOptions::durable(),
+            FieldTable::default(),
+        )
+        .await?;
+    channel
+        .queue_bind(
+            queue.into(),
+            exchange.into(),
+            "#".into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    Ok(())
 }
 
 /// One day: start the relay from `config`, do the day's business, wait until the relay
 /// published everything, stop it. The same code both days.
 async fn run_day(billing: &mut Billing, config: &str, day: &str) -> Result<Vec<String>, Error> {
-    let route: Vec<&str> = config
+    let route: Vec<String> = config
         .split_once(&format!("[routes.{ROUTE}]"))
         .map_or("", |(_, route)| route.trim())
         .lines()
         .map(|line| {
             if line.starts_with("secrets") {
-                "secrets = […]"
+                "secrets = […]".to_owned()
+            } else if line.starts_with("url") {
+                support::redact(line)
             } else {
-                line
+                line.to_owned()
             }
         })
         .collect();

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use outbox::amqp::client as amqp;
 use outbox::redis::client as redis;
 use outbox::{DestinationStats, Relay, Store, StoreStats};
 use sqlx::PgPool;
@@ -17,6 +18,8 @@ const POSTGRES_VAR: &str = "OUTBOX_TEST_POSTGRES_URL";
 const POSTGRES_DEFAULT: &str = "postgres://postgres@127.0.0.1:5432/test";
 const REDIS_VAR: &str = "OUTBOX_TEST_REDIS_URL";
 const REDIS_DEFAULT: &str = "redis://127.0.0.1:6379/";
+const AMQP_VAR: &str = "OUTBOX_TEST_AMQP_URL";
+const AMQP_DEFAULT: &str = "amqp://guest:guest@127.0.0.1:5672/outbox-test";
 
 /// The SSRF guard of the HTTP sink refuses private and loopback addresses unless an
 /// endpoint allows them. Every example talks to servers on loopback, so it allows this.
@@ -72,6 +75,33 @@ pub(crate) async fn redis() -> Result<redis::aio::MultiplexedConnection, Error> 
         Ok(Err(e)) => Err(missing(&e)),
         Err(_) => Err(missing(&"no answer within 5 s")),
     }
+}
+
+/// The RabbitMQ URL: `OUTBOX_TEST_AMQP_URL`, or the one `scripts/services.sh` sets up.
+pub(crate) fn amqp_url() -> String {
+    std::env::var(AMQP_VAR).unwrap_or_else(|_| AMQP_DEFAULT.to_owned())
+}
+
+/// Connects to RabbitMQ and opens a channel, or fails with a message that says how to
+/// start it.
+pub(crate) async fn amqp() -> Result<(amqp::Connection, amqp::Channel), Error> {
+    let url = amqp_url();
+    let missing = |e: &dyn std::fmt::Display| -> Error {
+        format!(
+            "RabbitMQ is not reachable at {} ({e}). Start it with `scripts/services.sh`, \
+             or point {AMQP_VAR} at a broker.",
+            redact(&url)
+        )
+        .into()
+    };
+    let connect = amqp::Connection::connect(&url, amqp::ConnectionProperties::default());
+    let connection = match tokio::time::timeout(Duration::from_secs(5), connect).await {
+        Ok(Ok(connection)) => connection,
+        Ok(Err(e)) => return Err(missing(&e)),
+        Err(_) => return Err(missing(&"no answer within 5 s")),
+    };
+    let channel = connection.create_channel().await?;
+    Ok((connection, channel))
 }
 
 /// `prefix_<12 hex digits>`: a table, stream or key name no other run uses.

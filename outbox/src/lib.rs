@@ -39,12 +39,12 @@ pub use error::Error;
 pub use outbox::{Outbox, OutboxBuilder};
 pub use registry::Registry;
 
-/// The HTTP / webhook sink (feature `http`).
-#[cfg(feature = "http")]
-pub use outbox_sink_http as http;
 /// The RabbitMQ (AMQP 0-9-1) sink (feature `amqp`).
 #[cfg(feature = "amqp")]
 pub use outbox_sink_amqp as amqp;
+/// The HTTP / webhook sink (feature `http`).
+#[cfg(feature = "http")]
+pub use outbox_sink_http as http;
 /// The Redis Streams sink (feature `redis`).
 #[cfg(feature = "redis")]
 pub use outbox_sink_redis as redis;

@@ -125,7 +125,10 @@ impl Received {
     /// # Errors
     ///
     /// As for [`from_delivery`](Self::from_delivery).
-    pub fn from_parts(properties: &BasicProperties, body: &[u8]) -> Result<Self, NotAnOutboxMessage> {
+    pub fn from_parts(
+        properties: &BasicProperties,
+        body: &[u8],
+    ) -> Result<Self, NotAnOutboxMessage> {
         let missing = |what: &str| NotAnOutboxMessage(format!("no {what}"));
         let id = properties
             .message_id()
@@ -135,7 +138,9 @@ impl Received {
             .as_str()
             .parse::<uuid::Uuid>()
             .map(MessageId::from)
-            .map_err(|_| NotAnOutboxMessage(format!("message_id {:?} is not a UUID", id.as_str())))?;
+            .map_err(|_| {
+                NotAnOutboxMessage(format!("message_id {:?} is not a UUID", id.as_str()))
+            })?;
         let event_type = properties
             .kind()
             .as_ref()
@@ -146,7 +151,10 @@ impl Received {
             id,
             idempotency_key: String::new(),
             event_type,
-            content_type: properties.content_type().as_ref().map(|c| c.as_str().to_owned()),
+            content_type: properties
+                .content_type()
+                .as_ref()
+                .map(|c| c.as_str().to_owned()),
             partition_key: None,
             tenant_id: None,
             aggregate_type: None,

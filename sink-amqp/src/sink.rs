@@ -460,7 +460,11 @@ impl Inner {
         Ok(channel)
     }
 
-    async fn reconnect(&self, state: &mut State, deadline: Instant) -> Result<Connection, lapin::Error> {
+    async fn reconnect(
+        &self,
+        state: &mut State,
+        deadline: Instant,
+    ) -> Result<Connection, lapin::Error> {
         if let Some((at, last)) = &state.last_failure {
             let pause = reconnect_pause(state.failures);
             if at.elapsed() < pause {
@@ -580,13 +584,13 @@ fn tls_config(config: &AmqpSinkConfig) -> Result<OwnedTLSConfig, AmqpSinkError> 
         })
     };
     let cert_chain = match &config.tls_ca_file {
-        Some(path) => Some(
-            String::from_utf8(read("tls_ca_file", path)?).map_err(|_| AmqpSinkError::TlsFile {
+        Some(path) => Some(String::from_utf8(read("tls_ca_file", path)?).map_err(|_| {
+            AmqpSinkError::TlsFile {
                 setting: "tls_ca_file",
                 path: path.display().to_string(),
                 reason: "not a PEM file (not UTF-8)".to_owned(),
-            })?,
-        ),
+            }
+        })?),
         None => None,
     };
     let identity = match (&config.tls_cert_file, &config.tls_key_file) {

@@ -11,8 +11,8 @@ use std::time::Duration;
 use chrono::Utc;
 use outbox_engine::testkit::{Delivered, SinkHarness, sink_suite};
 use outbox_engine::{
-    DeadHead, FailureClass, MemoryStore, MessageOrder, NewMessage, Outcome, PublishContext,
-    Relay, Sink, Status,
+    DeadHead, FailureClass, MemoryStore, MessageOrder, NewMessage, Outcome, PublishContext, Relay,
+    Sink, Status,
 };
 use outbox_sink_amqp::{AmqpSink, AmqpSinkConfig, AmqpSinkError, Received};
 
@@ -102,7 +102,9 @@ async fn a_message_no_queue_receives_is_dead_lettered_not_published() {
     let broker = Broker::connect().await;
     let queue = broker.queue("routed").await;
     // Only `order.*` reaches the queue; `invoice.paid` is acked by the broker and returned.
-    let exchange = broker.exchange("unroutable", Some((&queue, "order.*"))).await;
+    let exchange = broker
+        .exchange("unroutable", Some((&queue, "order.*")))
+        .await;
     let sink = sink(
         AmqpSinkConfig::new(url())
             .exchange(exchange.clone())
@@ -111,7 +113,9 @@ async fn a_message_no_queue_receives_is_dead_lettered_not_published() {
     .await;
     let store = MemoryStore::new();
     let routed = NewMessage::builder("events", "order.paid").build().unwrap();
-    let unroutable = NewMessage::builder("events", "invoice.paid").build().unwrap();
+    let unroutable = NewMessage::builder("events", "invoice.paid")
+        .build()
+        .unwrap();
     let (routed_id, unroutable_id) = (routed.id(), unroutable.id());
     store.enqueue_all(vec![routed, unroutable]).unwrap();
     let relay = Relay::builder(store.clone())
@@ -120,9 +124,16 @@ async fn a_message_no_queue_receives_is_dead_lettered_not_published() {
         .unwrap();
     relay.drain().await.unwrap();
 
-    assert_eq!(store.row(routed_id).unwrap().row.status(), Status::Published);
+    assert_eq!(
+        store.row(routed_id).unwrap().row.status(),
+        Status::Published
+    );
     let dead = store.row(unroutable_id).unwrap().row;
-    assert_eq!(dead.status(), Status::Dead, "an unroutable message is not published");
+    assert_eq!(
+        dead.status(),
+        Status::Dead,
+        "an unroutable message is not published"
+    );
     let reason = dead.last_error.unwrap_or_default();
     assert!(
         reason.contains("312") && reason.contains("NO_ROUTE") && reason.contains("invoice.paid"),
@@ -174,7 +185,10 @@ async fn a_consumer_reads_back_every_property_exactly() {
     assert_eq!(first.id, full.id);
     assert_eq!(first.idempotency_key, "invoice-7:paid");
     assert_eq!(first.event_type, "invoice.paid");
-    assert_eq!(first.content_type.as_deref(), Some("application/octet-stream"));
+    assert_eq!(
+        first.content_type.as_deref(),
+        Some("application/octet-stream")
+    );
     assert_eq!(first.partition_key.as_deref(), Some("invoice-7"));
     assert_eq!(first.tenant_id.as_deref(), Some("acme"));
     assert_eq!(first.aggregate_type.as_deref(), Some("invoice"));
@@ -195,7 +209,11 @@ async fn a_consumer_reads_back_every_property_exactly() {
 
     let second = Received::from_delivery(&got[1]).unwrap();
     assert_eq!(second.id, bare.id);
-    assert_eq!(second.idempotency_key, bare.id.to_string(), "the default key is the id");
+    assert_eq!(
+        second.idempotency_key,
+        bare.id.to_string(),
+        "the default key is the id"
+    );
     assert_eq!(second.partition_key, None);
     assert_eq!(second.tenant_id, None);
     assert_eq!(second.content_type.as_deref(), Some("application/json"));
@@ -292,7 +310,10 @@ async fn per_key_order_in_one_queue_equals_commit_order_across_two_relays() {
     assert_eq!(per_key.len(), KEYS);
     for (key, ns) in &per_key {
         let expected: Vec<u64> = (0..PER_KEY as u64).collect();
-        assert_eq!(ns, &expected, "key {key} arrived in commit order, once each");
+        assert_eq!(
+            ns, &expected,
+            "key {key} arrived in commit order, once each"
+        );
     }
     broker.cleanup(&[queue], &[exchange]).await;
 }
@@ -318,7 +339,11 @@ async fn a_message_that_closes_the_channel_fails_alone() {
     .await;
     let batch: Vec<_> = (0..6)
         .map(|i| {
-            let tenant = if i == 2 { "missing" } else { tenant_of_good.as_str() };
+            let tenant = if i == 2 {
+                "missing"
+            } else {
+                tenant_of_good.as_str()
+            };
             NewMessage::builder("events", "order.paid")
                 .json(&i)
                 .tenant_id(tenant)
@@ -327,14 +352,20 @@ async fn a_message_that_closes_the_channel_fails_alone() {
                 .into_message(Utc::now())
         })
         .collect();
-    let outcomes = sink.publish(&batch, &PublishContext::default()).await.unwrap();
+    let outcomes = sink
+        .publish(&batch, &PublishContext::default())
+        .await
+        .unwrap();
     for (i, outcome) in outcomes.iter().enumerate() {
         if i == 2 {
             let Outcome::Failed(failure) = outcome else {
                 panic!("the message to a missing exchange failed: {outcome:?}")
             };
             assert_eq!(failure.class, FailureClass::Config, "{failure}");
-            assert!(failure.retryable, "a missing exchange can be declared: {failure}");
+            assert!(
+                failure.retryable,
+                "a missing exchange can be declared: {failure}"
+            );
             assert!(failure.message.contains("404"), "{failure}");
         } else {
             assert!(outcome.is_published(), "message {i}: {outcome:?}");
@@ -342,10 +373,17 @@ async fn a_message_that_closes_the_channel_fails_alone() {
     }
     // The channel's close drops the confirms the broker had not sent yet, so messages
     // sent before the bad one may arrive twice (re-sent one by one); none is lost.
-    let ids: Vec<String> = broker.take(&queue).await.iter().map(|d| delivered(d).id).collect();
+    let ids: Vec<String> = broker
+        .take(&queue)
+        .await
+        .iter()
+        .map(|d| delivered(d).id)
+        .collect();
     let distinct: std::collections::BTreeSet<&String> = ids.iter().collect();
-    let expected: std::collections::BTreeSet<String> =
-        [0, 1, 3, 4, 5].iter().map(|&i| batch[i].id.to_string()).collect();
+    let expected: std::collections::BTreeSet<String> = [0, 1, 3, 4, 5]
+        .iter()
+        .map(|&i| batch[i].id.to_string())
+        .collect();
     assert_eq!(
         distinct,
         expected.iter().collect(),
@@ -374,12 +412,23 @@ async fn refused_before_sending_oversize_reserved_headers_and_unrenderable_names
     .await;
     let make = |b: outbox_engine::NewMessageBuilder| b.build().unwrap().into_message(Utc::now());
     let batch = vec![
-        make(NewMessage::builder("e", "big").bytes(vec![7; 1_001], "x/y").partition_key("p")),
-        make(NewMessage::builder("e", "reserved").header("outbox-idempotency-key", "x").partition_key("p")),
+        make(
+            NewMessage::builder("e", "big")
+                .bytes(vec![7; 1_001], "x/y")
+                .partition_key("p"),
+        ),
+        make(
+            NewMessage::builder("e", "reserved")
+                .header("outbox-idempotency-key", "x")
+                .partition_key("p"),
+        ),
         make(NewMessage::builder("e", "no-key")),
         make(NewMessage::builder("e", "long").partition_key("k".repeat(255))),
     ];
-    let outcomes = sink.publish(&batch, &PublishContext::default()).await.unwrap();
+    let outcomes = sink
+        .publish(&batch, &PublishContext::default())
+        .await
+        .unwrap();
     let failure = |i: usize| match &outcomes[i] {
         Outcome::Failed(f) => {
             assert!(!f.retryable, "message {i} fails permanently: {f}");
@@ -401,11 +450,10 @@ async fn refused_before_sending_oversize_reserved_headers_and_unrenderable_names
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn start_up_refuses_a_missing_exchange_bad_credentials_and_an_unknown_vhost() {
-    let missing = AmqpSink::connect(
-        AmqpSinkConfig::new(url()).exchange("outbox-test.no-such-exchange"),
-    )
-    .await
-    .unwrap_err();
+    let missing =
+        AmqpSink::connect(AmqpSinkConfig::new(url()).exchange("outbox-test.no-such-exchange"))
+            .await
+            .unwrap_err();
     assert!(
         matches!(missing, AmqpSinkError::ExchangeNotFound { .. }),
         "{missing}"
@@ -419,14 +467,20 @@ async fn start_up_refuses_a_missing_exchange_bad_credentials_and_an_unknown_vhos
         .unwrap_err();
     let text = refused.to_string();
     assert!(matches!(refused, AmqpSinkError::Connect { .. }), "{text}");
-    assert!(!text.contains("not-the-password"), "the password is hidden: {text}");
+    assert!(
+        !text.contains("not-the-password"),
+        "the password is hidden: {text}"
+    );
 
     let mut vhost = url::Url::parse(&url()).unwrap();
     vhost.set_path("/no-such-vhost");
     let unknown = AmqpSink::connect(AmqpSinkConfig::new(vhost.as_str()).routing_key("q"))
         .await
         .unwrap_err();
-    assert!(matches!(unknown, AmqpSinkError::Connect { .. }), "{unknown}");
+    assert!(
+        matches!(unknown, AmqpSinkError::Connect { .. }),
+        "{unknown}"
+    );
 
     let closed = AmqpSink::connect(
         AmqpSinkConfig::new("amqp://guest:guest@127.0.0.1:1/%2f")
@@ -435,5 +489,8 @@ async fn start_up_refuses_a_missing_exchange_bad_credentials_and_an_unknown_vhos
     )
     .await
     .unwrap_err();
-    assert!(closed.is_retryable(), "a broker that is down may come up: {closed}");
+    assert!(
+        closed.is_retryable(),
+        "a broker that is down may come up: {closed}"
+    );
 }

@@ -97,9 +97,11 @@ async fn connection_closed_by_the_broker_and_app_restart_lose_nothing() {
     };
     let published = || store.ids_with_status(Status::Published).len();
 
-    wait_until("500 messages published", Duration::from_secs(30), || async {
-        published() >= 500
-    })
+    wait_until(
+        "500 messages published",
+        Duration::from_secs(30),
+        || async { published() >= 500 },
+    )
     .await;
     let closed = close_connections("outbox-relay-");
     assert!(closed >= 1, "the relay's connection was found and closed");

@@ -58,7 +58,9 @@ pub async fn amqp_consumer() -> (String, String, Received) {
     {
         Ok(Ok(c)) => c,
         Ok(Err(e)) => outbox_test_support::no_server("RabbitMQ", "OUTBOX_TEST_AMQP_URL", &url, e),
-        Err(_) => outbox_test_support::no_server("RabbitMQ", "OUTBOX_TEST_AMQP_URL", &url, "timeout"),
+        Err(_) => {
+            outbox_test_support::no_server("RabbitMQ", "OUTBOX_TEST_AMQP_URL", &url, "timeout")
+        }
     };
     let channel = connection.create_channel().await.unwrap();
     let queue = format!("outbox-test.cli.{:016x}", fastrand::u64(..));

@@ -41,14 +41,16 @@ impl Broker {
         let url = url();
         let properties =
             ConnectionProperties::default().with_connection_name("outbox-test-reader".into());
-        let connection =
-            match tokio::time::timeout(Duration::from_secs(10), Connection::connect(&url, properties))
-                .await
-            {
-                Ok(Ok(c)) => c,
-                Ok(Err(e)) => no_server("RabbitMQ", URL_VAR, &url, e),
-                Err(_) => no_server("RabbitMQ", URL_VAR, &url, "connection timed out"),
-            };
+        let connection = match tokio::time::timeout(
+            Duration::from_secs(10),
+            Connection::connect(&url, properties),
+        )
+        .await
+        {
+            Ok(Ok(c)) => c,
+            Ok(Err(e)) => no_server("RabbitMQ", URL_VAR, &url, e),
+            Err(_) => no_server("RabbitMQ", URL_VAR, &url, "connection timed out"),
+        };
         let channel = connection.create_channel().await.expect("a channel");
         Self {
             connection,
@@ -105,10 +107,7 @@ impl Broker {
         let mut got = Vec::new();
         while let Some(message) = self
             .channel
-            .basic_get(
-                queue.into(),
-                BasicGetOptions { no_ack: true },
-            )
+            .basic_get(queue.into(), BasicGetOptions { no_ack: true })
             .await
             .expect("basic.get")
         {
@@ -184,7 +183,13 @@ pub fn rabbitmqctl(args: &[&str]) -> String {
 /// Closes, from the broker's side, every connection whose name starts with `prefix`;
 /// returns how many it closed.
 pub fn close_connections(prefix: &str) -> usize {
-    let listing = rabbitmqctl(&["-q", "list_connections", "--no-table-headers", "pid", "client_properties"]);
+    let listing = rabbitmqctl(&[
+        "-q",
+        "list_connections",
+        "--no-table-headers",
+        "pid",
+        "client_properties",
+    ]);
     let mut closed = 0;
     for line in listing.lines() {
         // `<rabbit@host.1.2.3>` then the client properties, `{"connection_name","…"}` among them.
