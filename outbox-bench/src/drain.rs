@@ -189,7 +189,12 @@ pub(crate) async fn scale(
     Ok(())
 }
 
-async fn preload(outbox: &PgOutbox, pool: &PgPool, n: usize, keyed: bool) -> Result<(), BoxError> {
+pub(crate) async fn preload(
+    outbox: &PgOutbox,
+    pool: &PgPool,
+    n: usize,
+    keyed: bool,
+) -> Result<(), BoxError> {
     for start in (0..n).step_by(1000) {
         let messages: Vec<NewMessage> = (start..(start + 1000).min(n))
             .map(|i| {

@@ -1,7 +1,7 @@
 //! `outbox-bench`: every figure is a ratio against a baseline measured in the same run.
 //!
 //! ```text
-//! cargo run --release -p outbox-bench -- [all|enqueue|drain|scale|ordered|latency|backlog] [--quick] [--write BENCHMARKS.md]
+//! cargo run --release -p outbox-bench -- [all|enqueue|drain|scale|ordered|latency|backlog|amqp] [--quick] [--write BENCHMARKS.md]
 //! ```
 //!
 //! Each scenario prints a table and, as its last line, one JSON object with its figures.
@@ -14,6 +14,7 @@ mod enqueue;
 mod latency;
 mod report;
 mod setup;
+mod sinks;
 
 use std::time::Duration;
 
@@ -69,14 +70,20 @@ fn main() {
         .map(String::as_str)
         .collect();
     let scenarios = if scenarios.is_empty() || scenarios == ["all"] {
-        vec!["enqueue", "drain", "scale", "ordered", "latency", "backlog"]
+        vec![
+            "enqueue", "drain", "scale", "ordered", "latency", "backlog", "amqp",
+        ]
     } else {
         scenarios
     };
     for s in &scenarios {
-        if !["enqueue", "drain", "scale", "ordered", "latency", "backlog"].contains(s) {
+        if ![
+            "enqueue", "drain", "scale", "ordered", "latency", "backlog", "amqp",
+        ]
+        .contains(s)
+        {
             eprintln!(
-                "error: unknown scenario {s:?} (enqueue, drain, scale, ordered, latency, backlog, all)"
+                "error: unknown scenario {s:?} (enqueue, drain, scale, ordered, latency, backlog, amqp, all)"
             );
             std::process::exit(2);
         }
@@ -97,6 +104,7 @@ fn main() {
                 "scale" => drain::scale(&bench, scale, &mut report).await?,
                 "latency" => latency::run(&bench, scale, &mut report).await?,
                 "backlog" => backlog::run(&bench, scale, &mut report).await?,
+                "amqp" => sinks::amqp(&bench, scale, &mut report).await?,
                 _ => unreachable!("checked above"),
             }
         }

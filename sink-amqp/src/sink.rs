@@ -12,9 +12,7 @@ use lapin::{
     BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind,
     PublisherConfirm,
 };
-use outbox_engine::{
-    Failure, FailureClass, Message, Outcome, Outcomes, PublishContext, Sink, gather,
-};
+use outbox_engine::{Failure, FailureClass, Message, Outcome, PublishContext, Sink};
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 use tracing::{debug, warn};
@@ -42,8 +40,8 @@ const MAX_RECONNECT_PAUSE: Duration = Duration::from_secs(5);
 /// when the broker acknowledged it **and** did not return it: every message is sent with
 /// `mandatory`, so one that no queue receives comes back (`basic.return`) and is
 /// dead-lettered as unroutable instead of being marked published on the broker's ack.
-/// Outcomes are reported as the confirms arrive (see
-/// [`publish_reporting`](Sink::publish_reporting)).
+/// Outcomes are reported together when the batch's last confirm arrived, or at the
+/// publish deadline (what was confirmed by then is kept).
 ///
 /// ```no_run
 /// use outbox_engine::{MemoryStore, Relay};
@@ -196,37 +194,33 @@ impl AmqpSink {
 }
 
 impl Sink for AmqpSink {
+    /// Reports the whole batch when its last confirm arrived (or the deadline passed):
+    /// the confirms of one batch arrive within milliseconds of each other, and one
+    /// completion per batch costs the store far less than one per confirm.
     async fn publish(
         &self,
         batch: &[Message],
         cx: &PublishContext,
     ) -> Result<Vec<Outcome>, Failure> {
-        Ok(gather(batch.len(), |outcomes| async move {
-            self.publish_reporting(batch, cx, &outcomes).await;
-        })
-        .await)
-    }
-
-    async fn publish_reporting(&self, batch: &[Message], cx: &PublishContext, outcomes: &Outcomes) {
-        let unanswered = std::sync::Mutex::new(vec![true; batch.len()]);
+        let slots = std::sync::Mutex::new(vec![None; batch.len()]);
         let report = |index: usize, outcome: Outcome| {
-            unanswered.lock().unwrap_or_else(|e| e.into_inner())[index] = false;
-            outcomes.report(index, outcome);
+            slots.lock().unwrap_or_else(|e| e.into_inner())[index] = Some(outcome);
         };
         let publish = self.inner.publish(batch, cx.deadline(), &report);
-        if tokio::time::timeout_at(cx.deadline(), publish)
-            .await
-            .is_err()
-        {
-            let failure = Failure::retryable(
-                FailureClass::Timeout,
-                "no publisher confirm before the publish deadline; the message may have reached the broker",
-            );
-            let unanswered = unanswered.lock().unwrap_or_else(|e| e.into_inner()).clone();
-            for (index, _) in unanswered.iter().enumerate().filter(|(_, open)| **open) {
-                outcomes.report(index, failure.clone().into());
-            }
-        }
+        // Cut short at the deadline: what was confirmed by then stays confirmed.
+        let _ = tokio::time::timeout_at(cx.deadline(), publish).await;
+        let slots = slots.into_inner().unwrap_or_else(|e| e.into_inner());
+        Ok(slots
+            .into_iter()
+            .map(|slot| {
+                slot.unwrap_or_else(|| {
+                    Outcome::retryable(
+                        FailureClass::Timeout,
+                        "no publisher confirm before the publish deadline; the message may have reached the broker",
+                    )
+                })
+            })
+            .collect())
     }
 }
 
