@@ -23,6 +23,11 @@
 //! | checked before sending: exchange or routing key the template cannot render, or over 255 bytes | `Config` | **no** |
 //! | checked before sending: a header named `outbox-…` (reserved for the sink's own headers) | `Serialization` | **no** |
 //!
+//! When no channel could be had at all (the broker is down, refuses the login, or blocks
+//! publishers), nothing was sent: those failures are *deferred*, so the relay waits
+//! (100 ms doubling to 5 s between connection attempts) without counting an attempt, and
+//! an outage never exhausts `max_attempts`.
+//!
 //! A channel error closes the channel and fails every unconfirmed message on it, not only
 //! the one that caused it. The sink therefore sends those messages again one at a time,
 //! on a fresh channel, within the same publish: each then gets the answer to its own

@@ -512,22 +512,19 @@ impl Inner {
 const BLOCKED: &str = "the broker blocks publishers (a memory or disk alarm)";
 const WAITING: &str = "waiting before reconnecting";
 
-/// The failure for messages that were never sent because no channel could be had.
+/// The failure for messages that were never sent because no channel could be had: the
+/// broker is down, refusing, or blocking publishers. Deferred, so waiting out an outage
+/// does not use up the messages' attempts.
 fn not_sent(state: &State, error: &lapin::Error) -> Failure {
-    let text = error.to_string();
-    if text.contains(BLOCKED) {
+    if error.to_string().contains(BLOCKED) {
         return Failure::retryable(FailureClass::Unavailable, BLOCKED)
             .deferred()
             .with_retry_after(Duration::from_secs(1));
     }
     let failure = classify(error);
-    if text.contains(WAITING) {
-        let pause = reconnect_pause(state.failures);
-        return Failure::retryable(failure.class, text)
-            .deferred()
-            .with_retry_after(pause);
-    }
-    failure
+    Failure::retryable(failure.class, failure.message)
+        .deferred()
+        .with_retry_after(reconnect_pause(state.failures.max(1)))
 }
 
 fn reconnect_pause(failures: u32) -> Duration {
