@@ -45,7 +45,7 @@ impl Sink for Counting {
         .await)
     }
 
-    /// Keeps the sink's one-by-one reporting, so the relay completes as confirms arrive.
+    /// Passes the sink's reports through, counting the published ones.
     async fn publish_reporting(&self, batch: &[Message], cx: &PublishContext, outcomes: &Outcomes) {
         let (published, parent) = (self.published.clone(), outcomes.clone());
         let counted = Outcomes::new(move |index, outcome| {

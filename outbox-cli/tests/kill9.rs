@@ -26,21 +26,22 @@ async fn kill_9_loses_nothing_and_resends_only_what_was_in_flight() {
     // The receiver: records every delivery on arrival, answers after 5-40 ms.
     let (hook, got) = common::recording_receiver(5..40).await;
     let route = format!("url = \"{hook}\"\nallow = [\"127.0.0.1/32\"]\n");
-    kill_loop("http", &route, got, 8_000).await;
+    kill_loop("http", &route, got, 500).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_in_front_of_amqp_loses_nothing() {
     let (url, queue, got) = common::amqp_consumer().await;
     let route = format!("url = \"{url}\"\nrouting_key = \"{queue}\"\n");
-    // RabbitMQ takes messages fast: more of them, so that 20 kills land mid-batch.
-    kill_loop("amqp", &route, got, 40_000).await;
+    // RabbitMQ takes messages fast: more of them per cycle, so that each kill lands mid-batch.
+    kill_loop("amqp", &route, got, 3_000).await;
     common::delete_amqp_queue(&url, &queue).await;
 }
 
 /// Runs the kill loop with `route` (the TOML of route `hooks`) while `got` records the
-/// ids the receiver gets.
-async fn kill_loop(sink: &str, route: &str, got: common::Received, count: usize) {
+/// ids the receiver gets; before each start of the relay, `per_cycle` more messages are
+/// committed, so every kill finds work in flight.
+async fn kill_loop(sink: &str, route: &str, got: common::Received, per_cycle: usize) {
     let pg_url = env_or(
         "OUTBOX_TEST_POSTGRES_URL",
         "postgres://postgres@127.0.0.1:5432/test",
@@ -51,20 +52,23 @@ async fn kill_loop(sink: &str, route: &str, got: common::Received, count: usize)
     let table = format!("kill9_{:016x}", fastrand::u64(..));
     let outbox = PgOutbox::with_names(pool.clone(), TableNames::default().outbox(&table).unwrap());
     outbox.migrate().await.unwrap();
-    let messages: Vec<NewMessage> = (0..count)
-        .map(|i| {
-            NewMessage::builder("hooks", "order.paid")
-                .json(&i)
-                .build()
-                .unwrap()
-        })
-        .collect();
-    for chunk in messages.chunks(1_000) {
-        let mut tx = pool.begin().await.unwrap();
-        outbox.enqueue_all(&mut tx, chunk).await.unwrap();
-        tx.commit().await.unwrap();
-    }
-    let committed: HashSet<String> = messages.iter().map(|m| m.id().to_string()).collect();
+    let mut committed: HashSet<String> = HashSet::new();
+    let mut commit_more = async |n: usize| {
+        let messages: Vec<NewMessage> = (0..n)
+            .map(|i| {
+                NewMessage::builder("hooks", "order.paid")
+                    .json(&i)
+                    .build()
+                    .unwrap()
+            })
+            .collect();
+        for chunk in messages.chunks(1_000) {
+            let mut tx = pool.begin().await.unwrap();
+            outbox.enqueue_all(&mut tx, chunk).await.unwrap();
+            tx.commit().await.unwrap();
+        }
+        committed.extend(messages.iter().map(|m| m.id().to_string()));
+    };
 
     let dir = std::env::temp_dir().join(format!("outbox-{table}"));
     std::fs::create_dir_all(&dir).unwrap();
@@ -104,10 +108,8 @@ async fn kill_loop(sink: &str, route: &str, got: common::Received, count: usize)
     let mut kills = 0;
     let mut leased_at_kills = 0;
     while kills < KILLS {
+        commit_more(per_cycle).await;
         let before = got.lock().unwrap().len();
-        if before >= count {
-            break;
-        }
         let mut relay = start_relay();
         let pid = relay.id();
         // Kill only once this relay delivered something and holds leases: mid-batch.
@@ -122,6 +124,7 @@ async fn kill_loop(sink: &str, route: &str, got: common::Received, count: usize)
         kills += 1;
         leased_at_kills += leased_by(pid).await;
     }
+    let count = committed.len();
     let mut relay = start_relay();
     wait_until(
         "every committed message published",

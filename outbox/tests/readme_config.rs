@@ -23,7 +23,7 @@ fn readme_config_parses() {
         config.relay.order(),
         Some(outbox::MessageOrder::PerKey(outbox::DeadHead::Skip))
     );
-    assert_eq!(config.routes.len(), 2);
+    assert_eq!(config.routes.len(), 3);
     assert_eq!(config.metrics.listen.as_deref(), Some("0.0.0.0:9464"));
     let policy = config.routes["billing"].policy("billing").unwrap();
     assert_eq!(policy.rate_limit.map(|r| r.burst), Some(20));
@@ -45,6 +45,19 @@ async fn readme_http_route_builds() {
         .expect("unknown scheme")
         .to_string();
     assert!(err.contains("unsupported sink URL"), "{err}");
+}
+
+#[cfg(feature = "amqp")]
+#[test]
+fn readme_amqp_route_is_a_valid_amqp_config() {
+    let config = readme_config();
+    let amqp: outbox::amqp::AmqpSinkConfig = config.routes["ledger"]
+        .sink_settings("ledger")
+        .parse()
+        .expect("the ledger route parses");
+    assert_eq!(amqp.exchange, "billing");
+    assert_eq!(amqp.routing_key, "{tenant_id}.{event_type}");
+    amqp.validate().expect("and validates");
 }
 
 #[cfg(not(feature = "redis"))]

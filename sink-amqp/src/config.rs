@@ -127,9 +127,11 @@ impl fmt::Debug for AmqpSinkConfig {
     }
 }
 
-/// The parsed templates of a valid configuration.
+/// A valid configuration, parsed: the broker address as the client takes it, and the
+/// name templates.
 #[derive(Debug, Clone)]
-pub(crate) struct Templates {
+pub(crate) struct Checked {
+    pub(crate) uri: lapin::uri::AMQPUri,
     pub(crate) exchange: Template,
     pub(crate) routing_key: Template,
 }
@@ -334,11 +336,12 @@ impl AmqpSinkConfig {
     ///
     /// The first problem found, as an [`AmqpSinkError`] naming the setting.
     pub fn validate(&self) -> Result<(), AmqpSinkError> {
-        self.templates().map(|_| ())
+        self.check().map(|_| ())
     }
 
-    pub(crate) fn templates(&self) -> Result<Templates, AmqpSinkError> {
+    pub(crate) fn check(&self) -> Result<Checked, AmqpSinkError> {
         let url = parse_url(&self.url)?;
+        let uri = amqp_uri(&url)?;
         if let Some((name, _)) = url
             .query_pairs()
             .find(|(name, _)| !CLIENT_OPTIONS.contains(&name.as_ref()))
@@ -397,7 +400,8 @@ impl AmqpSinkConfig {
         if self.connect_timeout.is_zero() {
             return Err(invalid("connect_timeout", "must be above zero"));
         }
-        Ok(Templates {
+        Ok(Checked {
+            uri,
             exchange,
             routing_key,
         })
@@ -425,6 +429,29 @@ fn parse_url(text: &str) -> Result<url::Url, AmqpSinkError> {
         ));
     }
     Ok(url)
+}
+
+/// The address as lapin takes it. Its own parser reads the host with `Url::domain`, which
+/// is empty for an IP address, and would then connect to `localhost`; the host is set
+/// from the URL here instead.
+fn amqp_uri(url: &url::Url) -> Result<lapin::uri::AMQPUri, AmqpSinkError> {
+    let mut uri: lapin::uri::AMQPUri = url.as_str().parse().map_err(|reason: String| {
+        let reason = match url.password() {
+            Some(password) if !password.is_empty() => reason.replace(password, "***"),
+            _ => reason,
+        };
+        AmqpSinkError::InvalidUrl {
+            url: outbox_engine::redact::url(url.as_str()),
+            reason,
+        }
+    })?;
+    if let Some(host) = url.host_str() {
+        uri.authority.host = host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_owned();
+    }
+    Ok(uri)
 }
 
 fn invalid(setting: &'static str, reason: impl Into<String>) -> AmqpSinkError {
@@ -499,6 +526,27 @@ mod tests {
         let e = AmqpSinkConfig::new("amqp://u:hunter2@mq/%2f?exchange=x")
             .validate()
             .unwrap_err();
+        assert!(!e.to_string().contains("hunter2"), "{e}");
+    }
+
+    #[test]
+    fn ip_hosts_and_client_options_reach_the_client() {
+        let c = AmqpSinkConfig::from_url("amqp://u:p@10.0.0.5:5673/shop?heartbeat=30").unwrap();
+        let uri = c.check().unwrap().uri;
+        assert_eq!(uri.authority.host, "10.0.0.5");
+        assert_eq!(uri.authority.port, 5673);
+        assert_eq!(uri.vhost, "shop");
+        assert_eq!(uri.query.heartbeat, Some(30));
+        let v6 = AmqpSinkConfig::new("amqp://[::1]:5672/%2f")
+            .check()
+            .unwrap()
+            .uri;
+        assert_eq!(v6.authority.host, "::1");
+        assert_eq!(v6.vhost, "/");
+        let bad = AmqpSinkConfig::new("amqp://u:hunter2@mq/%2f?heartbeat=often").validate();
+        let Err(e @ AmqpSinkError::InvalidUrl { .. }) = bad else {
+            panic!("{bad:?}")
+        };
         assert!(!e.to_string().contains("hunter2"), "{e}");
     }
 

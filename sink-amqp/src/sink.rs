@@ -1,5 +1,6 @@
 //! The [`AmqpSink`]: pipelined publishes per batch, each marked from its own confirm.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,7 +18,7 @@ use tokio::sync::Mutex;
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
-use crate::config::{AmqpSinkConfig, MAX_NAME_BYTES, Templates};
+use crate::config::{AmqpSinkConfig, Checked, MAX_NAME_BYTES};
 use crate::error::{AmqpSinkError, classify};
 use crate::receive::{HEADER_PREFIX, metadata_headers};
 
@@ -67,7 +68,7 @@ pub struct AmqpSink {
 
 struct Inner {
     config: AmqpSinkConfig,
-    templates: Templates,
+    checked: Checked,
     tls: OwnedTLSConfig,
     /// The URL with the password hidden, for messages.
     url: String,
@@ -103,61 +104,35 @@ impl AmqpSink {
     ///
     /// An [`AmqpSinkError`] saying what is wrong; the route must not start.
     pub async fn connect(config: AmqpSinkConfig) -> Result<Self, AmqpSinkError> {
-        let templates = config.templates()?;
+        let checked = config.check()?;
         let tls = tls_config(&config)?;
         let url = outbox_engine::redact::url(&config.url);
         let inner = Inner {
             config,
-            templates,
+            checked,
             tls,
             url,
             state: Mutex::new(State::default()),
         };
         let deadline = Instant::now() + inner.config.connect_timeout;
-        let channel = {
-            let mut state = inner.state.lock().await;
-            inner
-                .channel(&mut state, deadline)
-                .await
-                .map_err(|source| AmqpSinkError::Connect {
-                    url: inner.url.clone(),
-                    source,
-                })?
+        let connect_error = |source| AmqpSinkError::Connect {
+            url: inner.url.clone(),
+            source,
         };
-        if let Some(exchange) = inner.templates.exchange.fixed().filter(|e| !e.is_empty()) {
-            let passive = ExchangeDeclareOptions {
-                passive: true,
-                ..ExchangeDeclareOptions::default()
-            };
-            let declared = channel
-                .exchange_declare(
-                    exchange.as_str().into(),
-                    ExchangeKind::Direct,
-                    passive,
-                    FieldTable::default(),
-                )
-                .await;
-            match declared {
-                Ok(()) => inner.give_back(channel).await,
-                Err(e) if e.is_amqp_soft_error() => {
-                    return Err(AmqpSinkError::ExchangeNotFound {
-                        exchange,
-                        url: inner.url.clone(),
-                    });
-                }
-                Err(source) => {
-                    return Err(AmqpSinkError::Connect {
-                        url: inner.url.clone(),
-                        source,
-                    });
-                }
-            }
-        } else {
-            inner.give_back(channel).await;
+        let started = tokio::time::timeout_at(deadline, inner.start_up()).await;
+        match started {
+            Ok(Ok(())) => Ok(Self {
+                inner: Arc::new(inner),
+            }),
+            Ok(Err(StartUp::ExchangeNotFound(exchange))) => Err(AmqpSinkError::ExchangeNotFound {
+                exchange,
+                url: inner.url.clone(),
+            }),
+            Ok(Err(StartUp::Client(source))) => Err(connect_error(source)),
+            Err(_) => Err(connect_error(timed_out(
+                "the broker did not finish start-up",
+            ))),
         }
-        Ok(Self {
-            inner: Arc::new(inner),
-        })
     }
 
     /// [`AmqpSinkConfig::from_url`] followed by [`connect`](Self::connect).
@@ -279,16 +254,22 @@ impl Inner {
                 }
             }
         }
+        let mut confirmed = Vec::with_capacity(pending.len());
         let mut isolate = Vec::new();
         for (p, confirm) in pending {
-            let result = match confirm {
-                Some(confirm) => confirm.await,
-                None => Err(broken.clone().expect("a send failed")),
-            };
-            match result {
-                Ok(confirmation) => report(p.index, outcome(confirmation, p)),
-                Err(_) => isolate.push(p),
+            match confirm {
+                Some(confirm) => match confirm.await {
+                    Ok(confirmation) => confirmed.push((p, confirmation)),
+                    Err(_) => isolate.push(p),
+                },
+                None => isolate.push(p),
             }
+        }
+        // lapin hands a `basic.return` to whichever confirm resolves next, which under a
+        // `multiple` ack may be another message's: match returns to messages by id, once
+        // every confirm of the batch is in.
+        for (p, confirmation) in settle(confirmed, batch) {
+            report(p.index, confirmation);
         }
         if isolate.is_empty() {
             self.give_back(channel).await;
@@ -315,7 +296,10 @@ impl Inner {
             }
             .await;
             let outcome = match result {
-                Ok(confirmation) => outcome(confirmation, p),
+                Ok(confirmation) => settle(vec![(p, confirmation)], batch)
+                    .pop()
+                    .map(|(_, outcome)| outcome)
+                    .expect("one in, one out"),
                 Err(e) if self.connected().await => Outcome::Failed(classify(&e)),
                 Err(e) => Outcome::Failed(Failure::retryable(
                     FailureClass::Connection,
@@ -354,13 +338,24 @@ impl Inner {
             }
             Ok(name)
         };
-        let exchange = render("exchange", &self.templates.exchange)?;
-        let routing_key = render("routing key", &self.templates.routing_key)?;
+        let exchange = render("exchange", &self.checked.exchange)?;
+        let routing_key = render("routing key", &self.checked.routing_key)?;
 
         let mut headers = FieldTable::default();
         for (name, value) in metadata_headers(message) {
             headers.insert(name.into(), AMQPValue::LongString(LongString::from(value)));
         }
+        let short = |what: &str, text: &str| {
+            ShortString::try_new(text).map_err(|_| {
+                Failure::permanent(
+                    FailureClass::Serialization,
+                    format!(
+                        "{what} is {} bytes, AMQP allows {MAX_NAME_BYTES}",
+                        text.len()
+                    ),
+                )
+            })
+        };
         for (name, value) in &message.headers {
             if name
                 .get(..HEADER_PREFIX.len())
@@ -374,14 +369,14 @@ impl Inner {
                 ));
             }
             headers.insert(
-                name.as_str().into(),
+                short("a header name", name)?,
                 AMQPValue::LongString(LongString::from(value.as_str())),
             );
         }
         let timestamp = u64::try_from(message.created_at.timestamp()).unwrap_or(0);
         let mut properties = BasicProperties::default()
             .with_message_id(ShortString::from(message.id.to_string()))
-            .with_type(ShortString::from(message.event_type.as_str()))
+            .with_type(short("the event type", &message.event_type)?)
             .with_timestamp(timestamp)
             .with_headers(headers);
         if !message.content_type.is_empty() && message.content_type.len() <= MAX_NAME_BYTES {
@@ -426,7 +421,8 @@ impl Inner {
             .is_some_and(|c| c.status().connected())
     }
 
-    /// An idle channel in confirm mode, (re)connecting first if needed.
+    /// An idle channel in confirm mode, (re)connecting first if needed. Refused while the
+    /// broker blocks publishers; opening a channel is bounded by the deadline.
     async fn channel(&self, state: &mut State, deadline: Instant) -> Result<Channel, lapin::Error> {
         if !state
             .connection
@@ -438,20 +434,61 @@ impl Inner {
             let connection = self.reconnect(state, deadline).await?;
             state.connection = Some(connection);
         }
+        let connection = state.connection.as_ref().expect("connected above");
+        if connection.status().blocked() {
+            return Err(lapin::Error::from(std::io::Error::other(BLOCKED)));
+        }
         while let Some(channel) = state.idle.pop() {
             if channel.status().connected() {
                 return Ok(channel);
             }
         }
-        let connection = state.connection.as_ref().expect("connected above");
-        if connection.status().blocked() {
-            return Err(lapin::Error::from(std::io::Error::other(BLOCKED)));
+        let limit = deadline.min(Instant::now() + self.config.connect_timeout);
+        let open = async {
+            let channel = connection.create_channel().await?;
+            channel
+                .confirm_select(ConfirmSelectOptions::default())
+                .await?;
+            Ok(channel)
+        };
+        match tokio::time::timeout_at(limit, open).await {
+            Ok(result) => result,
+            Err(_) => Err(timed_out("opening a channel timed out")),
         }
-        let channel = connection.create_channel().await?;
-        channel
-            .confirm_select(ConfirmSelectOptions::default())
-            .await?;
-        Ok(channel)
+    }
+
+    /// The start-up checks of [`AmqpSink::connect`].
+    async fn start_up(&self) -> Result<(), StartUp> {
+        let far = Instant::now() + self.config.connect_timeout;
+        let channel = {
+            let mut state = self.state.lock().await;
+            self.channel(&mut state, far)
+                .await
+                .map_err(StartUp::Client)?
+        };
+        if let Some(exchange) = self.checked.exchange.fixed().filter(|e| !e.is_empty()) {
+            let passive = ExchangeDeclareOptions {
+                passive: true,
+                ..ExchangeDeclareOptions::default()
+            };
+            let declared = channel
+                .exchange_declare(
+                    exchange.as_str().into(),
+                    ExchangeKind::Direct,
+                    passive,
+                    FieldTable::default(),
+                )
+                .await;
+            match declared {
+                Ok(()) => {}
+                Err(e) if e.is_amqp_soft_error() => {
+                    return Err(StartUp::ExchangeNotFound(exchange));
+                }
+                Err(e) => return Err(StartUp::Client(e)),
+            }
+        }
+        self.give_back(channel).await;
+        Ok(())
     }
 
     async fn reconnect(
@@ -472,18 +509,15 @@ impl Inner {
         let properties = ConnectionProperties::default()
             .with_connection_name(format!("outbox-relay-{}", std::process::id()).into());
         let runtime = lapin::runtime::default_runtime()?;
-        let attempt = Connection::connect_with_config(
-            &self.config.url,
+        let attempt = Connection::connect_uri_with_config(
+            self.checked.uri.clone(),
             properties,
             self.tls.clone(),
             runtime,
         );
         let result = match tokio::time::timeout_at(limit, attempt).await {
             Ok(result) => result,
-            Err(_) => Err(lapin::Error::from(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                "connecting timed out",
-            ))),
+            Err(_) => Err(timed_out("connecting timed out")),
         };
         match &result {
             Ok(_) => {
@@ -532,25 +566,57 @@ fn reconnect_pause(failures: u32) -> Duration {
     (Duration::from_millis(100) * 2u32.pow(exp)).min(MAX_RECONNECT_PAUSE)
 }
 
-/// The outcome of one confirmed publish.
-fn outcome(confirmation: Confirmation, p: &Prepared) -> Outcome {
-    match confirmation {
-        Confirmation::Ack(None) => Outcome::published_with(format!(
-            "exchange {:?}, routing key {:?}",
-            p.exchange, p.routing_key
-        )),
-        Confirmation::Ack(Some(returned)) | Confirmation::Nack(Some(returned)) => {
-            Outcome::Failed(unroutable(&returned, p))
+/// The outcomes of confirmed publishes. A message is unroutable when the broker returned
+/// it (a `basic.return` with its message id came with any confirm of the list); otherwise
+/// an ack publishes it and a nack is retryable.
+fn settle<'a>(
+    confirmed: Vec<(&'a Prepared, Confirmation)>,
+    batch: &[Message],
+) -> Vec<(&'a Prepared, Outcome)> {
+    let mut returned: HashMap<String, BasicReturnMessage> = HashMap::new();
+    let mut statuses = Vec::with_capacity(confirmed.len());
+    for (p, confirmation) in confirmed {
+        let (status, message) = match confirmation {
+            Confirmation::Ack(message) => (Some(true), message),
+            Confirmation::Nack(message) => (Some(false), message),
+            Confirmation::NotRequested => (None, None),
+        };
+        if let Some(message) = message {
+            // A return without a message id (not ours) stays with the confirm it came on.
+            let id = message
+                .delivery
+                .properties
+                .message_id()
+                .as_ref()
+                .map_or_else(
+                    || batch[p.index].id.to_string(),
+                    |id| id.as_str().to_owned(),
+                );
+            returned.insert(id, message);
         }
-        Confirmation::Nack(None) => Outcome::retryable(
-            FailureClass::Unavailable,
-            "the broker nacked the message (it could not take it; a queue may be unavailable)",
-        ),
-        Confirmation::NotRequested => Outcome::retryable(
-            FailureClass::Other,
-            "the channel was not in confirm mode; nothing confirms the message arrived",
-        ),
+        statuses.push((p, status));
     }
+    statuses
+        .into_iter()
+        .map(|(p, status)| {
+            let outcome = match (returned.get(&batch[p.index].id.to_string()), status) {
+                (Some(message), _) => Outcome::Failed(unroutable(message, p)),
+                (None, Some(true)) => Outcome::published_with(format!(
+                    "exchange {:?}, routing key {:?}",
+                    p.exchange, p.routing_key
+                )),
+                (None, Some(false)) => Outcome::retryable(
+                    FailureClass::Unavailable,
+                    "the broker nacked the message (it could not take it; a queue may be unavailable)",
+                ),
+                (None, None) => Outcome::retryable(
+                    FailureClass::Other,
+                    "the channel was not in confirm mode; nothing confirms the message arrived",
+                ),
+            };
+            (p, outcome)
+        })
+        .collect()
 }
 
 fn unroutable(returned: &BasicReturnMessage, p: &Prepared) -> Failure {
@@ -564,6 +630,19 @@ fn unroutable(returned: &BasicReturnMessage, p: &Prepared) -> Failure {
             p.routing_key
         ),
     )
+}
+
+fn timed_out(what: &str) -> lapin::Error {
+    lapin::Error::from(std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        what.to_owned(),
+    ))
+}
+
+/// Why the start-up checks failed.
+enum StartUp {
+    Client(lapin::Error),
+    ExchangeNotFound(String),
 }
 
 fn tls_config(config: &AmqpSinkConfig) -> Result<OwnedTLSConfig, AmqpSinkError> {

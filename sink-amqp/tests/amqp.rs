@@ -145,6 +145,76 @@ async fn a_message_no_queue_receives_is_dead_lettered_not_published() {
     broker.cleanup(&[queue], &[exchange]).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn returns_are_matched_to_their_own_messages_in_mixed_batches() {
+    // Transient messages to a non-durable queue are confirmed fast, so the broker merges
+    // confirms (`multiple`) across routed and returned messages.
+    let broker = Broker::connect().await;
+    let queue = common::fresh_name("mixed");
+    broker
+        .channel
+        .queue_declare(
+            queue.as_str().into(),
+            outbox_sink_amqp::client::options::QueueDeclareOptions::default(),
+            Default::default(),
+        )
+        .await
+        .unwrap();
+    let exchange = broker.exchange("mixed", Some((&queue, "routed"))).await;
+    let sink = sink(
+        AmqpSinkConfig::new(url())
+            .exchange(exchange.clone())
+            .routing_key("{event_type}")
+            .persistent(false),
+    )
+    .await;
+    for round in 0..5 {
+        let batch: Vec<_> = (0..200)
+            .map(|i| {
+                let kind = if fastrand::bool() {
+                    "routed"
+                } else {
+                    "dropped"
+                };
+                NewMessage::builder("events", kind)
+                    .json(&i)
+                    .build()
+                    .unwrap()
+                    .into_message(Utc::now())
+            })
+            .collect();
+        let outcomes = sink
+            .publish(&batch, &PublishContext::default())
+            .await
+            .unwrap();
+        for (message, outcome) in batch.iter().zip(&outcomes) {
+            match (message.event_type.as_str(), outcome) {
+                ("routed", o) => assert!(o.is_published(), "round {round}: {o:?}"),
+                (_, Outcome::Failed(f)) => {
+                    assert_eq!(f.class, FailureClass::Unroutable, "round {round}: {f}")
+                }
+                (_, o) => panic!("round {round}: an unroutable message got {o:?}"),
+            }
+        }
+        let got: std::collections::BTreeSet<String> = broker
+            .take(&queue)
+            .await
+            .iter()
+            .map(|d| delivered(d).id)
+            .collect();
+        let routed: std::collections::BTreeSet<String> = batch
+            .iter()
+            .filter(|m| m.event_type == "routed")
+            .map(|m| m.id.to_string())
+            .collect();
+        assert_eq!(
+            got, routed,
+            "round {round}: exactly the routed ones arrived"
+        );
+    }
+    broker.cleanup(&[queue], &[exchange]).await;
+}
+
 // ---------------------------------------------------------------------------------------
 // A consumer reads every property
 // ---------------------------------------------------------------------------------------
@@ -404,6 +474,17 @@ async fn a_message_that_closes_the_channel_fails_alone() {
 async fn refused_before_sending_oversize_reserved_headers_and_unrenderable_names() {
     let broker = Broker::connect().await;
     let queue = broker.queue("refused").await;
+    // Where a message keyed `p` would go, had it been sent.
+    let routed = format!("{queue}p");
+    broker
+        .channel
+        .queue_declare(
+            routed.as_str().into(),
+            outbox_sink_amqp::client::options::QueueDeclareOptions::default(),
+            Default::default(),
+        )
+        .await
+        .unwrap();
     let sink = sink(
         AmqpSinkConfig::new(url())
             .routing_key(format!("{queue}{{partition_key}}"))
@@ -440,8 +521,8 @@ async fn refused_before_sending_oversize_reserved_headers_and_unrenderable_names
     assert_eq!(failure(1), FailureClass::Serialization);
     assert_eq!(failure(2), FailureClass::Config);
     assert_eq!(failure(3), FailureClass::Config);
-    assert!(broker.take(&queue).await.is_empty(), "nothing was sent");
-    broker.cleanup(&[queue], &[]).await;
+    assert!(broker.take(&routed).await.is_empty(), "nothing was sent");
+    broker.cleanup(&[queue, routed], &[]).await;
 }
 
 // ---------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@
 //!   command line (`--list`, filters, `--skip`, `--exact`), so any runner sees the test.
 //! - [`server_url`] / [`no_server`]: where the test servers are, and a loud failure when
 //!   one is missing.
+//! - [`make_certificates`]: a private CA with server and client certificates, for TLS tests.
 
 use std::future::Future;
 use std::io::Read;
@@ -241,4 +242,73 @@ fn drain(pipe: Option<impl Read + Send + 'static>) -> std::thread::JoinHandle<Ve
         }
         buf
     })
+}
+
+/// A CA, a server certificate for 127.0.0.1 and a client certificate, all signed by the
+/// CA, as PEM files in `dir`: `ca.pem`, `server.pem` + `server.key`, `client.pem` +
+/// `client.key` (keys in PKCS#8). Made with the `openssl` command.
+pub fn make_certificates(dir: &std::path::Path) {
+    let openssl = |args: &[&str]| {
+        let status = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("run openssl (the openssl package) to make test certificates");
+        assert!(status.success(), "openssl {args:?} failed");
+    };
+    std::fs::write(
+        dir.join("server.ext"),
+        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("client.ext"),
+        "basicConstraints=CA:FALSE\nextendedKeyUsage=clientAuth\n",
+    )
+    .unwrap();
+    openssl(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "1",
+        "-subj",
+        "/CN=outbox test CA",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+    ]);
+    for name in ["server", "client"] {
+        let key = format!("{name}.key");
+        let csr = format!("{name}.csr");
+        let pem = format!("{name}.pem");
+        let ext = format!("{name}.ext");
+        let subject = format!("/CN={name}");
+        openssl(&[
+            "req", "-newkey", "rsa:2048", "-nodes", "-subj", &subject, "-keyout", &key, "-out",
+            &csr,
+        ]);
+        openssl(&[
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "1",
+            "-extfile",
+            &ext,
+            "-out",
+            &pem,
+        ]);
+    }
 }

@@ -57,10 +57,18 @@ pub async fn amqp_consumer() -> (String, String, Received) {
     .await
     {
         Ok(Ok(c)) => c,
-        Ok(Err(e)) => outbox_test_support::no_server("RabbitMQ", "OUTBOX_TEST_AMQP_URL", &url, e),
-        Err(_) => {
-            outbox_test_support::no_server("RabbitMQ", "OUTBOX_TEST_AMQP_URL", &url, "timeout")
-        }
+        Ok(Err(e)) => outbox_test_support::no_server(
+            "RabbitMQ",
+            "OUTBOX_TEST_AMQP_URL",
+            &outbox::redact::url(&url),
+            e,
+        ),
+        Err(_) => outbox_test_support::no_server(
+            "RabbitMQ",
+            "OUTBOX_TEST_AMQP_URL",
+            &outbox::redact::url(&url),
+            "timeout",
+        ),
     };
     let channel = connection.create_channel().await.unwrap();
     let queue = format!("outbox-test.cli.{:016x}", fastrand::u64(..));

@@ -48,8 +48,13 @@ impl Broker {
         .await
         {
             Ok(Ok(c)) => c,
-            Ok(Err(e)) => no_server("RabbitMQ", URL_VAR, &url, e),
-            Err(_) => no_server("RabbitMQ", URL_VAR, &url, "connection timed out"),
+            Ok(Err(e)) => no_server("RabbitMQ", URL_VAR, &outbox_engine::redact::url(&url), e),
+            Err(_) => no_server(
+                "RabbitMQ",
+                URL_VAR,
+                &outbox_engine::redact::url(&url),
+                "connection timed out",
+            ),
         };
         let channel = connection.create_channel().await.expect("a channel");
         Self {
@@ -159,7 +164,9 @@ pub async fn sink(config: AmqpSinkConfig) -> AmqpSink {
     let url = config.url.clone();
     match AmqpSink::connect(config).await {
         Ok(sink) => sink,
-        Err(e @ AmqpSinkError::Connect { .. }) => no_server("RabbitMQ", URL_VAR, &url, e),
+        Err(e @ AmqpSinkError::Connect { .. }) => {
+            no_server("RabbitMQ", URL_VAR, &outbox_engine::redact::url(&url), e)
+        }
         Err(e) => panic!("sink did not start: {e}"),
     }
 }

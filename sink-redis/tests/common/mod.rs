@@ -221,7 +221,7 @@ impl OwnRedis {
         ));
         std::fs::create_dir_all(&dir).expect("temp dir");
         if tls {
-            make_certificates(&dir);
+            outbox_test_support::make_certificates(&dir);
         }
         let mut server = Self {
             port,
@@ -325,73 +325,5 @@ impl Drop for OwnRedis {
     fn drop(&mut self) {
         self.kill();
         let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-/// A CA, a server certificate for 127.0.0.1 and a client certificate, all signed by the
-/// CA, as PEM files in `dir`.
-fn make_certificates(dir: &std::path::Path) {
-    let openssl = |args: &[&str]| {
-        let status = Command::new("openssl")
-            .args(args)
-            .current_dir(dir)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .expect("run openssl (the openssl package) to make test certificates");
-        assert!(status.success(), "openssl {args:?} failed");
-    };
-    std::fs::write(
-        dir.join("server.ext"),
-        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
-    )
-    .unwrap();
-    std::fs::write(
-        dir.join("client.ext"),
-        "basicConstraints=CA:FALSE\nextendedKeyUsage=clientAuth\n",
-    )
-    .unwrap();
-    openssl(&[
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-days",
-        "1",
-        "-subj",
-        "/CN=outbox test CA",
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.pem",
-    ]);
-    for name in ["server", "client"] {
-        let key = format!("{name}.key");
-        let csr = format!("{name}.csr");
-        let pem = format!("{name}.pem");
-        let ext = format!("{name}.ext");
-        let subject = format!("/CN={name}");
-        openssl(&[
-            "req", "-newkey", "rsa:2048", "-nodes", "-subj", &subject, "-keyout", &key, "-out",
-            &csr,
-        ]);
-        openssl(&[
-            "x509",
-            "-req",
-            "-in",
-            &csr,
-            "-CA",
-            "ca.pem",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-days",
-            "1",
-            "-extfile",
-            &ext,
-            "-out",
-            &pem,
-        ]);
     }
 }
