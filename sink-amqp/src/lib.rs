@@ -30,7 +30,7 @@
 //!
 //! | capability | |
 //! |---|---|
-//! | one outcome per message, from that message's publisher confirm | ✅ |
+//! | one outcome per message, from its publisher confirm and any `basic.return` carrying its id | ✅ |
 //! | published only after `basic.ack` **and** no `basic.return` (`mandatory` is always set) | ✅ |
 //! | a message no queue receives is dead-lettered as unroutable, not marked published | ✅ |
 //! | persistent delivery mode by default | ✅ |
