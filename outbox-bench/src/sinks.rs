@@ -126,7 +126,6 @@ async fn relay(
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
     };
-    let started;
     if in_memory {
         let store = MemoryStore::new().delete_on_publish(true);
         for i in 0..n {
@@ -136,28 +135,31 @@ async fn relay(
                     .build()?,
             )?;
         }
-        let relay = Relay::builder(store)
-            .route("bench", sink)
-            .batch_size(BATCH)
-            .concurrency(PUBLISHERS)
-            .poll_interval(Duration::from_millis(20))
-            .build()?;
-        started = Instant::now();
-        relay.run(done).await;
+        timed_drain(store, sink, n, done).await
     } else {
         let outbox = bench
             .fresh_outbox("bench_amqp_outbox", PublishedRows::Delete)
             .await?;
         preload(&outbox, &bench.pool, n, false).await?;
-        let relay = Relay::builder(outbox)
-            .route("bench", sink)
-            .batch_size(BATCH)
-            .concurrency(PUBLISHERS)
-            .poll_interval(Duration::from_millis(20))
-            .build()?;
-        started = Instant::now();
-        relay.run(done).await;
+        timed_drain(outbox, sink, n, done).await
     }
+}
+
+/// Messages per second while the relay drains `store` into `sink` until `done`.
+async fn timed_drain<S: outbox_engine::Store>(
+    store: S,
+    sink: Counting,
+    n: usize,
+    done: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<f64, BoxError> {
+    let relay = Relay::builder(store)
+        .route("bench", sink)
+        .batch_size(BATCH)
+        .concurrency(PUBLISHERS)
+        .poll_interval(Duration::from_millis(20))
+        .build()?;
+    let started = Instant::now();
+    relay.run(done).await;
     Ok(n as f64 / started.elapsed().as_secs_f64())
 }
 

@@ -151,15 +151,7 @@ async fn returns_are_matched_to_their_own_messages_in_mixed_batches() {
     // confirms (`multiple`) across routed and returned messages.
     let broker = Broker::connect().await;
     let queue = common::fresh_name("mixed");
-    broker
-        .channel
-        .queue_declare(
-            queue.as_str().into(),
-            outbox_sink_amqp::client::options::QueueDeclareOptions::default(),
-            Default::default(),
-        )
-        .await
-        .unwrap();
+    broker.declare_queue(&queue, Default::default()).await;
     let exchange = broker.exchange("mixed", Some((&queue, "routed"))).await;
     let sink = sink(
         AmqpSinkConfig::new(url())
@@ -476,15 +468,7 @@ async fn refused_before_sending_oversize_reserved_headers_and_unrenderable_names
     let queue = broker.queue("refused").await;
     // Where a message keyed `p` would go, had it been sent.
     let routed = format!("{queue}p");
-    broker
-        .channel
-        .queue_declare(
-            routed.as_str().into(),
-            outbox_sink_amqp::client::options::QueueDeclareOptions::default(),
-            Default::default(),
-        )
-        .await
-        .unwrap();
+    broker.declare_queue(&routed, Default::default()).await;
     let sink = sink(
         AmqpSinkConfig::new(url())
             .routing_key(format!("{queue}{{partition_key}}"))

@@ -66,15 +66,17 @@ impl Broker {
     /// A fresh durable queue (deleted by [`cleanup`](Self::cleanup)).
     pub async fn queue(&self, prefix: &str) -> String {
         let name = fresh_name(prefix);
+        self.declare_queue(&name, QueueDeclareOptions::durable())
+            .await;
+        name
+    }
+
+    /// Declares the queue `name`.
+    pub async fn declare_queue(&self, name: &str, options: QueueDeclareOptions) {
         self.channel
-            .queue_declare(
-                name.as_str().into(),
-                QueueDeclareOptions::durable(),
-                FieldTable::default(),
-            )
+            .queue_declare(name.into(), options, FieldTable::default())
             .await
             .expect("declare queue");
-        name
     }
 
     /// A fresh topic exchange, bound to `queue` with `pattern` when given.
