@@ -21,7 +21,8 @@
 //! | `320 CONNECTION_FORCED` (an operator closed it, the broker is stopping), `506 RESOURCE_ERROR`, other connection errors | `Unavailable` | yes |
 //! | checked before sending: payload over `max_payload_bytes` | `TooLarge` | **no** |
 //! | checked before sending: exchange or routing key the template cannot render, or over 255 bytes | `Config` | **no** |
-//! | checked before sending: a header named `outbox-…` (reserved for the sink's own headers) | `Serialization` | **no** |
+//! | checked before sending: a header named `outbox-…` (reserved for the sink's own headers), a name over 255 bytes | `Serialization` | **no** |
+//! | checked before sending: the rendered exchange does not exist (a passive declare, once per name) | `Config` | yes |
 //!
 //! When no channel could be had at all (the broker is down, refuses the login, or blocks
 //! publishers), nothing was sent: those failures are *deferred*, so the relay waits
@@ -31,7 +32,11 @@
 //! A channel error closes the channel and fails every unconfirmed message on it, not only
 //! the one that caused it. The sink therefore sends those messages again one at a time,
 //! on a fresh channel, within the same publish: each then gets the answer to its own
-//! publish, so one bad message is dead-lettered alone and the others go through.
+//! publish, so one bad message is dead-lettered alone and the others go through. Missing
+//! exchanges, the common cause, are caught before sending; keep `max_payload_bytes` at
+//! or below the broker's `max_message_size` so oversize messages are too (lapin 4.12 can
+//! send publishes queued on a closing channel after its `close-ok`, and the broker then
+//! closes the whole connection: the batch is retried, nothing is lost).
 
 use lapin::protocol::{AMQPErrorKind, AMQPHardError, AMQPSoftError};
 use lapin::{Error as LapinError, ErrorKind};

@@ -1,6 +1,6 @@
 //! The [`AmqpSink`]: pipelined publishes per batch, each marked from its own confirm.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -80,6 +80,8 @@ struct Inner {
 struct State {
     connection: Option<Connection>,
     idle: Vec<Channel>,
+    /// Exchanges known to exist (checked once each; forgotten after a `404`).
+    exchanges: HashSet<String>,
     /// Consecutive failed connection attempts, and when the last one ended.
     failures: u32,
     last_failure: Option<(Instant, String)>,
@@ -226,6 +228,19 @@ impl Inner {
         }
         let channel = {
             let mut state = self.state.lock().await;
+            if let Err(e) = self
+                .check_exchanges(&mut state, &mut ready, deadline, report)
+                .await
+            {
+                let failure = not_sent(&state, &e);
+                for p in &ready {
+                    report(p.index, failure.clone().into());
+                }
+                return;
+            }
+            if ready.is_empty() {
+                return;
+            }
             match self.channel(&mut state, deadline).await {
                 Ok(channel) => channel,
                 Err(e) => {
@@ -300,7 +315,14 @@ impl Inner {
                     .pop()
                     .map(|(_, outcome)| outcome)
                     .expect("one in, one out"),
-                Err(e) if self.connected().await => Outcome::Failed(classify(&e)),
+                Err(e) if self.connected().await => {
+                    let failure = classify(&e);
+                    if failure.class == FailureClass::Config {
+                        // Perhaps the exchange was deleted: check it again next time.
+                        self.state.lock().await.exchanges.remove(&p.exchange);
+                    }
+                    Outcome::Failed(failure)
+                }
                 Err(e) => Outcome::Failed(Failure::retryable(
                     FailureClass::Connection,
                     format!("connection to {} lost: {e}", self.url),
@@ -308,6 +330,74 @@ impl Inner {
             };
             report(p.index, outcome);
         }
+    }
+
+    /// Makes sure every exchange the batch names exists before anything is sent: a
+    /// publish to a missing exchange closes its channel, failing the whole batch's
+    /// unconfirmed messages (and lapin may then send queued publishes after the
+    /// `close-ok`, which makes the broker close the connection). Each new name is
+    /// checked once with a passive declare on a channel of its own; messages for a
+    /// missing one fail retryably here and leave `ready`.
+    async fn check_exchanges(
+        &self,
+        state: &mut State,
+        ready: &mut Vec<Prepared>,
+        deadline: Instant,
+        report: &(dyn Fn(usize, Outcome) + Sync),
+    ) -> Result<(), lapin::Error> {
+        let mut missing = HashSet::new();
+        for p in ready.iter() {
+            if p.exchange.is_empty()
+                || state.exchanges.contains(&p.exchange)
+                || missing.contains(&p.exchange)
+            {
+                continue;
+            }
+            let channel = self.channel(state, deadline).await?;
+            let passive = ExchangeDeclareOptions {
+                passive: true,
+                ..ExchangeDeclareOptions::default()
+            };
+            let limit = deadline.min(Instant::now() + self.config.connect_timeout);
+            let declared = tokio::time::timeout_at(
+                limit,
+                channel.exchange_declare(
+                    p.exchange.as_str().into(),
+                    ExchangeKind::Direct,
+                    passive,
+                    FieldTable::default(),
+                ),
+            )
+            .await
+            .map_err(|_| timed_out("checking an exchange timed out"))?;
+            match declared {
+                Ok(()) => {
+                    state.exchanges.insert(p.exchange.clone());
+                    state.idle.push(channel);
+                }
+                Err(e) if e.is_amqp_soft_error() => {
+                    missing.insert(p.exchange.clone());
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        ready.retain(|p| {
+            if !missing.contains(&p.exchange) {
+                return true;
+            }
+            report(
+                p.index,
+                Outcome::retryable(
+                    FailureClass::Config,
+                    format!(
+                        "exchange {:?} does not exist on the broker (404 NOT_FOUND); declare it, or fix the route's exchange template",
+                        p.exchange
+                    ),
+                ),
+            );
+            false
+        });
+        Ok(())
     }
 
     /// Checks and renders one message; a failure here is the message's own and permanent.
@@ -480,7 +570,9 @@ impl Inner {
                 )
                 .await;
             match declared {
-                Ok(()) => {}
+                Ok(()) => {
+                    self.state.lock().await.exchanges.insert(exchange);
+                }
                 Err(e) if e.is_amqp_soft_error() => {
                     return Err(StartUp::ExchangeNotFound(exchange));
                 }

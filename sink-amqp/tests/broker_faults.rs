@@ -1,6 +1,6 @@
 //! The AMQP sink while the broker misbehaves, driven with `rabbitmqctl`: the broker
-//! closes the relay's connection, the broker app stops and starts again, and a memory
-//! alarm blocks publishers. Nothing committed is lost, the relay resumes by itself, and
+//! closes the relay's connection, the broker app stops and starts again, a memory alarm
+//! blocks publishers, and a message over the broker's size limit closes its channel. Nothing committed is lost, the relay resumes by itself, and
 //! no publish outlives its deadline. These tests change the broker for everyone, so the
 //! `rabbitmq` test group runs RabbitMQ tests one at a time (`.config/nextest.toml`).
 
@@ -233,5 +233,99 @@ async fn a_memory_alarm_never_holds_a_publish_past_its_deadline() {
         },
     )
     .await;
+    broker.cleanup(&[queue], &[]).await;
+}
+
+/// Restores the broker's message size limit (its default, 128 MiB) when the test ends.
+struct MaxSizeGuard;
+
+impl Drop for MaxSizeGuard {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("rabbitmqctl")
+            .args([
+                "eval",
+                "application:set_env(rabbit, max_message_size, 134217728).",
+            ])
+            .status();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_the_broker_refuses_is_dead_lettered_alone() {
+    let broker = Broker::connect().await;
+    let queue = broker.queue("oversize").await;
+    let _guard = MaxSizeGuard;
+    // Channels opened from now on refuse messages over 4 KiB with `406 PRECONDITION_FAILED`,
+    // which closes the channel under the rest of the batch.
+    rabbitmqctl(&[
+        "eval",
+        "application:set_env(rabbit, max_message_size, 4096).",
+    ]);
+    let store = MemoryStore::new();
+    let mut ids = Vec::new();
+    for i in 0..10 {
+        let payload = if i == 4 {
+            vec![b'x'; 8_192]
+        } else {
+            vec![b'y'; 16]
+        };
+        let message = NewMessage::builder("orders", "order.paid")
+            .bytes(payload, "application/octet-stream")
+            .build()
+            .unwrap();
+        ids.push(message.id());
+        store.enqueue(message).unwrap();
+    }
+    let relay = Relay::builder(store.clone())
+        .route(
+            "orders",
+            sink(AmqpSinkConfig::new(url()).routing_key(queue.clone())).await,
+        )
+        .batch_size(10)
+        .retry(
+            RetryPolicy::default()
+                .initial_delay(Duration::from_millis(20))
+                .max_delay(Duration::from_millis(200))
+                .max_attempts(50),
+        )
+        .build()
+        .unwrap();
+    wait_until(
+        "every message published or dead-lettered",
+        Duration::from_secs(60),
+        || async {
+            relay.drain().await.unwrap();
+            store.ids_with_status(Status::Published).len()
+                + store.ids_with_status(Status::Dead).len()
+                == ids.len()
+        },
+    )
+    .await;
+    let dead = store.row(ids[4]).unwrap().row;
+    assert_eq!(
+        dead.status(),
+        Status::Dead,
+        "the oversize message is dead-lettered"
+    );
+    let reason = dead.last_error.unwrap_or_default();
+    assert!(
+        reason.contains("406"),
+        "the broker's reason is kept: {reason}"
+    );
+    for (i, id) in ids.iter().enumerate().filter(|(i, _)| *i != 4) {
+        assert_eq!(
+            store.row(*id).unwrap().row.status(),
+            Status::Published,
+            "message {i} went through"
+        );
+    }
+    let got: std::collections::HashSet<String> = broker
+        .take(&queue)
+        .await
+        .iter()
+        .map(|d| delivered(d).id)
+        .collect();
+    assert_eq!(got.len(), 9, "the nine others are in the queue");
+    assert!(!got.contains(&ids[4].to_string()));
     broker.cleanup(&[queue], &[]).await;
 }
