@@ -8,6 +8,17 @@ use outbox_engine::{Headers, Message, MessageId};
 /// The prefix of the headers the sink writes itself; a message header may not use it.
 pub const HEADER_PREFIX: &str = "outbox-";
 
+/// Headers RabbitMQ itself adds on the way (quorum queues' delivery count, dead-lettering,
+/// shovels and federation); [`Received`] leaves them out of the message's headers.
+const BROKER_HEADERS: &[&str] = &[
+    "x-delivery-count",
+    "x-death",
+    "x-first-death-",
+    "x-last-death-",
+    "x-received-from",
+    "x-shovelled",
+];
+
 /// The header holding the idempotency key.
 pub const IDEMPOTENCY_KEY_HEADER: &str = "outbox-idempotency-key";
 
@@ -77,7 +88,10 @@ pub struct Received {
     pub aggregate_type: Option<String>,
     /// The aggregate id, if the message had one.
     pub aggregate_id: Option<String>,
-    /// The message's own headers (the sink's `outbox-…` headers left out).
+    /// The message's own headers: the sink's `outbox-…` headers, the broker's own
+    /// (`x-delivery-count`, `x-death`, `x-first-death-…`, `x-last-death-…`,
+    /// `x-received-from`, `x-shovelled…`) and any header whose value is not a string are
+    /// left out.
     pub headers: Headers,
     /// The payload bytes.
     pub payload: Vec<u8>,
@@ -94,7 +108,7 @@ impl Received {
     /// # Errors
     ///
     /// [`NotAnOutboxMessage`] when the delivery lacks the message id, the idempotency
-    /// key or the event type, or a header is not a string.
+    /// key or the event type, or one of the sink's `outbox-…` headers is not a string.
     pub fn from_delivery(delivery: &lapin::message::Delivery) -> Result<Self, NotAnOutboxMessage> {
         Self::from_parts(&delivery.properties, &delivery.data)
     }
@@ -166,12 +180,23 @@ impl Received {
         if let Some(table) = properties.headers() {
             for (name, value) in table.inner() {
                 let name = name.as_str();
+                if BROKER_HEADERS.iter().any(|b| name.starts_with(b)) {
+                    continue;
+                }
                 let text = match value {
                     AMQPValue::LongString(s) => String::from_utf8(s.as_bytes().to_vec()).ok(),
                     AMQPValue::ShortString(s) => Some(s.as_str().to_owned()),
                     _ => None,
-                }
-                .ok_or_else(|| NotAnOutboxMessage(format!("header {name:?} is not a string")))?;
+                };
+                let Some(text) = text else {
+                    if name.starts_with(HEADER_PREFIX) {
+                        return Err(NotAnOutboxMessage(format!(
+                            "header {name:?} is not a string"
+                        )));
+                    }
+                    // Not one the sink wrote (it writes every header as a string).
+                    continue;
+                };
                 match name {
                     IDEMPOTENCY_KEY_HEADER => idempotency_key = Some(text),
                     "outbox-partition-key" => received.partition_key = Some(text),
@@ -187,5 +212,58 @@ impl Received {
         received.idempotency_key =
             idempotency_key.ok_or_else(|| missing("outbox-idempotency-key header"))?;
         Ok(received)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use lapin::types::FieldTable;
+
+    use super::*;
+
+    fn properties(headers: FieldTable) -> BasicProperties {
+        BasicProperties::default()
+            .with_message_id("0190f2c4-58a3-7c3e-9a3b-3e1f2d4c5b6a".into())
+            .with_type("order.paid".into())
+            .with_headers(headers)
+    }
+
+    #[test]
+    fn broker_headers_and_foreign_values_are_left_out() {
+        let mut headers = FieldTable::default();
+        headers.insert(
+            IDEMPOTENCY_KEY_HEADER.into(),
+            AMQPValue::LongString("k".into()),
+        );
+        headers.insert("x-delivery-count".into(), AMQPValue::LongLongInt(2));
+        headers.insert(
+            "x-first-death-reason".into(),
+            AMQPValue::LongString("expired".into()),
+        );
+        headers.insert("x-death".into(), AMQPValue::FieldArray(Default::default()));
+        headers.insert("x-app-flag".into(), AMQPValue::Boolean(true));
+        headers.insert("x-suite-index".into(), AMQPValue::LongString("3".into()));
+        let received = Received::from_parts(&properties(headers), b"").unwrap();
+        assert_eq!(received.idempotency_key, "k");
+        assert_eq!(
+            received.headers.keys().collect::<Vec<_>>(),
+            ["x-suite-index"],
+            "only the message's own headers"
+        );
+    }
+
+    #[test]
+    fn a_sink_header_that_is_not_a_string_is_refused() {
+        let mut headers = FieldTable::default();
+        headers.insert(
+            IDEMPOTENCY_KEY_HEADER.into(),
+            AMQPValue::LongString("k".into()),
+        );
+        headers.insert("outbox-tenant-id".into(), AMQPValue::LongInt(7));
+        assert!(Received::from_parts(&properties(headers), b"").is_err());
+        let bad_id = BasicProperties::default()
+            .with_message_id("not-a-uuid".into())
+            .with_type("t".into());
+        assert!(Received::from_parts(&bad_id, b"").is_err());
     }
 }

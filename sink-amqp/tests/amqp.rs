@@ -207,6 +207,37 @@ async fn returns_are_matched_to_their_own_messages_in_mixed_batches() {
     broker.cleanup(&[queue], &[exchange]).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quorum_queue_is_a_matter_of_the_queue_not_the_sink() {
+    let broker = Broker::connect().await;
+    let queue = common::fresh_name("quorum");
+    let mut arguments = outbox_sink_amqp::client::types::FieldTable::default();
+    arguments.insert(
+        "x-queue-type".into(),
+        outbox_sink_amqp::client::types::AMQPValue::LongString("quorum".into()),
+    );
+    broker
+        .channel
+        .queue_declare(
+            queue.as_str().into(),
+            outbox_sink_amqp::client::options::QueueDeclareOptions::durable(),
+            arguments,
+        )
+        .await
+        .unwrap();
+    let sink = sink(AmqpSinkConfig::new(url()).routing_key(queue.clone())).await;
+    let batch = sink_suite::messages("quorum", 20);
+    let outcomes = sink
+        .publish(&batch, &PublishContext::default())
+        .await
+        .unwrap();
+    assert!(outcomes.iter().all(Outcome::is_published), "{outcomes:?}");
+    let got: Vec<Delivered> = broker.take(&queue).await.iter().map(delivered).collect();
+    let expected: Vec<Delivered> = batch.iter().map(Delivered::expected).collect();
+    assert_eq!(got, expected, "every message, in order, exactly");
+    broker.cleanup(&[queue], &[]).await;
+}
+
 // ---------------------------------------------------------------------------------------
 // A consumer reads every property
 // ---------------------------------------------------------------------------------------
