@@ -159,6 +159,13 @@ step "publishable (every library crate packages and builds from its package)"
 # in a target directory kept between runs, forget our own crates' builds first.
 publish_target="${CARGO_TARGET_DIR:-target}/publish-check"
 rm -rf "$publish_target"/debug/.fingerprint/outbox-* "$publish_target"/package
+# Cargo also unpacks those packages once per version under its home and never again: drop
+# our crates' unpacked sources (not crates.io's) so the check reads this checkout.
+for unpacked in "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/; do
+    case $unpacked in */index.crates.io-*/) continue ;; esac
+    rm -rf "$unpacked"outbox-[0-9]* "$unpacked"outbox-engine-* "$unpacked"outbox-sql-* \
+        "$unpacked"outbox-sqlx-* "$unpacked"outbox-sink-*
+done
 check env CARGO_TARGET_DIR="$publish_target" cargo publish --workspace --dry-run --allow-dirty --quiet
 
 step "harness self-check (a failing or hanging test ends with its children, red)"
