@@ -314,6 +314,58 @@ async fn a_consumer_reads_back_every_property_exactly() {
     broker.cleanup(&[queue], &[]).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redelivered_message_is_a_duplicate_in_the_consumers_inbox() {
+    use outbox_sqlx::Delivery;
+    use outbox_sqlx::postgres::PgInbox;
+
+    let pg_url = outbox_test_support::server_url(
+        "OUTBOX_TEST_POSTGRES_URL",
+        "postgres://postgres@127.0.0.1:5432/test",
+    );
+    let pool = sqlx::PgPool::connect(&pg_url).await.unwrap_or_else(|e| {
+        outbox_test_support::no_server("PostgreSQL", "OUTBOX_TEST_POSTGRES_URL", &pg_url, e)
+    });
+    let table = format!("amqp_inbox_{:016x}", fastrand::u64(..));
+    let inbox = PgInbox::with_names(outbox_sqlx::TableNames::default().inbox(&table).unwrap());
+    inbox.migrate(&pool).await.unwrap();
+
+    let broker = Broker::connect().await;
+    let queue = broker.queue("inbox").await;
+    let sink = sink(AmqpSinkConfig::new(url()).routing_key(queue.clone())).await;
+    let message = NewMessage::builder("billing", "invoice.paid")
+        .idempotency_key("invoice-9:paid")
+        .build()
+        .unwrap()
+        .into_message(Utc::now());
+    // The relay re-sends after a lost acknowledgement: the same message twice.
+    for _ in 0..2 {
+        let outcomes = sink
+            .publish(std::slice::from_ref(&message), &PublishContext::default())
+            .await
+            .unwrap();
+        assert!(outcomes[0].is_published());
+    }
+    let mut seen = Vec::new();
+    for delivery in broker.take(&queue).await {
+        let received = Received::from_delivery(&delivery).unwrap();
+        let mut tx = pool.begin().await.unwrap();
+        seen.push(
+            inbox
+                .record(&mut tx, "billing", &received.idempotency_key)
+                .await
+                .unwrap(),
+        );
+        tx.commit().await.unwrap();
+    }
+    assert_eq!(seen, [Delivery::New, Delivery::Duplicate]);
+    sqlx::query(&format!("DROP TABLE {table}"))
+        .execute(&pool)
+        .await
+        .unwrap();
+    broker.cleanup(&[queue], &[]).await;
+}
+
 // ---------------------------------------------------------------------------------------
 // Per-key order across two relays
 // ---------------------------------------------------------------------------------------
