@@ -41,8 +41,10 @@ const MAX_RECONNECT_PAUSE: Duration = Duration::from_secs(5);
 /// when the broker acknowledged it **and** did not return it: every message is sent with
 /// `mandatory`, so one that no queue receives comes back (`basic.return`) and is
 /// dead-lettered as unroutable instead of being marked published on the broker's ack.
-/// Outcomes are reported together when the batch's last confirm arrived, or at the
-/// publish deadline (what was confirmed by then is kept).
+/// Outcomes are reported together once the batch's last confirm arrived. A message still
+/// unsettled at the publish deadline fails retryably as a timeout; that includes a message
+/// whose ack came while others of its batch were still out, because a `basic.return` for
+/// it could still be on its way.
 ///
 /// ```no_run
 /// use outbox_engine::{MemoryStore, Relay};
@@ -184,7 +186,7 @@ impl Sink for AmqpSink {
             slots.lock().unwrap_or_else(|e| e.into_inner())[index] = Some(outcome);
         };
         let publish = self.inner.publish(batch, cx.deadline(), &report);
-        // Cut short at the deadline: what was confirmed by then stays confirmed.
+        // Cut short at the deadline: what was settled by then is kept.
         let _ = tokio::time::timeout_at(cx.deadline(), publish).await;
         let slots = slots.into_inner().unwrap_or_else(|e| e.into_inner());
         Ok(slots

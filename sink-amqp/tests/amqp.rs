@@ -142,7 +142,25 @@ async fn a_message_no_queue_receives_is_dead_lettered_not_published() {
     let got = broker.take(&queue).await;
     assert_eq!(got.len(), 1);
     assert_eq!(delivered(&got[0]).id, routed_id.to_string());
-    broker.cleanup(&[queue], &[exchange]).await;
+
+    // An exchange with no queue bound at all: the broker acks, the sink does not publish.
+    let unbound = broker.exchange("unbound", None).await;
+    let sink = sink(AmqpSinkConfig::new(url()).exchange(unbound.clone())).await;
+    let outcomes = sink
+        .publish(
+            &sink_suite::messages("events", 3),
+            &PublishContext::default(),
+        )
+        .await
+        .unwrap();
+    for outcome in &outcomes {
+        let Outcome::Failed(failure) = outcome else {
+            panic!("published to an exchange with no queue: {outcome:?}")
+        };
+        assert_eq!(failure.class, FailureClass::Unroutable, "{failure}");
+        assert!(!failure.retryable, "{failure}");
+    }
+    broker.cleanup(&[queue], &[exchange, unbound]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
