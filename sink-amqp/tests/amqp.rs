@@ -145,8 +145,8 @@ async fn a_message_no_queue_receives_is_dead_lettered_not_published() {
 
     // An exchange with no queue bound at all: the broker acks, the sink does not publish.
     let unbound = broker.exchange("unbound", None).await;
-    let sink = sink(AmqpSinkConfig::new(url()).exchange(unbound.clone())).await;
-    let outcomes = sink
+    let outcomes = common::sink(AmqpSinkConfig::new(url()).exchange(unbound.clone()))
+        .await
         .publish(
             &sink_suite::messages("events", 3),
             &PublishContext::default(),
