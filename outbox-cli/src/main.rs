@@ -153,6 +153,10 @@ type Result<T, E = String> = std::result::Result<T, E>;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // TLS routes (`amqps://`, `rediss://`) need one process-wide rustls provider; more than
+    // one is compiled in (the HTTP sink's and the broker sinks'), so choose it here.
+    #[cfg(feature = "tls")]
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

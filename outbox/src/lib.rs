@@ -10,6 +10,7 @@
 //! | `http` | the HTTP / webhook sink |
 //! | `redis` | the Redis Streams sink |
 //! | `amqp` | the RabbitMQ (AMQP 0-9-1) sink |
+//! | `tls` | `amqps://` and `rediss://` for the broker sinks that are on (rustls; install a `CryptoProvider` first) |
 //! | `full` | all of the above |
 //! | `testkit` | in-memory store, recording and flaky sinks, conformance suites |
 //!

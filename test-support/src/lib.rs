@@ -12,7 +12,8 @@
 //!   command line (`--list`, filters, `--skip`, `--exact`), so any runner sees the test.
 //! - [`server_url`] / [`no_server`]: where the test servers are, and a loud failure when
 //!   one is missing.
-//! - [`make_certificates`]: a private CA with server and client certificates, for TLS tests.
+//! - [`make_certificates`]: a private CA with server and client certificates, for TLS tests;
+//!   [`TlsTerminator`]: `socat` terminating TLS (and verifying clients) in front of a server.
 
 use std::future::Future;
 use std::io::Read;
@@ -310,5 +311,63 @@ pub fn make_certificates(dir: &std::path::Path) {
             "-out",
             &pem,
         ]);
+    }
+}
+
+/// `socat` listening with TLS on a free loopback port and forwarding to a plain TCP
+/// server, with certificates from [`make_certificates`]: it requires a client certificate
+/// signed by the same CA. Ends (and removes its certificates) when dropped.
+#[derive(Debug)]
+pub struct TlsTerminator {
+    _child: ChildGuard,
+    /// The TLS port on 127.0.0.1.
+    pub port: u16,
+    dir: std::path::PathBuf,
+}
+
+impl TlsTerminator {
+    /// Starts `socat` in front of `upstream` (`host:port`) and waits until it listens.
+    pub async fn start(upstream: &str) -> Self {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("outbox-tls-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("a temporary directory");
+        make_certificates(&dir);
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let file = |name: &str| dir.join(name).display().to_string();
+        let listen = format!(
+            "OPENSSL-LISTEN:{port},bind=127.0.0.1,reuseaddr,fork,cert={},key={},cafile={},verify=1",
+            file("server.pem"),
+            file("server.key"),
+            file("ca.pem")
+        );
+        let child = ChildGuard::spawn(
+            "socat",
+            Command::new("socat").args([listen, format!("TCP:{upstream}")]),
+        );
+        wait_until("socat to listen", Duration::from_secs(10), || async {
+            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+        })
+        .await;
+        Self {
+            _child: child,
+            port,
+            dir,
+        }
+    }
+
+    /// One of the files [`make_certificates`] made (`ca.pem`, `client.pem`, `client.key`).
+    pub fn file(&self, name: &str) -> std::path::PathBuf {
+        self.dir.join(name)
+    }
+}
+
+impl Drop for TlsTerminator {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
