@@ -368,28 +368,14 @@ async fn the_printed_schema_applies_with_the_database_clients() {
     let pg = url();
     let table = format!("printed_{:016x}", fastrand::u64(..));
     let script = printed_schema(dir.path(), "postgres://nobody@192.0.2.1/none", &table);
-    client(
-        "psql",
-        &[
-            "-q",
-            "-v",
-            "ON_ERROR_STOP=1",
-            &pg,
-            "-f",
-            script.to_str().unwrap(),
-        ],
-    );
-    client(
-        "psql",
-        &[
-            "-q",
-            "-v",
-            "ON_ERROR_STOP=1",
-            &pg,
-            "-c",
-            &minimal(&table, "'\\x7b7d'"),
-        ],
-    );
+    let psql = |args: &[&str]| {
+        client(
+            "psql",
+            &[&["-q", "-v", "ON_ERROR_STOP=1", &pg], args].concat(),
+        )
+    };
+    psql(&["-f", script.to_str().unwrap()]);
+    psql(&["-c", &minimal(&table, "'\\x7b7d'")]);
     migrate_then_one_pending_row(&pg, &table);
 
     let my = std::env::var("OUTBOX_TEST_MYSQL_URL")

@@ -51,6 +51,21 @@ impl BuildError {
         }
     }
 
+    /// A start-up error that says itself whether retrying can help: `unavailable` when
+    /// `retryable`, `config` otherwise.
+    ///
+    /// ```
+    /// use outbox_engine::registry::BuildError;
+    /// assert!(BuildError::new("broker down", true).is_retryable());
+    /// assert!(!BuildError::new("bad password", false).is_retryable());
+    /// ```
+    pub fn new(message: impl Into<String>, retryable: bool) -> Self {
+        Self {
+            message: message.into(),
+            retryable,
+        }
+    }
+
     /// Whether trying again can help.
     pub fn is_retryable(&self) -> bool {
         self.retryable

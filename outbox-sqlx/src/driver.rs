@@ -83,17 +83,26 @@ async fn probe<C: sqlx::Connection>(settings: &StoreSettings, url: &str) -> Resu
     }
 }
 
+/// A pool on a database server at `url`, after one probing connection.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+async fn server_pool<DB: sqlx::Database>(
+    settings: &StoreSettings,
+    url: &str,
+) -> Result<sqlx::Pool<DB>, BuildError> {
+    probe::<DB::Connection>(settings, url).await?;
+    sqlx::pool::PoolOptions::<DB>::new()
+        .max_connections(settings.max_connections)
+        .acquire_timeout(CONNECT_TIMEOUT)
+        .connect(url)
+        .await
+        .map_err(|e| unreachable(settings, e))
+}
+
 #[cfg(feature = "postgres")]
 async fn postgres(settings: &StoreSettings) -> Result<AnyStore, BuildError> {
     let names = names(settings)?;
     let url = settings.url.replacen("postgresql://", "postgres://", 1);
-    probe::<sqlx::PgConnection>(settings, &url).await?;
-    let pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(settings.max_connections)
-        .acquire_timeout(CONNECT_TIMEOUT)
-        .connect(&url)
-        .await
-        .map_err(|e| unreachable(settings, e))?;
+    let pool = server_pool::<sqlx::Postgres>(settings, &url).await?;
     Ok(AnyStore::new(
         crate::postgres::PgOutbox::with_names(pool, names).published_rows(settings.published_rows),
     ))
@@ -123,13 +132,7 @@ async fn sqlite(settings: &StoreSettings) -> Result<AnyStore, BuildError> {
 async fn mysql(settings: &StoreSettings) -> Result<AnyStore, BuildError> {
     let names = names(settings)?;
     let url = settings.url.replacen("mariadb://", "mysql://", 1);
-    probe::<sqlx::MySqlConnection>(settings, &url).await?;
-    let pool = sqlx::mysql::MySqlPoolOptions::new()
-        .max_connections(settings.max_connections)
-        .acquire_timeout(CONNECT_TIMEOUT)
-        .connect(&url)
-        .await
-        .map_err(|e| unreachable(settings, e))?;
+    let pool = server_pool::<sqlx::MySql>(settings, &url).await?;
     Ok(AnyStore::new(
         crate::mysql::MySqlOutbox::with_names(pool, names).published_rows(settings.published_rows),
     ))

@@ -114,11 +114,7 @@ pub const DRIVER: outbox_engine::registry::SinkDriver = outbox_engine::registry:
         Box::pin(async move {
             let config: RedisSinkConfig = route.parse()?;
             let sink = RedisSink::connect(config).await.map_err(|e| {
-                if e.is_retryable() {
-                    outbox_engine::registry::BuildError::unavailable(e.to_string())
-                } else {
-                    outbox_engine::registry::BuildError::config(e.to_string())
-                }
+                outbox_engine::registry::BuildError::new(e.to_string(), e.is_retryable())
             })?;
             Ok(std::sync::Arc::new(sink) as std::sync::Arc<dyn outbox_engine::DynSink>)
         })
