@@ -11,6 +11,9 @@
 #               also needed as a binary: some tests start private servers on other ports)
 #   RabbitMQ    amqp://guest:guest@127.0.0.1:5672/outbox-test   (vhost `outbox-test`;
 #               rabbitmqctl must work for the tests that close connections or stop the app)
+#   Kafka       127.0.0.1:9092   (tansu, a Kafka-protocol broker, in memory; built once with
+#               cargo install into ~/.cache/outbox-tools; the tests also start private
+#               brokers on other ports with the binary OUTBOX_TEST_TANSU names)
 #   Python and Node with the drivers the foreign-writer tests use (see ensure_writers)
 set -euo pipefail
 
@@ -125,6 +128,35 @@ ensure_rabbitmq() {
     echo "OUTBOX_TEST_AMQP_URL=amqp://guest:guest@127.0.0.1:5672/outbox-test"
 }
 
+# tansu (crates.io) speaks the Kafka protocol and keeps topics in memory (or in SQLite,
+# for the broker-restart test). Built once per machine; `--locked` because newer
+# dependency releases break its build.
+TOOLS_DIR=${OUTBOX_TOOLS_DIR:-$HOME/.cache/outbox-tools}
+TANSU_VERSION=0.6.0
+
+kafka_up() { (exec 3<>/dev/tcp/127.0.0.1/9092) 2>/dev/null; }
+
+ensure_kafka() {
+    local tansu=$TOOLS_DIR/bin/tansu
+    if [[ ! -x $tansu ]] || [[ $("$tansu" --version 2>/dev/null) != *"$TANSU_VERSION"* ]]; then
+        command -v cc >/dev/null && command -v make >/dev/null || apt_install build-essential
+        log "building tansu $TANSU_VERSION into $TOOLS_DIR (once per machine, several minutes)"
+        cargo install tansu --locked --quiet --version "$TANSU_VERSION" \
+            --features dynostore,libsql --root "$TOOLS_DIR" >&2
+    fi
+    if ! kafka_up; then
+        log "starting tansu on 127.0.0.1:9092 (in memory)"
+        mkdir -p "$TOOLS_DIR/run"
+        # setsid -f: the broker runs on in its own session, holding none of our pipes.
+        (cd "$TOOLS_DIR/run" && exec setsid -f "$tansu" broker \
+            --listener-url tcp://127.0.0.1:9092 --advertised-listener-url tcp://127.0.0.1:9092 \
+            --storage-engine memory://tansu/ >"$TOOLS_DIR/run/tansu-9092.log" 2>&1 </dev/null)
+        wait_for "tansu (Kafka on 9092)" 30 kafka_up
+    fi
+    echo "OUTBOX_TEST_KAFKA_BROKERS=127.0.0.1:9092"
+    echo "OUTBOX_TEST_TANSU=$tansu"
+}
+
 # The foreign-writer tests (outbox-cli/tests/writers.rs) run services written in Python
 # (psycopg, PyMySQL) and Node (pg) against the outbox. Their packages live in a
 # virtualenv and a node_modules directory owned by the project, outside the repository.
@@ -155,4 +187,5 @@ ensure_postgres
 ensure_mariadb
 ensure_redis
 ensure_rabbitmq
+ensure_kafka
 ensure_writers

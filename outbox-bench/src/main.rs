@@ -1,7 +1,7 @@
 //! `outbox-bench`: every figure is a ratio against a baseline measured in the same run.
 //!
 //! ```text
-//! cargo run --release -p outbox-bench -- [all|enqueue|drain|scale|ordered|latency|backlog|amqp] [--quick] [--write BENCHMARKS.md]
+//! cargo run --release -p outbox-bench -- [all|enqueue|drain|scale|ordered|latency|backlog|amqp|kafka] [--quick] [--write BENCHMARKS.md]
 //! ```
 //!
 //! Each scenario prints a table and, as its last line, one JSON object with its figures.
@@ -11,6 +11,7 @@
 mod backlog;
 mod drain;
 mod enqueue;
+mod kafka;
 mod latency;
 mod report;
 mod setup;
@@ -71,19 +72,19 @@ fn main() {
         .collect();
     let scenarios = if scenarios.is_empty() || scenarios == ["all"] {
         vec![
-            "enqueue", "drain", "scale", "ordered", "latency", "backlog", "amqp",
+            "enqueue", "drain", "scale", "ordered", "latency", "backlog", "amqp", "kafka",
         ]
     } else {
         scenarios
     };
     for s in &scenarios {
         if ![
-            "enqueue", "drain", "scale", "ordered", "latency", "backlog", "amqp",
+            "enqueue", "drain", "scale", "ordered", "latency", "backlog", "amqp", "kafka",
         ]
         .contains(s)
         {
             eprintln!(
-                "error: unknown scenario {s:?} (enqueue, drain, scale, ordered, latency, backlog, amqp, all)"
+                "error: unknown scenario {s:?} (enqueue, drain, scale, ordered, latency, backlog, amqp, kafka, all)"
             );
             std::process::exit(2);
         }
@@ -105,6 +106,7 @@ fn main() {
                 "latency" => latency::run(&bench, scale, &mut report).await?,
                 "backlog" => backlog::run(&bench, scale, &mut report).await?,
                 "amqp" => sinks::amqp(&bench, scale, &mut report).await?,
+                "kafka" => kafka::run(&bench, scale, &mut report).await?,
                 _ => unreachable!("checked above"),
             }
         }

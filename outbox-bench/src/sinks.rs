@@ -24,16 +24,17 @@ use crate::drain::preload;
 use crate::report::{Report, median};
 use crate::setup::{Bench, BoxError};
 
-const BATCH: usize = 100;
-const PUBLISHERS: usize = 2;
+pub(crate) const BATCH: usize = 100;
+pub(crate) const PUBLISHERS: usize = 2;
 
-/// Counts what the wrapped sink published.
-struct Counting {
-    inner: AmqpSink,
-    published: Arc<AtomicUsize>,
+/// Counts what the wrapped sink published, and records when each id was acknowledged.
+pub(crate) struct Counting<S> {
+    pub(crate) inner: S,
+    pub(crate) published: Arc<AtomicUsize>,
+    pub(crate) acks: Option<Arc<std::sync::Mutex<Vec<(outbox_engine::MessageId, Instant)>>>>,
 }
 
-impl Sink for Counting {
+impl<S: Sink> Sink for Counting<S> {
     async fn publish(
         &self,
         batch: &[Message],
@@ -47,10 +48,17 @@ impl Sink for Counting {
 
     /// Passes the sink's reports through, counting the published ones.
     async fn publish_reporting(&self, batch: &[Message], cx: &PublishContext, outcomes: &Outcomes) {
-        let (published, parent) = (self.published.clone(), outcomes.clone());
+        let (published, parent, acks) =
+            (self.published.clone(), outcomes.clone(), self.acks.clone());
+        let ids: Vec<_> = batch.iter().map(|m| m.id).collect();
         let counted = Outcomes::new(move |index, outcome| {
             if outcome.is_published() {
                 published.fetch_add(1, Atomic::Relaxed);
+                if let Some(acks) = &acks {
+                    acks.lock()
+                        .expect("lock")
+                        .push((ids[index], Instant::now()));
+                }
             }
             parent.report(index, outcome);
         });
@@ -120,6 +128,7 @@ async fn relay(
     let sink = Counting {
         inner: AmqpSink::connect(AmqpSinkConfig::new(url).routing_key(queue)).await?,
         published: published.clone(),
+        acks: None,
     };
     let done = async move {
         while published.load(Atomic::Relaxed) < n {
@@ -146,9 +155,9 @@ async fn relay(
 }
 
 /// Messages per second while the relay drains `store` into `sink` until `done`.
-async fn timed_drain<S: outbox_engine::Store>(
+pub(crate) async fn timed_drain<S: outbox_engine::Store, K: Sink>(
     store: S,
-    sink: Counting,
+    sink: Counting<K>,
     n: usize,
     done: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<f64, BoxError> {

@@ -1,6 +1,6 @@
 //! `outbox relay` killed with SIGKILL again and again mid-batch, in front of a webhook
 //! receiver that answers each request after a short random delay, and in front of
-//! RabbitMQ: nothing committed is lost, and the re-sends (duplicates) stay bounded by what
+//! RabbitMQ and Kafka: nothing committed is lost, and the re-sends (duplicates) stay bounded by what
 //! was in flight at each kill. Prints `kill9 <sink>: kills=… committed=… deliveries=…
 //! duplicates=… lost=…`.
 
@@ -36,6 +36,13 @@ async fn kill_9_in_front_of_amqp_loses_nothing() {
     // RabbitMQ takes messages fast: more of them per cycle, so that each kill lands mid-batch.
     kill_loop("amqp", &route, got, 3_000).await;
     common::delete_amqp_queue(&url, &queue).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_in_front_of_kafka_loses_nothing() {
+    let (brokers, topic, got) = common::kafka_consumer().await;
+    let route = format!("url = \"kafka://{brokers}/{topic}\"\n");
+    kill_loop("kafka", &route, got, 3_000).await;
 }
 
 /// Runs the kill loop with `route` (the TOML of route `hooks`) while `got` records the

@@ -10,6 +10,7 @@
 //! | `http` | the HTTP / webhook sink |
 //! | `redis` | the Redis Streams sink |
 //! | `amqp` | the RabbitMQ (AMQP 0-9-1) sink |
+//! | `kafka` | the Kafka sink (librdkafka is built from source: a C compiler and `make`) |
 //! | `tls` | `amqps://` and `rediss://` for the broker sinks that are on (rustls; install a `CryptoProvider` first) |
 //! | `full` | all of the above |
 //! | `testkit` | in-memory store, recording and flaky sinks, conformance suites |
@@ -46,6 +47,10 @@ pub use outbox_sink_amqp as amqp;
 /// The HTTP / webhook sink (feature `http`).
 #[cfg(feature = "http")]
 pub use outbox_sink_http as http;
+/// The Kafka sink (feature `kafka`).
+#[cfg(feature = "kafka")]
+pub use outbox_sink_kafka as kafka;
+
 /// The Redis Streams sink (feature `redis`).
 #[cfg(feature = "redis")]
 pub use outbox_sink_redis as redis;

@@ -23,6 +23,7 @@ const KNOWN: &[(&str, &str, &str)] = &[
     ("sink", "rediss", "redis"),
     ("sink", "amqp", "amqp"),
     ("sink", "amqps", "amqp"),
+    ("sink", "kafka", "kafka"),
 ];
 
 /// The drivers stores and sinks are built with, by URL scheme.
@@ -72,6 +73,8 @@ impl Default for Registry {
         registry.sinks.push(outbox_sink_redis::DRIVER);
         #[cfg(feature = "amqp")]
         registry.sinks.push(outbox_sink_amqp::DRIVER);
+        #[cfg(feature = "kafka")]
+        registry.sinks.push(outbox_sink_kafka::DRIVER);
         registry
     }
 }

@@ -120,3 +120,88 @@ pub async fn delete_amqp_queue(url: &str, queue: &str) {
         .await
         .unwrap();
 }
+
+/// A fresh 3-partition topic on the test Kafka broker (`OUTBOX_TEST_KAFKA_BROKERS`) and a
+/// consumer reading every partition from the start that records each record's
+/// `outbox-id` header on arrival. Returns the brokers, the topic and the record.
+pub async fn kafka_consumer() -> (String, String, Received) {
+    use outbox::kafka::client::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    use outbox::kafka::client::client::DefaultClientContext;
+    use outbox::kafka::client::consumer::{Consumer, StreamConsumer};
+    use outbox::kafka::client::message::Headers as _;
+    use outbox::kafka::client::{ClientConfig, Message as _, Offset, TopicPartitionList};
+
+    let brokers = outbox_test_support::server_url("OUTBOX_TEST_KAFKA_BROKERS", "127.0.0.1:9092");
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", &brokers)
+        .create()
+        .unwrap();
+    if let Err(e) = admin.inner().fetch_metadata(None, Duration::from_secs(10)) {
+        outbox_test_support::no_server(
+            "a Kafka-protocol broker (tansu)",
+            "OUTBOX_TEST_KAFKA_BROKERS",
+            &brokers,
+            e,
+        );
+    }
+    let topic = format!("outbox-test.cli.{:016x}", fastrand::u64(..));
+    let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+    for result in admin
+        .create_topics(
+            [&NewTopic::new(&topic, 3, TopicReplication::Fixed(1))],
+            &options,
+        )
+        .await
+        .unwrap()
+    {
+        result.unwrap();
+    }
+    outbox_test_support::wait_until(
+        "the topic in the metadata",
+        Duration::from_secs(20),
+        || async {
+            admin
+                .inner()
+                .fetch_metadata(Some(&topic), Duration::from_secs(5))
+                .is_ok_and(|m| {
+                    m.topics()
+                        .first()
+                        .is_some_and(|t| t.error().is_none() && t.partitions().len() == 3)
+                })
+        },
+    )
+    .await;
+    let consumer: StreamConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &brokers)
+        .set(
+            "group.id",
+            format!("outbox-test.cli.{:016x}", fastrand::u64(..)),
+        )
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    let mut assignment = TopicPartitionList::new();
+    for partition in 0..3 {
+        assignment
+            .add_partition_offset(&topic, partition, Offset::Beginning)
+            .unwrap();
+    }
+    consumer.assign(&assignment).unwrap();
+    let got: Received = Arc::default();
+    let record = got.clone();
+    tokio::spawn(async move {
+        while let Ok(message) = consumer.recv().await {
+            let id = message
+                .headers()
+                .and_then(|h| {
+                    h.iter()
+                        .find(|h| h.key == "outbox-id")
+                        .and_then(|h| h.value)
+                })
+                .map(|v| String::from_utf8_lossy(v).into_owned())
+                .unwrap_or_default();
+            record.lock().unwrap().push(id);
+        }
+    });
+    (brokers, topic, got)
+}

@@ -1,0 +1,383 @@
+//! `kafka`: the relay publishing to a Kafka-protocol broker against a raw rdkafka producer
+//! loop with the same producer settings (idempotent, `acks=all`, 5 in flight, linger 5 ms,
+//! murmur2 partitioning), the same records (key, the sink's headers, payload), batch size
+//! and number of concurrent publishers.
+//!
+//! Throughput: the relay drains a PostgreSQL backlog (delete on publish) and an in-memory
+//! one; the raw loop sends prebuilt records and awaits each batch's delivery reports.
+//! Latency: messages offered at a fixed rate; for the relay, commit → the sink's
+//! acknowledgement (PostgreSQL store, wakeups on); for the raw loop, the moment a record
+//! is due → its delivery report.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering as Atomic};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use outbox_engine::{MemoryStore, MessageId, NewMessage, Relay};
+use outbox_sink_kafka::client::ClientConfig;
+use outbox_sink_kafka::client::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use outbox_sink_kafka::client::client::DefaultClientContext;
+use outbox_sink_kafka::client::message::{Header, OwnedHeaders};
+use outbox_sink_kafka::client::producer::{FutureProducer, FutureRecord};
+use outbox_sink_kafka::{KafkaSink, KafkaSinkConfig};
+use outbox_sqlx::PublishedRows;
+
+use crate::Scale;
+use crate::drain::preload;
+use crate::report::{Report, median, percentile};
+use crate::setup::{Bench, BoxError};
+use crate::sinks::{BATCH, Counting, PUBLISHERS, timed_drain};
+
+const PARTITIONS: i32 = 3;
+const LATENCY_RATE: u64 = 1_000;
+
+type Acks = Arc<Mutex<Vec<(MessageId, Instant)>>>;
+
+pub(crate) async fn run(bench: &Bench, scale: Scale, report: &mut Report) -> Result<(), BoxError> {
+    let brokers =
+        std::env::var("OUTBOX_TEST_KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:9092".to_owned());
+    let topic = format!("outbox-bench.{:016x}", fastrand::u64(..));
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", &brokers)
+        .create()?;
+    admin
+        .inner()
+        .fetch_metadata(None, Duration::from_secs(10))
+        .map_err(|e| format!("cannot reach Kafka at {brokers} ({e}); run scripts/services.sh or set OUTBOX_TEST_KAFKA_BROKERS"))?;
+    for result in admin
+        .create_topics(
+            [&NewTopic::new(
+                &topic,
+                PARTITIONS,
+                TopicReplication::Fixed(1),
+            )],
+            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
+        )
+        .await?
+    {
+        result.map_err(|(topic, code)| format!("create topic {topic}: {code}"))?;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let config = KafkaSinkConfig::new(format!("kafka://{brokers}")).topic(topic.clone());
+    let raw_producer = producer(&brokers)?;
+
+    let n = scale.drain_rows / 2;
+    let (mut raw_rates, mut relay_rates, mut memory_rates) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..scale.rounds.max(2) {
+        raw_rates.push(raw_throughput(&raw_producer, &topic, n).await?);
+        relay_rates.push(relay_throughput(bench, &config, n, false).await?);
+        memory_rates.push(relay_throughput(bench, &config, n, true).await?);
+    }
+    let (raw, relay, memory) = (
+        median(&raw_rates),
+        median(&relay_rates),
+        median(&memory_rates),
+    );
+
+    let raw_latency = raw_latency(&raw_producer, &topic, scale.latency_time).await?;
+    let relay_latency = relay_latency(bench, &config, scale.latency_time).await?;
+    let p = |l: &[f64], q| percentile(l, q);
+
+    report.section(
+        "kafka",
+        &format!(
+            "{n} records to one {PARTITIONS}-partition topic on tansu (in memory), idempotent producer, acks=all, batch {BATCH}, {PUBLISHERS} concurrent publishers, messages/s (median of {} interleaved rounds); then {LATENCY_RATE} messages/s offered for {} s, latency in ms. Relay = `KafkaSink` fed by the relay from PostgreSQL (delete on publish; for latency, one commit per message and wakeups) or the in-memory store; raw = an rdkafka `FutureProducer` with the same settings sending the same records, awaiting each batch's delivery reports (latency: from the moment a record is due to its report). The broker, PostgreSQL and the benchmark share the machine's cores.",
+            relay_rates.len(),
+            scale.latency_time.as_secs()
+        ),
+        &["raw msg/s", "relay msg/s (PostgreSQL)", "relay / raw", "relay msg/s (in-memory)", "relay / raw", "raw p50 / p99", "relay p50 / p99 (commit→ack)", "p99 relay / raw"],
+        vec![vec![
+            format!("{raw:.0}"),
+            format!("{relay:.0}"),
+            format!("{:.2}", relay / raw),
+            format!("{memory:.0}"),
+            format!("{:.2}", memory / raw),
+            format!("{:.1} / {:.1}", p(&raw_latency, 0.5), p(&raw_latency, 0.99)),
+            format!("{:.1} / {:.1}", p(&relay_latency, 0.5), p(&relay_latency, 0.99)),
+            format!("{:.2}", p(&relay_latency, 0.99) / p(&raw_latency, 0.99)),
+        ]],
+        serde_json::json!({
+            "messages": n, "raw": raw, "relay_postgres": relay, "relay_postgres_over_raw": relay / raw,
+            "relay_memory": memory, "relay_memory_over_raw": memory / raw,
+            "raw_rounds": raw_rates, "relay_postgres_rounds": relay_rates, "relay_memory_rounds": memory_rates,
+            "latency_rate": LATENCY_RATE,
+            "raw_p50_ms": p(&raw_latency, 0.5), "raw_p99_ms": p(&raw_latency, 0.99),
+            "relay_p50_ms": p(&relay_latency, 0.5), "relay_p99_ms": p(&relay_latency, 0.99),
+        }),
+    );
+    Ok(())
+}
+
+/// A producer with the settings the sink uses by default.
+fn producer(brokers: &str) -> Result<FutureProducer, BoxError> {
+    Ok(ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set("max.in.flight.requests.per.connection", "5")
+        .set("message.timeout.ms", "10000")
+        .set("partitioner", "murmur2_random")
+        .set("linger.ms", "5")
+        .create()?)
+}
+
+/// A record as the sink lays it out: key, the sink's headers, JSON payload.
+struct RawRecord {
+    id: String,
+    key: String,
+    payload: Vec<u8>,
+}
+
+impl RawRecord {
+    fn new(i: usize) -> Self {
+        Self {
+            id: uuid::Uuid::now_v7().to_string(),
+            key: format!("key-{}", i % 1_000),
+            payload: serde_json::to_vec(&serde_json::json!({ "n": i })).expect("json"),
+        }
+    }
+
+    fn headers(&self) -> OwnedHeaders {
+        [
+            ("outbox-id", self.id.as_str()),
+            ("outbox-idempotency-key", self.id.as_str()),
+            ("outbox-event-type", "bench.event"),
+            ("outbox-content-type", "application/json"),
+            ("outbox-partition-key", self.key.as_str()),
+        ]
+        .into_iter()
+        .fold(OwnedHeaders::new(), |h, (key, value)| {
+            h.insert(Header {
+                key,
+                value: Some(value),
+            })
+        })
+    }
+
+    async fn send(&self, producer: &FutureProducer, topic: &str) -> Result<(), String> {
+        let record = FutureRecord::to(topic)
+            .key(self.key.as_str())
+            .payload(self.payload.as_slice())
+            .headers(self.headers());
+        let delivery = producer
+            .send_result(record)
+            .map_err(|(e, _)| format!("raw send: {e}"))?;
+        delivery
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|(e, _)| format!("raw delivery: {e}"))?;
+        Ok(())
+    }
+}
+
+async fn raw_throughput(producer: &FutureProducer, topic: &str, n: usize) -> Result<f64, BoxError> {
+    let records: Arc<Vec<RawRecord>> = Arc::new((0..n).map(RawRecord::new).collect());
+    let next = Arc::new(AtomicUsize::new(0));
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..PUBLISHERS {
+        let (records, next, producer, topic) = (
+            records.clone(),
+            next.clone(),
+            producer.clone(),
+            topic.to_owned(),
+        );
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let start = next.fetch_add(BATCH, Atomic::Relaxed);
+                if start >= records.len() {
+                    return Ok::<(), String>(());
+                }
+                let batch = &records[start..(start + BATCH).min(records.len())];
+                let mut reports = Vec::with_capacity(batch.len());
+                for record in batch {
+                    let r = FutureRecord::to(&topic)
+                        .key(record.key.as_str())
+                        .payload(record.payload.as_slice())
+                        .headers(record.headers());
+                    reports.push(
+                        producer
+                            .send_result(r)
+                            .map_err(|(e, _)| format!("raw send: {e}"))?,
+                    );
+                }
+                for report in reports {
+                    report
+                        .await
+                        .map_err(|e| e.to_string())?
+                        .map_err(|(e, _)| format!("raw delivery: {e}"))?;
+                }
+            }
+        }));
+    }
+    for task in tasks {
+        task.await??;
+    }
+    Ok(n as f64 / started.elapsed().as_secs_f64())
+}
+
+async fn relay_throughput(
+    bench: &Bench,
+    config: &KafkaSinkConfig,
+    n: usize,
+    in_memory: bool,
+) -> Result<f64, BoxError> {
+    let published = Arc::new(AtomicUsize::new(0));
+    let sink = Counting {
+        inner: KafkaSink::connect(config.clone()).await?,
+        published: published.clone(),
+        acks: None,
+    };
+    let done = async move {
+        while published.load(Atomic::Relaxed) < n {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    };
+    if in_memory {
+        let store = MemoryStore::new().delete_on_publish(true);
+        for i in 0..n {
+            store.enqueue(
+                NewMessage::builder("bench", "bench.event")
+                    .json(&serde_json::json!({ "n": i }))
+                    .partition_key(format!("key-{}", i % 1_000))
+                    .build()?,
+            )?;
+        }
+        timed_drain(store, sink, n, done).await
+    } else {
+        let outbox = bench
+            .fresh_outbox("bench_kafka_outbox", PublishedRows::Delete)
+            .await?;
+        preload(&outbox, &bench.pool, n, true).await?;
+        timed_drain(outbox, sink, n, done).await
+    }
+}
+
+/// Records due at `LATENCY_RATE` per second for `time`: due → delivery report, ms, sorted.
+async fn raw_latency(
+    producer: &FutureProducer,
+    topic: &str,
+    time: Duration,
+) -> Result<Vec<f64>, BoxError> {
+    let mut ticks = tokio::time::interval(Duration::from_secs_f64(1.0 / LATENCY_RATE as f64));
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    let started = Instant::now();
+    let mut sends = tokio::task::JoinSet::new();
+    let mut i = 0;
+    while started.elapsed() < time {
+        ticks.tick().await;
+        let due = Instant::now();
+        let (producer, topic, record) = (producer.clone(), topic.to_owned(), RawRecord::new(i));
+        i += 1;
+        sends.spawn(async move {
+            record.send(&producer, &topic).await?;
+            Ok::<f64, String>(due.elapsed().as_secs_f64() * 1000.0)
+        });
+    }
+    let mut latencies = Vec::with_capacity(i);
+    while let Some(done) = sends.join_next().await {
+        latencies.push(done??);
+    }
+    latencies.sort_by(f64::total_cmp);
+    Ok(latencies)
+}
+
+/// Messages committed one per transaction at `LATENCY_RATE` per second for `time`:
+/// commit → the sink's acknowledgement, ms, sorted.
+async fn relay_latency(
+    bench: &Bench,
+    config: &KafkaSinkConfig,
+    time: Duration,
+) -> Result<Vec<f64>, BoxError> {
+    let outbox = bench
+        .fresh_outbox("bench_kafka_latency", PublishedRows::Delete)
+        .await?;
+    let acks: Acks = Arc::default();
+    let sink = Counting {
+        inner: KafkaSink::connect(config.clone()).await?,
+        published: Arc::default(),
+        acks: Some(acks.clone()),
+    };
+    let listener = outbox.listen().await?;
+    let relay = Relay::builder(outbox.clone())
+        .route("bench", sink)
+        .batch_size(BATCH)
+        .concurrency(PUBLISHERS)
+        .poll_interval(Duration::from_millis(250))
+        .wakeup(listener.wakeup())
+        .build()?;
+    let running = tokio::spawn(relay.run(std::future::pending()));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    const PRODUCERS: u64 = 4;
+    let commits: Arc<Mutex<HashMap<MessageId, Instant>>> = Arc::default();
+    let notifier = outbox.notifier();
+    let started = Instant::now();
+    let mut producers = tokio::task::JoinSet::new();
+    for p in 0..PRODUCERS {
+        let (pool, outbox, commits, notifier) = (
+            bench.pool.clone(),
+            outbox.clone(),
+            commits.clone(),
+            notifier.clone(),
+        );
+        producers.spawn(async move {
+            let mut ticks = tokio::time::interval(Duration::from_secs_f64(
+                PRODUCERS as f64 / LATENCY_RATE as f64,
+            ));
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+            let mut i = 0;
+            while started.elapsed() < time {
+                ticks.tick().await;
+                let message = NewMessage::builder("bench", "bench.event")
+                    .json(&serde_json::json!({ "p": p, "i": i }))
+                    .partition_key(format!("key-{p}-{}", i % 250))
+                    .build()
+                    .expect("valid");
+                i += 1;
+                let mut tx = pool.begin().await?;
+                outbox
+                    .enqueue(&mut tx, &message)
+                    .await
+                    .map_err(|e| sqlx::Error::Protocol(e.to_string()))?;
+                tx.commit().await?;
+                commits
+                    .lock()
+                    .expect("lock")
+                    .insert(message.id(), Instant::now());
+                notifier.notify();
+            }
+            Ok::<(), sqlx::Error>(())
+        });
+    }
+    while let Some(done) = producers.join_next().await {
+        done??;
+    }
+    let produced = commits.lock().expect("lock").len();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while acks.lock().expect("lock").len() < produced && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    running.abort();
+    let commits = commits.lock().expect("lock");
+    let mut latencies: Vec<f64> = acks
+        .lock()
+        .expect("lock")
+        .iter()
+        .filter_map(|(id, acked)| {
+            commits
+                .get(id)
+                .map(|c| acked.saturating_duration_since(*c).as_secs_f64() * 1000.0)
+        })
+        .collect();
+    if latencies.len() < produced {
+        return Err(format!(
+            "only {} of {produced} messages acknowledged within 30 s",
+            latencies.len()
+        )
+        .into());
+    }
+    latencies.sort_by(f64::total_cmp);
+    Ok(latencies)
+}
