@@ -1,7 +1,7 @@
 //! SaaS event bus: billing events (tenant created, invoice issued, payment received,
 //! invoice paid) published to one route, `billing-events`, first on Redis Streams, then
-//! over HTTP, then to RabbitMQ — with the same code and only the relay's configuration
-//! text changed.
+//! over HTTP, then to RabbitMQ, then to Kafka — with the same code and only the relay's
+//! configuration text changed.
 //!
 //! The billing service keeps tenants, invoices and the outbox in PostgreSQL. Each change
 //! and its event commit in one transaction. Every event carries its tenant id, and its
@@ -16,6 +16,8 @@
 //! the text says `http://…` instead: a webhook consumer receives the same kind of events,
 //! signed. On Wednesday it says `amqp://…`, with an exchange and a routing key template
 //! (`{tenant_id}.{event_type}`): a ledger service consumes a queue bound to that exchange.
+//! On Thursday it says `kafka://…/<topic>`: each record's key is its aggregate, so one
+//! invoice's events share a partition, and a consumer group reads them in commit order.
 //! Nothing else changes. Every consumer deduplicates by event id, which matters
 //! on Tuesday: one acknowledgement is lost on the way back, the relay delivers that event
 //! again, and the consumer drops the copy. Tuesday's consumer is also briefly unavailable
@@ -33,6 +35,7 @@ use outbox::NewMessage;
 use outbox::TableNames;
 use outbox::amqp::Received;
 use outbox::amqp::client as amqp;
+use outbox::kafka::client as kafka;
 use outbox::postgres::{PgNotifier, PgOutbox};
 use outbox::redis::client as redis;
 use outbox_sink_http::receiver::WebhookReceiver;
@@ -55,6 +58,8 @@ pub struct Summary {
     pub http_events: u64,
     /// Distinct events the RabbitMQ consumer received (Wednesday).
     pub amqp_events: u64,
+    /// Distinct events the Kafka consumer group read (Thursday).
+    pub kafka_events: u64,
     /// Deliveries the consumers recognised by event id and dropped.
     pub duplicates_dropped: u64,
     /// Events that arrived before an earlier event of their aggregate.
@@ -67,10 +72,11 @@ impl fmt::Display for Summary {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "redis_events={} http_events={} amqp_events={} duplicates_dropped={} out_of_order={} lost={}",
+            "redis_events={} http_events={} amqp_events={} kafka_events={} duplicates_dropped={} out_of_order={} lost={}",
             self.redis_events,
             self.http_events,
             self.amqp_events,
+            self.kafka_events,
             self.duplicates_dropped,
             self.out_of_order,
             self.lost
@@ -413,6 +419,40 @@ async fn read_queue(
     Ok(())
 }
 
+/// Reads the topic with a consumer group until it has read `expected` records (or 30 s
+/// passed), committing offsets after handling each record.
+async fn read_topic(topic: &str, expected: usize, view: &mut ConsumerView) -> Result<(), Error> {
+    use kafka::consumer::{CommitMode, Consumer, StreamConsumer};
+    let consumer: StreamConsumer = kafka::ClientConfig::new()
+        .set("bootstrap.servers", support::kafka_brokers())
+        .set("group.id", "ledger")
+        .set("auto.offset.reset", "earliest")
+        .set("enable.auto.commit", "false")
+        .create()?;
+    consumer.subscribe(&[topic])?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let mut read = 0;
+    while read < expected {
+        let Ok(record) = tokio::time::timeout_at(deadline, consumer.recv()).await else {
+            break;
+        };
+        let record = record?;
+        let received = outbox::kafka::Received::from_record(&record)?;
+        let payload: serde_json::Value =
+            serde_json::from_slice(&received.payload).unwrap_or_default();
+        view.ingest(Delivered {
+            event_id: received.idempotency_key,
+            tenant: received.tenant_id,
+            key: received.partition_key,
+            event_type: received.event_type,
+            version: payload["version"].as_i64().unwrap_or_default(),
+        });
+        consumer.commit_message(&record, CommitMode::Sync)?;
+        read += 1;
+    }
+    Ok(())
+}
+
 /// The webhook consumer: verifies the signature, then hands the event to its view.
 #[derive(Clone)]
 struct HttpConsumer {
@@ -476,6 +516,7 @@ struct Names {
     stream: String,
     exchange: String,
     queue: String,
+    topic: String,
 }
 
 /// Runs the whole story against the servers of `scripts/services.sh` and returns what the
@@ -495,6 +536,7 @@ pub async fn run() -> Result<Summary, Error> {
         stream: support::fresh("billing_events"),
         exchange: support::fresh("billing"),
         queue: support::fresh("ledger"),
+        topic: support::fresh("billing-events"),
     };
     let result = story(&pool, &mut redis_conn, &channel, &names).await;
     // Clean up whatever happened; the story's own error comes first.
@@ -618,7 +660,32 @@ async fn story(
     read_queue(channel, &names.queue, &mut amqp_view).await?;
     amqp_view.print(&format!("RabbitMQ consumer (queue {})", names.queue));
 
-    let untenanted = redis_view.untenanted + http_view.untenanted + amqp_view.untenanted;
+    // Thursday: the same route, now a Kafka topic (created by the operator). Records are
+    // keyed by partition key, so each aggregate's events share a partition.
+    support::kafka_topic(&names.topic, 3).await?;
+    let kafka_route = format!(
+        "[routes.{ROUTE}]\nurl = {}\n",
+        toml_str(&format!(
+            "kafka://{}/{}",
+            support::kafka_brokers(),
+            names.topic
+        ))
+    );
+    let thursday = run_day(
+        &mut billing,
+        &config_text(&names.outbox, &kafka_route),
+        "thu",
+    )
+    .await?;
+    let mut kafka_view = ConsumerView::default();
+    read_topic(&names.topic, thursday.len(), &mut kafka_view).await?;
+    kafka_view.print(&format!(
+        "Kafka consumer (group ledger on topic {})",
+        names.topic
+    ));
+
+    let views = [&redis_view, &http_view, &amqp_view, &kafka_view];
+    let untenanted: u64 = views.iter().map(|v| v.untenanted).sum();
     if untenanted > 0 {
         return Err(format!("{untenanted} events arrived without a tenant id").into());
     }
@@ -633,13 +700,18 @@ async fn story(
         + wednesday
             .iter()
             .filter(|id| !amqp_view.seen.contains(*id))
+            .count()
+        + thursday
+            .iter()
+            .filter(|id| !kafka_view.seen.contains(*id))
             .count();
     Ok(Summary {
         redis_events: redis_view.events.len() as u64,
         http_events: http_view.events.len() as u64,
         amqp_events: amqp_view.events.len() as u64,
-        duplicates_dropped: redis_view.duplicates + http_view.duplicates + amqp_view.duplicates,
-        out_of_order: redis_view.out_of_order + http_view.out_of_order + amqp_view.out_of_order,
+        kafka_events: kafka_view.events.len() as u64,
+        duplicates_dropped: views.iter().map(|v| v.duplicates).sum(),
+        out_of_order: views.iter().map(|v| v.out_of_order).sum(),
         lost: lost as u64,
     })
 }

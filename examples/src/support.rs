@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use outbox::amqp::client as amqp;
+use outbox::kafka::client as kafka;
 use outbox::redis::client as redis;
 use outbox::{DestinationStats, Relay, Store, StoreStats};
 use sqlx::PgPool;
@@ -20,6 +21,8 @@ const REDIS_VAR: &str = "OUTBOX_TEST_REDIS_URL";
 const REDIS_DEFAULT: &str = "redis://127.0.0.1:6379/";
 const AMQP_VAR: &str = "OUTBOX_TEST_AMQP_URL";
 const AMQP_DEFAULT: &str = "amqp://guest:guest@127.0.0.1:5672/outbox-test";
+const KAFKA_VAR: &str = "OUTBOX_TEST_KAFKA_BROKERS";
+const KAFKA_DEFAULT: &str = "127.0.0.1:9092";
 
 /// The SSRF guard of the HTTP sink refuses private and loopback addresses unless an
 /// endpoint allows them. Every example talks to servers on loopback, so it allows this.
@@ -102,6 +105,34 @@ pub(crate) async fn amqp() -> Result<(amqp::Connection, amqp::Channel), Error> {
     };
     let channel = connection.create_channel().await?;
     Ok((connection, channel))
+}
+
+/// The Kafka brokers: `OUTBOX_TEST_KAFKA_BROKERS`, or the one `scripts/services.sh` starts.
+pub(crate) fn kafka_brokers() -> String {
+    std::env::var(KAFKA_VAR).unwrap_or_else(|_| KAFKA_DEFAULT.to_owned())
+}
+
+/// Creates `topic` (the operator's job; the sink creates none), or fails with a message
+/// that says how to start a broker.
+pub(crate) async fn kafka_topic(topic: &str, partitions: i32) -> Result<(), Error> {
+    use kafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    let brokers = kafka_brokers();
+    let admin: AdminClient<kafka::client::DefaultClientContext> = kafka::ClientConfig::new()
+        .set("bootstrap.servers", &brokers)
+        .create()?;
+    if let Err(e) = admin.inner().fetch_metadata(None, Duration::from_secs(5)) {
+        return Err(format!(
+            "Kafka is not reachable at {brokers} ({e}). Start it with `scripts/services.sh`, \
+             or point {KAFKA_VAR} at a broker."
+        )
+        .into());
+    }
+    let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+    let new = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
+    for result in admin.create_topics([&new], &options).await? {
+        result.map_err(|(topic, code)| format!("create topic {topic}: {code}"))?;
+    }
+    Ok(())
 }
 
 /// `prefix_<12 hex digits>`: a table, stream or key name no other run uses.

@@ -23,7 +23,7 @@ fn readme_config_parses() {
         config.relay.order(),
         Some(outbox::MessageOrder::PerKey(outbox::DeadHead::Skip))
     );
-    assert_eq!(config.routes.len(), 3);
+    assert_eq!(config.routes.len(), 4);
     assert_eq!(config.metrics.listen.as_deref(), Some("0.0.0.0:9464"));
     let policy = config.routes["billing"].policy("billing").unwrap();
     assert_eq!(policy.rate_limit.map(|r| r.burst), Some(20));
@@ -37,9 +37,9 @@ async fn readme_http_route_builds() {
         .build_sink("billing", &config.routes["billing"])
         .await
         .expect("sink builds");
-    let kafka = RouteTable::new([("url", "kafka://broker:9092".into())]);
+    let nats = RouteTable::new([("url", "nats://broker:4222".into())]);
     let err = Registry::default()
-        .build_sink("billing", &kafka)
+        .build_sink("billing", &nats)
         .await
         .err()
         .expect("unknown scheme")
@@ -58,6 +58,19 @@ fn readme_amqp_route_is_a_valid_amqp_config() {
     assert_eq!(amqp.exchange, "billing");
     assert_eq!(amqp.routing_key, "{tenant_id}.{event_type}");
     amqp.validate().expect("and validates");
+}
+
+#[cfg(feature = "kafka")]
+#[test]
+fn readme_kafka_route_is_a_valid_kafka_config() {
+    let config = readme_config();
+    let kafka: outbox::kafka::KafkaSinkConfig = config.routes["invoices"]
+        .sink_settings("invoices")
+        .parse()
+        .expect("the invoices route parses");
+    assert_eq!(kafka.unkeyed, Some(outbox::kafka::Unkeyed::Id));
+    assert_eq!(kafka.properties["compression.type"], "lz4");
+    kafka.validate().expect("and validates");
 }
 
 #[cfg(not(feature = "redis"))]
