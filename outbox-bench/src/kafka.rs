@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicUsize, Ordering as Atomic};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use outbox_engine::{MemoryStore, MessageId, NewMessage, Relay};
+use outbox_engine::{MessageId, NewMessage, Relay};
 use outbox_sink_kafka::client::ClientConfig;
 use outbox_sink_kafka::client::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use outbox_sink_kafka::client::client::DefaultClientContext;
@@ -24,15 +24,12 @@ use outbox_sink_kafka::{KafkaSink, KafkaSinkConfig};
 use outbox_sqlx::PublishedRows;
 
 use crate::Scale;
-use crate::drain::preload;
 use crate::report::{Report, median, percentile};
 use crate::setup::{Bench, BoxError};
-use crate::sinks::{BATCH, Counting, PUBLISHERS, timed_drain};
+use crate::sinks::{Acks, BATCH, Counting, PUBLISHERS, drain_rate};
 
 const PARTITIONS: i32 = 3;
 const LATENCY_RATE: u64 = 1_000;
-
-type Acks = Arc<Mutex<Vec<(MessageId, Instant)>>>;
 
 pub(crate) async fn run(bench: &Bench, scale: Scale, report: &mut Report) -> Result<(), BoxError> {
     let brokers =
@@ -118,7 +115,7 @@ fn producer(brokers: &str) -> Result<FutureProducer, BoxError> {
         .set("max.in.flight.requests.per.connection", "5")
         .set("message.timeout.ms", "10000")
         .set("partitioner", "murmur2_random")
-        .set("linger.ms", "5")
+        .set("linger.ms", "1")
         .create()?)
 }
 
@@ -223,35 +220,8 @@ async fn relay_throughput(
     n: usize,
     in_memory: bool,
 ) -> Result<f64, BoxError> {
-    let published = Arc::new(AtomicUsize::new(0));
-    let sink = Counting {
-        inner: KafkaSink::connect(config.clone()).await?,
-        published: published.clone(),
-        acks: None,
-    };
-    let done = async move {
-        while published.load(Atomic::Relaxed) < n {
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
-    };
-    if in_memory {
-        let store = MemoryStore::new().delete_on_publish(true);
-        for i in 0..n {
-            store.enqueue(
-                NewMessage::builder("bench", "bench.event")
-                    .json(&serde_json::json!({ "n": i }))
-                    .partition_key(format!("key-{}", i % 1_000))
-                    .build()?,
-            )?;
-        }
-        timed_drain(store, sink, n, done).await
-    } else {
-        let outbox = bench
-            .fresh_outbox("bench_kafka_outbox", PublishedRows::Delete)
-            .await?;
-        preload(&outbox, &bench.pool, n, true).await?;
-        timed_drain(outbox, sink, n, done).await
-    }
+    let sink = KafkaSink::connect(config.clone()).await?;
+    drain_rate(bench, sink, n, in_memory, true).await
 }
 
 /// Records due at `LATENCY_RATE` per second for `time`: due → delivery report, ms, sorted.

@@ -27,11 +27,14 @@ use crate::setup::{Bench, BoxError};
 pub(crate) const BATCH: usize = 100;
 pub(crate) const PUBLISHERS: usize = 2;
 
+/// When each message id was acknowledged.
+pub(crate) type Acks = Arc<std::sync::Mutex<Vec<(outbox_engine::MessageId, Instant)>>>;
+
 /// Counts what the wrapped sink published, and records when each id was acknowledged.
 pub(crate) struct Counting<S> {
     pub(crate) inner: S,
     pub(crate) published: Arc<AtomicUsize>,
-    pub(crate) acks: Option<Arc<std::sync::Mutex<Vec<(outbox_engine::MessageId, Instant)>>>>,
+    pub(crate) acks: Option<Acks>,
 }
 
 impl<S: Sink> Sink for Counting<S> {
@@ -124,9 +127,23 @@ async fn relay(
     n: usize,
     in_memory: bool,
 ) -> Result<f64, BoxError> {
+    let sink = AmqpSink::connect(AmqpSinkConfig::new(url).routing_key(queue)).await?;
+    drain_rate(bench, sink, n, in_memory, false).await
+}
+
+/// Messages per second while the relay drains a backlog of `n` messages (keyed over 1,000
+/// keys when `keyed`) into `sink`, from the in-memory store or from PostgreSQL (delete on
+/// publish).
+pub(crate) async fn drain_rate<K: Sink>(
+    bench: &Bench,
+    sink: K,
+    n: usize,
+    in_memory: bool,
+    keyed: bool,
+) -> Result<f64, BoxError> {
     let published = Arc::new(AtomicUsize::new(0));
     let sink = Counting {
-        inner: AmqpSink::connect(AmqpSinkConfig::new(url).routing_key(queue)).await?,
+        inner: sink,
         published: published.clone(),
         acks: None,
     };
@@ -138,24 +155,27 @@ async fn relay(
     if in_memory {
         let store = MemoryStore::new().delete_on_publish(true);
         for i in 0..n {
-            store.enqueue(
-                NewMessage::builder("bench", "bench.event")
-                    .json(&serde_json::json!({ "n": i }))
-                    .build()?,
-            )?;
+            let message =
+                NewMessage::builder("bench", "bench.event").json(&serde_json::json!({ "n": i }));
+            let message = if keyed {
+                message.partition_key(format!("key-{}", i % 1_000))
+            } else {
+                message
+            };
+            store.enqueue(message.build()?)?;
         }
         timed_drain(store, sink, n, done).await
     } else {
         let outbox = bench
-            .fresh_outbox("bench_amqp_outbox", PublishedRows::Delete)
+            .fresh_outbox("bench_sink_outbox", PublishedRows::Delete)
             .await?;
-        preload(&outbox, &bench.pool, n, false).await?;
+        preload(&outbox, &bench.pool, n, keyed).await?;
         timed_drain(outbox, sink, n, done).await
     }
 }
 
 /// Messages per second while the relay drains `store` into `sink` until `done`.
-pub(crate) async fn timed_drain<S: outbox_engine::Store, K: Sink>(
+async fn timed_drain<S: outbox_engine::Store, K: Sink>(
     store: S,
     sink: Counting<K>,
     n: usize,
