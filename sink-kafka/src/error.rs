@@ -26,6 +26,7 @@
 //! | checked before sending: a topic the template cannot render or that is not a legal topic name | `Config` | **no** |
 //! | checked before sending: a message header named `outbox-…` (reserved for the sink's own headers) | `Serialization` | **no** |
 //! | checked before sending: the rendered topic does not exist (metadata, once per topic) | `Rejected` | **no** |
+//! | checked before sending: the metadata shows the topic with an error (e.g. `LeaderNotAvailable` while it is being created) | `Unavailable` | yes |
 //!
 //! A message is never marked published from anything but its own delivery report with an
 //! offset. After a fatal error the sink drops the producer; the next publish builds a new

@@ -84,33 +84,30 @@ impl KafkaSink {
         let checked = config.check()?;
         let producer = make_producer(&checked)?;
         let fixed = checked.topic.fixed();
-        let timeout = checked.connect_timeout;
         let brokers = checked.brokers.clone();
-        let probe = producer.clone();
-        let topic = fixed.clone();
-        let metadata = tokio::task::spawn_blocking(move || {
-            probe
-                .client()
-                .fetch_metadata(topic.as_deref(), timeout)
-                .map(|m| {
-                    m.topics()
-                        .first()
-                        .map(|t| (t.error(), t.partitions().len()))
-                })
-        })
-        .await
-        .map_err(|e| KafkaSinkError::Connect {
-            brokers: brokers.clone(),
-            reason: e.to_string(),
-            retryable: true,
-        })?;
+        let state = topic_state(&producer, fixed.as_deref(), checked.connect_timeout).await;
         let mut topics = HashSet::new();
-        match (metadata, fixed) {
-            (Ok(Some((None, partitions))), Some(topic)) if partitions > 0 => {
+        match (state, fixed) {
+            (Ok(TopicState::Exists), Some(topic)) => {
                 topics.insert(topic);
             }
-            (Ok(_), Some(topic)) => return Err(KafkaSinkError::TopicNotFound { topic, brokers }),
-            (Ok(_), None) => {}
+            (Ok(TopicState::Exists), None) => {}
+            (Ok(TopicState::Missing), topic) => {
+                return Err(KafkaSinkError::TopicNotFound {
+                    topic: topic.unwrap_or_default(),
+                    brokers,
+                });
+            }
+            (Ok(TopicState::Unavailable(code)), topic) => {
+                return Err(KafkaSinkError::Connect {
+                    brokers,
+                    reason: format!(
+                        "topic {:?} is not available: {code}",
+                        topic.unwrap_or_default()
+                    ),
+                    retryable: true,
+                });
+            }
             (Err(error), _) => {
                 let failure = classify(&error);
                 return Err(KafkaSinkError::Connect {
@@ -144,6 +141,46 @@ impl KafkaSink {
     pub fn config(&self) -> &KafkaSinkConfig {
         &self.inner.config
     }
+}
+
+/// What the cluster's metadata says of one topic.
+enum TopicState {
+    Exists,
+    Missing,
+    /// The topic is there but not usable now (e.g. `LeaderNotAvailable` while it is made).
+    Unavailable(RDKafkaErrorCode),
+}
+
+/// Asks the cluster about `topic` (all topics when `None`, which only checks that a broker
+/// answers), off the async threads.
+async fn topic_state(
+    producer: &FutureProducer,
+    topic: Option<&str>,
+    timeout: Duration,
+) -> Result<TopicState, KafkaError> {
+    let probe = producer.clone();
+    let name = topic.map(str::to_owned);
+    let answer = tokio::task::spawn_blocking(move || {
+        probe
+            .client()
+            .fetch_metadata(name.as_deref(), timeout)
+            .map(|m| {
+                m.topics()
+                    .first()
+                    .map(|t| (t.error().map(RDKafkaErrorCode::from), t.partitions().len()))
+            })
+    })
+    .await
+    .map_err(|_| KafkaError::Canceled)??;
+    Ok(match (topic, answer) {
+        (None, _) => TopicState::Exists,
+        (Some(_), Some((None, partitions))) if partitions > 0 => TopicState::Exists,
+        (Some(_), None | Some((None, _)))
+        | (Some(_), Some((Some(RDKafkaErrorCode::UnknownTopicOrPartition), _))) => {
+            TopicState::Missing
+        }
+        (Some(_), Some((Some(code), _))) => TopicState::Unavailable(code),
+    })
 }
 
 fn make_producer(checked: &Checked) -> Result<FutureProducer, KafkaSinkError> {
@@ -257,32 +294,22 @@ impl Inner {
         let mut failed = HashMap::new();
         for topic in unknown {
             let timeout = cx.remaining().min(self.checked.connect_timeout);
-            let probe = producer.clone();
-            let name = topic.clone();
-            let answer = tokio::task::spawn_blocking(move || {
-                probe
-                    .client()
-                    .fetch_metadata(Some(&name), timeout)
-                    .map(|m| {
-                        m.topics()
-                            .first()
-                            .map(|t| (t.error(), t.partitions().len()))
-                    })
-            })
-            .await;
-            let failure = match answer {
-                Ok(Ok(Some((None, partitions)))) if partitions > 0 => {
+            let failure = match topic_state(producer, Some(&topic), timeout).await {
+                Ok(TopicState::Exists) => {
                     self.topics.lock().expect("topics lock").insert(topic);
                     continue;
                 }
-                Ok(Ok(_)) => Failure::permanent(
+                Ok(TopicState::Missing) => Failure::permanent(
                     FailureClass::Rejected,
                     format!(
                         "topic {topic:?} does not exist (create it, then replay the dead letters)"
                     ),
                 ),
-                Ok(Err(error)) => classify(&error),
-                Err(join) => Failure::retryable(FailureClass::Other, join.to_string()),
+                Ok(TopicState::Unavailable(code)) => Failure::retryable(
+                    FailureClass::Unavailable,
+                    format!("topic {topic:?} is not available: {code}"),
+                ),
+                Err(error) => classify(&error),
             };
             failed.insert(topic, failure);
         }
