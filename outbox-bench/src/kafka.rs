@@ -9,12 +9,11 @@
 //! acknowledgement (PostgreSQL store, wakeups on); for the raw loop, the moment a record
 //! is due → its delivery report.
 
-use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering as Atomic};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use outbox_engine::{MessageId, NewMessage, Relay};
+use outbox_engine::Relay;
 use outbox_sink_kafka::client::ClientConfig;
 use outbox_sink_kafka::client::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use outbox_sink_kafka::client::client::DefaultClientContext;
@@ -24,6 +23,7 @@ use outbox_sink_kafka::{KafkaSink, KafkaSinkConfig};
 use outbox_sqlx::PublishedRows;
 
 use crate::Scale;
+use crate::latency::{commit_at_rate, latencies_ms};
 use crate::report::{Report, median, percentile};
 use crate::setup::{Bench, BoxError};
 use crate::sinks::{Acks, BATCH, Counting, PUBLISHERS, drain_rate};
@@ -152,13 +152,16 @@ impl RawRecord {
         })
     }
 
-    async fn send(&self, producer: &FutureProducer, topic: &str) -> Result<(), String> {
-        let record = FutureRecord::to(topic)
+    fn record<'a>(&'a self, topic: &'a str) -> FutureRecord<'a, str, [u8]> {
+        FutureRecord::to(topic)
             .key(self.key.as_str())
             .payload(self.payload.as_slice())
-            .headers(self.headers());
+            .headers(self.headers())
+    }
+
+    async fn send(&self, producer: &FutureProducer, topic: &str) -> Result<(), String> {
         let delivery = producer
-            .send_result(record)
+            .send_result(self.record(topic))
             .map_err(|(e, _)| format!("raw send: {e}"))?;
         delivery
             .await
@@ -189,13 +192,9 @@ async fn raw_throughput(producer: &FutureProducer, topic: &str, n: usize) -> Res
                 let batch = &records[start..(start + BATCH).min(records.len())];
                 let mut reports = Vec::with_capacity(batch.len());
                 for record in batch {
-                    let r = FutureRecord::to(&topic)
-                        .key(record.key.as_str())
-                        .payload(record.payload.as_slice())
-                        .headers(record.headers());
                     reports.push(
                         producer
-                            .send_result(r)
+                            .send_result(record.record(&topic))
                             .map_err(|(e, _)| format!("raw send: {e}"))?,
                     );
                 }
@@ -280,74 +279,16 @@ async fn relay_latency(
     let running = tokio::spawn(relay.run(std::future::pending()));
     tokio::time::sleep(Duration::from_millis(300)).await;
 
-    const PRODUCERS: u64 = 4;
-    let commits: Arc<Mutex<HashMap<MessageId, Instant>>> = Arc::default();
-    let notifier = outbox.notifier();
-    let started = Instant::now();
-    let mut producers = tokio::task::JoinSet::new();
-    for p in 0..PRODUCERS {
-        let (pool, outbox, commits, notifier) = (
-            bench.pool.clone(),
-            outbox.clone(),
-            commits.clone(),
-            notifier.clone(),
-        );
-        producers.spawn(async move {
-            let mut ticks = tokio::time::interval(Duration::from_secs_f64(
-                PRODUCERS as f64 / LATENCY_RATE as f64,
-            ));
-            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-            let mut i = 0;
-            while started.elapsed() < time {
-                ticks.tick().await;
-                let message = NewMessage::builder("bench", "bench.event")
-                    .json(&serde_json::json!({ "p": p, "i": i }))
-                    .partition_key(format!("key-{p}-{}", i % 250))
-                    .build()
-                    .expect("valid");
-                i += 1;
-                let mut tx = pool.begin().await?;
-                outbox
-                    .enqueue(&mut tx, &message)
-                    .await
-                    .map_err(|e| sqlx::Error::Protocol(e.to_string()))?;
-                tx.commit().await?;
-                commits
-                    .lock()
-                    .expect("lock")
-                    .insert(message.id(), Instant::now());
-                notifier.notify();
-            }
-            Ok::<(), sqlx::Error>(())
-        });
-    }
-    while let Some(done) = producers.join_next().await {
-        done??;
-    }
-    let produced = commits.lock().expect("lock").len();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while acks.lock().expect("lock").len() < produced && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let commits = commit_at_rate(
+        bench,
+        &outbox,
+        Some(outbox.notifier()),
+        LATENCY_RATE,
+        time,
+        true,
+    )
+    .await?;
+    let latencies = latencies_ms(&commits, &acks).await;
     running.abort();
-    let commits = commits.lock().expect("lock");
-    let mut latencies: Vec<f64> = acks
-        .lock()
-        .expect("lock")
-        .iter()
-        .filter_map(|(id, acked)| {
-            commits
-                .get(id)
-                .map(|c| acked.saturating_duration_since(*c).as_secs_f64() * 1000.0)
-        })
-        .collect();
-    if latencies.len() < produced {
-        return Err(format!(
-            "only {} of {produced} messages acknowledged within 30 s",
-            latencies.len()
-        )
-        .into());
-    }
-    latencies.sort_by(f64::total_cmp);
-    Ok(latencies)
+    latencies
 }

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use outbox_engine::{Failure, Message, MessageId, NewMessage, Outcome, Relay, Sink};
 use outbox_sqlx::PublishedRows;
+use outbox_sqlx::postgres::{PgNotifier, PgOutbox};
 
 use crate::Scale;
 use crate::report::{Report, percentile};
@@ -113,11 +114,36 @@ async fn measure(bench: &Bench, scale: Scale, rate: u64, wakeups: bool) -> Resul
     let running = tokio::spawn(relay.run(std::future::pending()));
     tokio::time::sleep(Duration::from_millis(300)).await;
 
-    let commits: Arc<Mutex<HashMap<MessageId, Instant>>> = Arc::default();
     let notifier = wakeups.then(|| outbox.notifier());
     let started = Instant::now();
+    let commits = commit_at_rate(bench, &outbox, notifier, rate, scale.latency_time, false).await?;
+    let achieved = commits.len() as f64 / started.elapsed().as_secs_f64();
+    let latencies_ms = latencies_ms(&commits, &sink.arrivals).await;
+    running.abort();
+    let latencies_ms = latencies_ms?;
+    Ok(Run {
+        rate,
+        wakeups,
+        latencies_ms,
+        achieved,
+    })
+}
+
+/// Commits one message per transaction at `rate` per second in total, from
+/// [`PRODUCERS`] connections, for `time` (keyed over 250 keys per producer when `keyed`);
+/// raises `notifier` after each commit. Returns when each message's commit returned.
+pub(crate) async fn commit_at_rate(
+    bench: &Bench,
+    outbox: &PgOutbox,
+    notifier: Option<PgNotifier>,
+    rate: u64,
+    time: Duration,
+    keyed: bool,
+) -> Result<HashMap<MessageId, Instant>, BoxError> {
+    let commits: Arc<Mutex<HashMap<MessageId, Instant>>> = Arc::default();
+    let started = Instant::now();
     let mut producers = tokio::task::JoinSet::new();
-    for _ in 0..PRODUCERS {
+    for p in 0..PRODUCERS {
         let (pool, outbox, commits, notifier) = (
             bench.pool.clone(),
             outbox.clone(),
@@ -125,16 +151,21 @@ async fn measure(bench: &Bench, scale: Scale, rate: u64, wakeups: bool) -> Resul
             notifier.clone(),
         );
         let period = Duration::from_secs_f64(PRODUCERS as f64 / rate as f64);
-        let until = scale.latency_time;
         producers.spawn(async move {
             let mut ticks = tokio::time::interval(period);
             ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-            while started.elapsed() < until {
+            let mut i = 0;
+            while started.elapsed() < time {
                 ticks.tick().await;
                 let message = NewMessage::builder("bench", "bench.event")
-                    .json(&serde_json::json!({ "at": started.elapsed().as_micros() as u64 }))
-                    .build()
-                    .expect("valid");
+                    .json(&serde_json::json!({ "at": started.elapsed().as_micros() as u64 }));
+                let message = if keyed {
+                    message.partition_key(format!("key-{p}-{}", i % 250))
+                } else {
+                    message
+                };
+                let message = message.build().expect("valid");
+                i += 1;
                 let mut tx = pool.begin().await?;
                 outbox
                     .enqueue(&mut tx, &message)
@@ -155,16 +186,21 @@ async fn measure(bench: &Bench, scale: Scale, rate: u64, wakeups: bool) -> Resul
     while let Some(done) = producers.join_next().await {
         done??;
     }
-    let produced = commits.lock().expect("lock").len();
-    let achieved = produced as f64 / started.elapsed().as_secs_f64();
+    let commits = std::mem::take(&mut *commits.lock().expect("lock"));
+    Ok(commits)
+}
+
+/// Waits up to 30 s for every committed message in `arrivals`, then returns arrival −
+/// commit per message in ms, sorted.
+pub(crate) async fn latencies_ms(
+    commits: &HashMap<MessageId, Instant>,
+    arrivals: &Mutex<Vec<(MessageId, Instant)>>,
+) -> Result<Vec<f64>, BoxError> {
     let deadline = Instant::now() + Duration::from_secs(30);
-    while sink.arrivals.lock().expect("lock").len() < produced && Instant::now() < deadline {
+    while arrivals.lock().expect("lock").len() < commits.len() && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    running.abort();
-    let commits = commits.lock().expect("lock");
-    let mut latencies_ms: Vec<f64> = sink
-        .arrivals
+    let mut latencies: Vec<f64> = arrivals
         .lock()
         .expect("lock")
         .iter()
@@ -174,18 +210,14 @@ async fn measure(bench: &Bench, scale: Scale, rate: u64, wakeups: bool) -> Resul
                 .map(|c| arrived.saturating_duration_since(*c).as_secs_f64() * 1000.0)
         })
         .collect();
-    if latencies_ms.len() < produced {
+    if latencies.len() < commits.len() {
         return Err(format!(
-            "only {} of {produced} messages arrived within 30 s",
-            latencies_ms.len()
+            "only {} of {} messages arrived within 30 s",
+            latencies.len(),
+            commits.len()
         )
         .into());
     }
-    latencies_ms.sort_by(f64::total_cmp);
-    Ok(Run {
-        rate,
-        wakeups,
-        latencies_ms,
-        achieved,
-    })
+    latencies.sort_by(f64::total_cmp);
+    Ok(latencies)
 }

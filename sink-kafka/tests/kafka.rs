@@ -391,18 +391,24 @@ fn enqueue_with_a_bad_head(store: &MemoryStore) -> outbox_engine::MessageId {
     head_id
 }
 
+/// A sink whose producer refuses records over 4,000 bytes (librdkafka's own
+/// `MessageSizeTooLarge`), so the head from [`enqueue_with_a_bad_head`] fails.
+async fn producer_refusing_the_head(topic: &str) -> KafkaSink {
+    sink(
+        KafkaSinkConfig::new(url())
+            .topic(topic)
+            .property("message.max.bytes", "4000"),
+    )
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_head_holds_its_key_until_replayed_then_the_key_arrives_in_order() {
     let kafka = Kafka::connect().await;
     let topic = kafka.topic("halt", 3).await;
     let store = MemoryStore::new();
     let head = enqueue_with_a_bad_head(&store);
-    let small = sink(
-        KafkaSinkConfig::new(url())
-            .topic(topic.clone())
-            .property("message.max.bytes", "4000"),
-    )
-    .await;
+    let small = producer_refusing_the_head(&topic).await;
     let relay = per_key_relay(&store, small, "relay-small", DeadHead::Halt);
     run_until(vec![relay], "A and B published, K's head dead", || async {
         store.ids_with_status(Status::Published).len() == 2
@@ -451,12 +457,7 @@ async fn with_dead_head_skip_the_rest_of_the_key_goes_on_without_it() {
     let topic = kafka.topic("skip", 3).await;
     let store = MemoryStore::new();
     let head = enqueue_with_a_bad_head(&store);
-    let small = sink(
-        KafkaSinkConfig::new(url())
-            .topic(topic.clone())
-            .property("message.max.bytes", "4000"),
-    )
-    .await;
+    let small = producer_refusing_the_head(&topic).await;
     let relay = per_key_relay(&store, small, "relay-skip", DeadHead::Skip);
     run_until(
         vec![relay],
