@@ -1,10 +1,10 @@
 //! SaaS event bus: invoice and tenant events (tenant id on every row, per-aggregate
 //! ordering) published to one route built from a TOML configuration — first to a Redis
-//! stream, then, with only the configuration text changed, to an HTTP endpoint, then to a
-//! RabbitMQ exchange.
+//! stream, then, with only the configuration text changed, to an HTTP endpoint, a
+//! RabbitMQ exchange, a Kafka topic and an Amazon SQS FIFO queue.
 //!
 //! ```text
-//! scripts/services.sh          # PostgreSQL, Redis and RabbitMQ on loopback
+//! scripts/services.sh          # PostgreSQL, Redis, RabbitMQ, Kafka and SQS on loopback
 //! cargo run --example saas_event_bus
 //! ```
 //!

@@ -14,6 +14,10 @@
 #   Kafka       127.0.0.1:9092   (tansu, a Kafka-protocol broker, in memory; built once with
 #               cargo install into ~/.cache/outbox-tools; the tests also start private
 #               brokers on other ports with the binary OUTBOX_TEST_TANSU names)
+#   SQS         http://127.0.0.1:4566   (moto_server from PyPI, an SQS emulator in memory, in a
+#               virtualenv under ~/.cache/outbox-tools; queues `outbox-test` and
+#               `outbox-test.fifo`; the tests also start private emulators with the binary
+#               OUTBOX_TEST_MOTO names)
 #   Python and Node with the drivers the foreign-writer tests use (see ensure_writers)
 set -euo pipefail
 
@@ -157,6 +161,44 @@ ensure_kafka() {
     echo "OUTBOX_TEST_TANSU=$tansu"
 }
 
+# moto (PyPI) emulates SQS in memory: what it holds is lost when it stops. Installed once per
+# machine into a virtualenv of the project's.
+MOTO_VERSION=5.2.5
+
+sqs_up() { (exec 3<>/dev/tcp/127.0.0.1/4566) 2>/dev/null; }
+
+ensure_sqs() {
+    local venv=$TOOLS_DIR/moto-venv
+    if ! "$venv/bin/python" -c "import moto, sys; sys.exit(moto.__version__ != '$MOTO_VERSION')" >/dev/null 2>&1; then
+        command -v python3 >/dev/null || apt_install python3
+        if ! python3 -m venv --clear "$venv" >/dev/null 2>&1; then
+            apt_install python3-venv
+            python3 -m venv --clear "$venv"
+        fi
+        log "installing moto $MOTO_VERSION into $venv"
+        "$venv/bin/pip" install -q --disable-pip-version-check "moto[server]==$MOTO_VERSION"
+    fi
+    if ! sqs_up; then
+        log "starting moto_server (SQS) on 127.0.0.1:4566 (in memory)"
+        mkdir -p "$TOOLS_DIR/run"
+        (cd "$TOOLS_DIR/run" && exec setsid -f "$venv/bin/moto_server" -H 127.0.0.1 -p 4566 \
+            >"$TOOLS_DIR/run/moto-4566.log" 2>&1 </dev/null)
+        wait_for "moto_server (SQS on 4566)" 30 sqs_up
+    fi
+    command -v curl >/dev/null || apt_install curl
+    # The queues the examples use; CreateQueue answers with the existing queue when it is there.
+    for queue in outbox-test outbox-test.fifo; do
+        local attributes=
+        [[ $queue == *.fifo ]] && attributes=',"Attributes":{"FifoQueue":"true"}'
+        curl -fsS -o /dev/null -X POST http://127.0.0.1:4566/ \
+            -H 'Content-Type: application/x-amz-json-1.0' -H 'X-Amz-Target: AmazonSQS.CreateQueue' \
+            -H 'Authorization: AWS4-HMAC-SHA256 Credential=test/20260101/us-east-1/sqs/aws4_request, SignedHeaders=host, Signature=0' \
+            -d "{\"QueueName\":\"$queue\"$attributes}"
+    done
+    echo "OUTBOX_TEST_SQS_ENDPOINT=http://127.0.0.1:4566"
+    echo "OUTBOX_TEST_MOTO=$venv/bin/moto_server"
+}
+
 # The foreign-writer tests (outbox-cli/tests/writers.rs) run services written in Python
 # (psycopg, PyMySQL) and Node (pg) against the outbox. Their packages live in a
 # virtualenv and a node_modules directory owned by the project, outside the repository.
@@ -188,4 +230,5 @@ ensure_mariadb
 ensure_redis
 ensure_rabbitmq
 ensure_kafka
+ensure_sqs
 ensure_writers

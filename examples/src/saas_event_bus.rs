@@ -1,6 +1,6 @@
 //! SaaS event bus: billing events (tenant created, invoice issued, payment received,
 //! invoice paid) published to one route, `billing-events`, first on Redis Streams, then
-//! over HTTP, then to RabbitMQ, then to Kafka — with the same code and only the relay's
+//! over HTTP, then to RabbitMQ, then to Kafka, then to an Amazon SQS FIFO queue — with the same code and only the relay's
 //! configuration text changed.
 //!
 //! The billing service keeps tenants, invoices and the outbox in PostgreSQL. Each change
@@ -18,7 +18,9 @@
 //! (`{tenant_id}.{event_type}`): a ledger service consumes a queue bound to that exchange.
 //! On Thursday it says `kafka://…/<topic>`: each record's key is its aggregate, so one
 //! invoice's events share a partition, and a consumer group reads them in commit order.
-//! Nothing else changes. Every consumer deduplicates by event id, which matters
+//! On Friday it says `sqs://us-east-1/<queue>.fifo` (with an `endpoint` for the local
+//! emulator): each message's group is its aggregate, so SQS hands one invoice's events out
+//! in commit order. Nothing else changes. Every consumer deduplicates by event id, which matters
 //! on Tuesday: one acknowledgement is lost on the way back, the relay delivers that event
 //! again, and the consumer drops the copy. Tuesday's consumer is also briefly unavailable
 //! for a partial-payment notice; the invoice's "paid" event waits for it.
@@ -60,6 +62,8 @@ pub struct Summary {
     pub amqp_events: u64,
     /// Distinct events the Kafka consumer group read (Thursday).
     pub kafka_events: u64,
+    /// Distinct events the SQS consumer received (Friday).
+    pub sqs_events: u64,
     /// Deliveries the consumers recognised by event id and dropped.
     pub duplicates_dropped: u64,
     /// Events that arrived before an earlier event of their aggregate.
@@ -72,11 +76,12 @@ impl fmt::Display for Summary {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "redis_events={} http_events={} amqp_events={} kafka_events={} duplicates_dropped={} out_of_order={} lost={}",
+            "redis_events={} http_events={} amqp_events={} kafka_events={} sqs_events={} duplicates_dropped={} out_of_order={} lost={}",
             self.redis_events,
             self.http_events,
             self.amqp_events,
             self.kafka_events,
+            self.sqs_events,
             self.duplicates_dropped,
             self.out_of_order,
             self.lost
@@ -285,6 +290,26 @@ struct Delivered {
     version: i64,
 }
 
+impl Delivered {
+    /// An event as a consumer read it; the version comes from the JSON payload.
+    fn new(
+        event_id: String,
+        tenant: Option<String>,
+        key: Option<String>,
+        event_type: String,
+        payload: &[u8],
+    ) -> Self {
+        let payload: serde_json::Value = serde_json::from_slice(payload).unwrap_or_default();
+        Self {
+            event_id,
+            tenant,
+            key,
+            event_type,
+            version: payload["version"].as_i64().unwrap_or_default(),
+        }
+    }
+}
+
 /// What a consumer keeps: each event once (by event id), checked for per-key order.
 #[derive(Default)]
 struct ConsumerView {
@@ -369,18 +394,14 @@ async fn read_group(
                     .get(name)
                     .map(|v| String::from_utf8_lossy(v).into_owned())
             };
-            let payload: serde_json::Value = fields
-                .get("payload")
-                .and_then(|p| serde_json::from_slice(p).ok())
-                .unwrap_or_default();
-            view.ingest(Delivered {
-                // The idempotency key is the event id (by default the message id).
-                event_id: text("idempotency_key").unwrap_or_default(),
-                tenant: text("tenant_id"),
-                key: text("partition_key"),
-                event_type: text("event_type").unwrap_or_default(),
-                version: payload["version"].as_i64().unwrap_or_default(),
-            });
+            // The idempotency key is the event id (by default the message id).
+            view.ingest(Delivered::new(
+                text("idempotency_key").unwrap_or_default(),
+                text("tenant_id"),
+                text("partition_key"),
+                text("event_type").unwrap_or_default(),
+                fields.get("payload").map_or(&[][..], Vec::as_slice),
+            ));
         }
         let ids: Vec<&str> = entries.iter().map(|(id, _)| id.as_str()).collect();
         let _: i64 = redis::cmd("XACK")
@@ -405,15 +426,13 @@ async fn read_queue(
     {
         let delivery = message.delivery;
         let received = Received::from_delivery(&delivery)?;
-        let payload: serde_json::Value =
-            serde_json::from_slice(&received.payload).unwrap_or_default();
-        view.ingest(Delivered {
-            event_id: received.idempotency_key,
-            tenant: received.tenant_id,
-            key: received.partition_key,
-            event_type: received.event_type,
-            version: payload["version"].as_i64().unwrap_or_default(),
-        });
+        view.ingest(Delivered::new(
+            received.idempotency_key,
+            received.tenant_id,
+            received.partition_key,
+            received.event_type,
+            &received.payload,
+        ));
         delivery.ack(BasicAckOptions::default()).await?;
     }
     Ok(())
@@ -438,17 +457,53 @@ async fn read_topic(topic: &str, expected: usize, view: &mut ConsumerView) -> Re
         };
         let record = record?;
         let received = outbox::kafka::Received::from_record(&record)?;
-        let payload: serde_json::Value =
-            serde_json::from_slice(&received.payload).unwrap_or_default();
-        view.ingest(Delivered {
-            event_id: received.idempotency_key,
-            tenant: received.tenant_id,
-            key: received.partition_key,
-            event_type: received.event_type,
-            version: payload["version"].as_i64().unwrap_or_default(),
-        });
+        view.ingest(Delivered::new(
+            received.idempotency_key,
+            received.tenant_id,
+            received.partition_key,
+            received.event_type,
+            &received.payload,
+        ));
         consumer.commit_message(&record, CommitMode::Sync)?;
         read += 1;
+    }
+    Ok(())
+}
+
+/// Receives from the SQS queue until `expected` messages arrived (or 30 s passed),
+/// deleting each after handling it.
+async fn read_sqs(queue_url: &str, expected: usize, view: &mut ConsumerView) -> Result<(), Error> {
+    let client = support::sqs_client();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let mut read = 0;
+    while read < expected && tokio::time::Instant::now() < deadline {
+        let answer = client
+            .receive_message()
+            .queue_url(queue_url)
+            .max_number_of_messages(10)
+            .message_attribute_names("All")
+            .send()
+            .await?;
+        for message in answer.messages() {
+            let received = outbox::sqs::Received::from_message(message)?;
+            view.ingest(Delivered::new(
+                received.idempotency_key,
+                received.tenant_id,
+                received.partition_key,
+                received.event_type,
+                &received.payload,
+            ));
+            client
+                .delete_message()
+                .queue_url(queue_url)
+                .set_receipt_handle(message.receipt_handle().map(str::to_owned))
+                .send()
+                .await?;
+            read += 1;
+        }
+        if answer.messages().is_empty() {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
     Ok(())
 }
@@ -517,6 +572,7 @@ struct Names {
     exchange: String,
     queue: String,
     topic: String,
+    sqs_queue: String,
 }
 
 /// Runs the whole story against the servers of `scripts/services.sh` and returns what the
@@ -537,6 +593,7 @@ pub async fn run() -> Result<Summary, Error> {
         exchange: support::fresh("billing"),
         queue: support::fresh("ledger"),
         topic: support::fresh("billing-events"),
+        sqs_queue: format!("{}.fifo", support::fresh("billing-events")),
     };
     let result = story(&pool, &mut redis_conn, &channel, &names).await;
     // Clean up whatever happened; the story's own error comes first.
@@ -550,6 +607,7 @@ pub async fn run() -> Result<Summary, Error> {
         channel
             .exchange_delete(names.exchange.as_str().into(), Default::default())
             .await?;
+        support::delete_sqs_queue(&names.sqs_queue).await?;
         Ok::<_, Error>(())
     }
     .await;
@@ -684,7 +742,20 @@ async fn story(
         names.topic
     ));
 
-    let views = [&redis_view, &http_view, &amqp_view, &kafka_view];
+    // Friday: the same route, now an SQS FIFO queue (created by the operator). Each
+    // message's group is its partition key, so SQS keeps each aggregate's order.
+    let queue_url = support::sqs_fifo_queue(&names.sqs_queue).await?;
+    let sqs_route = format!(
+        "[routes.{ROUTE}]\nurl = {}\nendpoint = {}\naccess_key_id = \"test\"\nsecret_access_key = \"test\"\n",
+        toml_str(&format!("sqs://us-east-1/{}", names.sqs_queue)),
+        toml_str(&support::sqs_endpoint()),
+    );
+    let friday = run_day(&mut billing, &config_text(&names.outbox, &sqs_route), "fri").await?;
+    let mut sqs_view = ConsumerView::default();
+    read_sqs(&queue_url, friday.len(), &mut sqs_view).await?;
+    sqs_view.print(&format!("SQS consumer (FIFO queue {})", names.sqs_queue));
+
+    let views = [&redis_view, &http_view, &amqp_view, &kafka_view, &sqs_view];
     let untenanted: u64 = views.iter().map(|v| v.untenanted).sum();
     if untenanted > 0 {
         return Err(format!("{untenanted} events arrived without a tenant id").into());
@@ -704,12 +775,17 @@ async fn story(
         + thursday
             .iter()
             .filter(|id| !kafka_view.seen.contains(*id))
+            .count()
+        + friday
+            .iter()
+            .filter(|id| !sqs_view.seen.contains(*id))
             .count();
     Ok(Summary {
         redis_events: redis_view.events.len() as u64,
         http_events: http_view.events.len() as u64,
         amqp_events: amqp_view.events.len() as u64,
         kafka_events: kafka_view.events.len() as u64,
+        sqs_events: sqs_view.events.len() as u64,
         duplicates_dropped: views.iter().map(|v| v.duplicates).sum(),
         out_of_order: views.iter().map(|v| v.out_of_order).sum(),
         lost: lost as u64,
@@ -765,6 +841,8 @@ async fn run_day(billing: &mut Billing, config: &str, day: &str) -> Result<Vec<S
         .map(|line| {
             if line.starts_with("secrets") {
                 "secrets = […]".to_owned()
+            } else if line.starts_with("secret_access_key") {
+                "secret_access_key = \"***\"".to_owned()
             } else if line.starts_with("url") {
                 support::redact(line)
             } else {

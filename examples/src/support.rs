@@ -23,6 +23,8 @@ const AMQP_VAR: &str = "OUTBOX_TEST_AMQP_URL";
 const AMQP_DEFAULT: &str = "amqp://guest:guest@127.0.0.1:5672/outbox-test";
 const KAFKA_VAR: &str = "OUTBOX_TEST_KAFKA_BROKERS";
 const KAFKA_DEFAULT: &str = "127.0.0.1:9092";
+const SQS_VAR: &str = "OUTBOX_TEST_SQS_ENDPOINT";
+const SQS_DEFAULT: &str = "http://127.0.0.1:4566";
 
 /// The SSRF guard of the HTTP sink refuses private and loopback addresses unless an
 /// endpoint allows them. Every example talks to servers on loopback, so it allows this.
@@ -132,6 +134,60 @@ pub(crate) async fn kafka_topic(topic: &str, partitions: i32) -> Result<(), Erro
     for result in admin.create_topics([&new], &options).await? {
         result.map_err(|(topic, code)| format!("create topic {topic}: {code}"))?;
     }
+    Ok(())
+}
+
+/// The SQS endpoint: `OUTBOX_TEST_SQS_ENDPOINT`, or the emulator `scripts/services.sh`
+/// starts (moto, which takes any credentials).
+pub(crate) fn sqs_endpoint() -> String {
+    std::env::var(SQS_VAR).unwrap_or_else(|_| SQS_DEFAULT.to_owned())
+}
+
+/// A client for the SQS endpoint, with the emulator's test credentials.
+pub(crate) fn sqs_client() -> outbox::sqs::client::Client {
+    use outbox::sqs::client::config::{BehaviorVersion, Credentials, Region};
+    let config = outbox::sqs::client::Config::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .region(Region::new("us-east-1"))
+        .endpoint_url(sqs_endpoint())
+        .credentials_provider(Credentials::new("test", "test", None, None, "example"))
+        .build();
+    outbox::sqs::client::Client::from_conf(config)
+}
+
+/// Creates the FIFO queue `name` (the operator's job; the sink creates none) and returns
+/// its URL, or fails with a message that says how to start an emulator.
+pub(crate) async fn sqs_fifo_queue(name: &str) -> Result<String, Error> {
+    use outbox::sqs::client::types::QueueAttributeName;
+    let create = sqs_client()
+        .create_queue()
+        .queue_name(name)
+        .attributes(QueueAttributeName::FifoQueue, "true")
+        .send();
+    match tokio::time::timeout(Duration::from_secs(10), create).await {
+        Ok(Ok(created)) => Ok(created.queue_url().unwrap_or_default().to_owned()),
+        Ok(Err(e)) => Err(format!(
+            "SQS is not reachable at {} ({}). Start the emulator with `scripts/services.sh`, \
+             or point {SQS_VAR} at one.",
+            sqs_endpoint(),
+            outbox::sqs::client::error::DisplayErrorContext(e)
+        )
+        .into()),
+        Err(_) => Err(format!("SQS at {} did not answer within 10 s", sqs_endpoint()).into()),
+    }
+}
+
+/// Deletes the SQS queue `name` if it is there.
+pub(crate) async fn delete_sqs_queue(name: &str) -> Result<(), Error> {
+    let client = sqs_client();
+    let Ok(found) = client.get_queue_url().queue_name(name).send().await else {
+        return Ok(());
+    };
+    client
+        .delete_queue()
+        .set_queue_url(found.queue_url().map(str::to_owned))
+        .send()
+        .await?;
     Ok(())
 }
 

@@ -1,7 +1,7 @@
 //! `outbox-bench`: every figure is a ratio against a baseline measured in the same run.
 //!
 //! ```text
-//! cargo run --release -p outbox-bench -- [all|enqueue|drain|scale|ordered|latency|backlog|amqp|kafka] [--quick] [--write BENCHMARKS.md]
+//! cargo run --release -p outbox-bench -- [all|enqueue|drain|scale|ordered|latency|backlog|amqp|kafka|sqs] [--quick] [--write BENCHMARKS.md]
 //! ```
 //!
 //! Each scenario prints a table and, as its last line, one JSON object with its figures.
@@ -16,6 +16,7 @@ mod latency;
 mod report;
 mod setup;
 mod sinks;
+mod sqs;
 
 use std::time::Duration;
 
@@ -72,19 +73,19 @@ fn main() {
         .collect();
     let scenarios = if scenarios.is_empty() || scenarios == ["all"] {
         vec![
-            "enqueue", "drain", "scale", "ordered", "latency", "backlog", "amqp", "kafka",
+            "enqueue", "drain", "scale", "ordered", "latency", "backlog", "amqp", "kafka", "sqs",
         ]
     } else {
         scenarios
     };
     for s in &scenarios {
         if ![
-            "enqueue", "drain", "scale", "ordered", "latency", "backlog", "amqp", "kafka",
+            "enqueue", "drain", "scale", "ordered", "latency", "backlog", "amqp", "kafka", "sqs",
         ]
         .contains(s)
         {
             eprintln!(
-                "error: unknown scenario {s:?} (enqueue, drain, scale, ordered, latency, backlog, amqp, kafka, all)"
+                "error: unknown scenario {s:?} (enqueue, drain, scale, ordered, latency, backlog, amqp, kafka, sqs, all)"
             );
             std::process::exit(2);
         }
@@ -107,6 +108,7 @@ fn main() {
                 "backlog" => backlog::run(&bench, scale, &mut report).await?,
                 "amqp" => sinks::amqp(&bench, scale, &mut report).await?,
                 "kafka" => kafka::run(&bench, scale, &mut report).await?,
+                "sqs" => sqs::run(&bench, scale, &mut report).await?,
                 _ => unreachable!("checked above"),
             }
         }

@@ -1,6 +1,6 @@
 //! `outbox relay` killed with SIGKILL again and again mid-batch, in front of a webhook
 //! receiver that answers each request after a short random delay, and in front of
-//! RabbitMQ and Kafka: nothing committed is lost, and the re-sends (duplicates) stay bounded by what
+//! RabbitMQ, Kafka and SQS: nothing committed is lost, and the re-sends (duplicates) stay bounded by what
 //! was in flight at each kill. Prints `kill9 <sink>: kills=… committed=… deliveries=…
 //! duplicates=… lost=…`.
 
@@ -43,6 +43,27 @@ async fn kill_9_in_front_of_kafka_loses_nothing() {
     let (brokers, topic, got) = common::kafka_consumer().await;
     let route = format!("url = \"kafka://{brokers}/{topic}\"\n");
     kill_loop("kafka", &route, got, 5_000).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_in_front_of_sqs_loses_nothing() {
+    let (queue_url, got) = common::sqs_consumer().await;
+    let endpoint =
+        outbox_test_support::server_url("OUTBOX_TEST_SQS_ENDPOINT", "http://127.0.0.1:4566");
+    let path = queue_url
+        .splitn(4, '/')
+        .nth(3)
+        .expect("a queue URL has a path");
+    // Region and credentials come from the relay's environment (the standard AWS chain;
+    // `kill_loop` sets AWS_REGION, AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY).
+    let route = format!(
+        "url = \"sqs+{endpoint}/{path}\"\nrate_limit = {{ per_second = 60, burst = 10 }}\n"
+    );
+    // moto takes about 250 messages a second into an empty queue and hands out fewer than
+    // 100, and it scans its whole queue for every message sent and received: with a backlog
+    // it slows down until it stops answering. The route's rate limit keeps the queue short
+    // (the consumer keeps up); 100 messages per cycle still leave each kill mid-batch.
+    kill_loop("sqs", &route, got, 100).await;
 }
 
 /// Runs the kill loop with `route` (the TOML of route `hooks`) while `got` records the
@@ -94,7 +115,10 @@ async fn kill_loop(sink: &str, route: &str, got: common::Received, per_cycle: us
             Command::new(env!("CARGO_BIN_EXE_outbox"))
                 .args(["--config", config.to_str().unwrap(), "relay"])
                 .env_remove("OUTBOX_CONFIG")
-                .env("RUST_LOG", "error"),
+                .env("RUST_LOG", "error")
+                .env("AWS_REGION", "us-east-1")
+                .env("AWS_ACCESS_KEY_ID", "test")
+                .env("AWS_SECRET_ACCESS_KEY", "test"),
         )
     };
     // Rows leased by the relay process `pid` (its owner name is `relay-<pid>-…`).

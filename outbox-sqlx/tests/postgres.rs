@@ -461,12 +461,52 @@ async fn hostile_identifiers_are_rejected_or_quoted_exactly() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stats_match_the_table() {
+    use outbox_engine::{ClaimRequest, Completion, Store};
+
     let h = PgHarness::new().await;
     h.enqueue((0..7).map(|n| common::message("a", n)).collect())
         .await
         .unwrap();
+    h.enqueue((0..3).map(|n| common::message("b", n)).collect())
+        .await
+        .unwrap();
+    let claim = h
+        .outbox
+        .claim(&ClaimRequest::new("r", 3, Duration::from_secs(30)).destinations(vec!["a".into()]))
+        .await
+        .unwrap();
+    let ids: Vec<_> = claim.messages.iter().map(|m| m.id).collect();
+    h.outbox
+        .complete(
+            claim.lease.token,
+            &[Completion::published(ids[0]), Completion::dead(ids[1], "x")],
+        )
+        .await
+        .unwrap();
     let stats = h.outbox.stats().await.unwrap();
-    assert_eq!(stats.destination("a").unwrap().pending, 7);
+    let a = stats.destination("a").unwrap();
+    assert_eq!((a.pending, a.leased, a.published, a.dead), (4, 1, 1, 1));
+    let b = stats.destination("b").unwrap();
+    assert_eq!((b.pending, b.leased, b.published, b.dead), (3, 0, 0, 0));
+    let by_sql: Vec<(String, String, i64)> = sqlx::query_as(&format!(
+        "SELECT destination, status::text, count(*) FROM {} GROUP BY destination, status",
+        h.table()
+    ))
+    .fetch_all(h.outbox.pool())
+    .await
+    .unwrap();
+    assert_eq!(by_sql.iter().map(|r| r.2).sum::<i64>(), 10);
+    for (destination, status, n) in &by_sql {
+        let d = stats.destination(destination).unwrap();
+        let counted = match status.as_str() {
+            "pending" => d.pending,
+            "leased" => d.leased,
+            "published" => d.published,
+            "dead" => d.dead,
+            other => panic!("unknown status {other}"),
+        };
+        assert_eq!(counted as i64, *n, "{destination} {status}");
+    }
 }
 
 /// A relay stalls after publishing until its lease lapsed and another relay reclaimed the

@@ -11,6 +11,7 @@
 //! | `redis` | the Redis Streams sink |
 //! | `amqp` | the RabbitMQ (AMQP 0-9-1) sink |
 //! | `kafka` | the Kafka sink (librdkafka is built from source: a C compiler and `make`) |
+//! | `sqs` | the Amazon SQS sink |
 //! | `tls` | `amqps://` and `rediss://` for the broker sinks that are on (rustls; install a `CryptoProvider` first) |
 //! | `full` | all of the above |
 //! | `testkit` | in-memory store, recording and flaky sinks, conformance suites |
@@ -50,6 +51,9 @@ pub use outbox_sink_http as http;
 /// The Kafka sink (feature `kafka`).
 #[cfg(feature = "kafka")]
 pub use outbox_sink_kafka as kafka;
+/// The Amazon SQS sink (feature `sqs`).
+#[cfg(feature = "sqs")]
+pub use outbox_sink_sqs as sqs;
 
 /// The Redis Streams sink (feature `redis`).
 #[cfg(feature = "redis")]

@@ -24,6 +24,9 @@ const KNOWN: &[(&str, &str, &str)] = &[
     ("sink", "amqp", "amqp"),
     ("sink", "amqps", "amqp"),
     ("sink", "kafka", "kafka"),
+    ("sink", "sqs", "sqs"),
+    ("sink", "sqs+https", "sqs"),
+    ("sink", "sqs+http", "sqs"),
 ];
 
 /// The drivers stores and sinks are built with, by URL scheme.
@@ -75,6 +78,8 @@ impl Default for Registry {
         registry.sinks.push(outbox_sink_amqp::DRIVER);
         #[cfg(feature = "kafka")]
         registry.sinks.push(outbox_sink_kafka::DRIVER);
+        #[cfg(feature = "sqs")]
+        registry.sinks.push(outbox_sink_sqs::DRIVER);
         registry
     }
 }

@@ -23,7 +23,7 @@ fn readme_config_parses() {
         config.relay.order(),
         Some(outbox::MessageOrder::PerKey(outbox::DeadHead::Skip))
     );
-    assert_eq!(config.routes.len(), 4);
+    assert_eq!(config.routes.len(), 5);
     assert_eq!(config.metrics.listen.as_deref(), Some("0.0.0.0:9464"));
     let policy = config.routes["billing"].policy("billing").unwrap();
     assert_eq!(policy.rate_limit.map(|r| r.burst), Some(20));
@@ -71,6 +71,19 @@ fn readme_kafka_route_is_a_valid_kafka_config() {
     assert_eq!(kafka.unkeyed, Some(outbox::kafka::Unkeyed::Id));
     assert_eq!(kafka.properties["compression.type"], "lz4");
     kafka.validate().expect("and validates");
+}
+
+#[cfg(feature = "sqs")]
+#[test]
+fn readme_sqs_route_is_a_valid_sqs_config() {
+    let config = readme_config();
+    let sqs: outbox::sqs::SqsSinkConfig = config.routes["payments"]
+        .sink_settings("payments")
+        .parse()
+        .expect("the payments route parses");
+    assert_eq!(sqs.default_group.as_deref(), Some("payments"));
+    assert_eq!(sqs.binary, Some(outbox::sqs::Binary::Base64));
+    sqs.validate().expect("and validates");
 }
 
 #[cfg(not(feature = "redis"))]

@@ -205,3 +205,91 @@ pub async fn kafka_consumer() -> (String, String, Received) {
     });
     (brokers, topic, got)
 }
+
+/// A fresh standard queue on the test SQS emulator (`OUTBOX_TEST_SQS_ENDPOINT`) and a
+/// consumer that receives, records each message's `outbox-id` attribute on arrival, and
+/// deletes. Returns the queue's URL and the record.
+pub async fn sqs_consumer() -> (String, Received) {
+    use outbox::sqs::client::config::{BehaviorVersion, Credentials, Region};
+    use outbox::sqs::client::types::DeleteMessageBatchRequestEntry;
+    use outbox::sqs::client::{Client, Config};
+
+    let endpoint =
+        outbox_test_support::server_url("OUTBOX_TEST_SQS_ENDPOINT", "http://127.0.0.1:4566");
+    let client = Client::from_conf(
+        Config::builder()
+            .behavior_version(BehaviorVersion::latest())
+            .region(Region::new("us-east-1"))
+            .endpoint_url(&endpoint)
+            .credentials_provider(Credentials::new("test", "test", None, None, "tests"))
+            .build(),
+    );
+    let queue = format!("outbox-test-cli-{:016x}", fastrand::u64(..));
+    let created = tokio::time::timeout(
+        Duration::from_secs(10),
+        client.create_queue().queue_name(&queue).send(),
+    )
+    .await;
+    let queue_url = match created {
+        Ok(Ok(created)) => created.queue_url().unwrap().to_owned(),
+        Ok(Err(e)) => outbox_test_support::no_server(
+            "an SQS emulator (moto_server)",
+            "OUTBOX_TEST_SQS_ENDPOINT",
+            &endpoint,
+            outbox::sqs::client::error::DisplayErrorContext(e),
+        ),
+        Err(_) => outbox_test_support::no_server(
+            "an SQS emulator (moto_server)",
+            "OUTBOX_TEST_SQS_ENDPOINT",
+            &endpoint,
+            "no answer within 10 s",
+        ),
+    };
+    let got: Received = Arc::default();
+    let record = got.clone();
+    let url = queue_url.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok(answer) = client
+                .receive_message()
+                .queue_url(&url)
+                .max_number_of_messages(10)
+                .message_attribute_names("outbox-id")
+                .send()
+                .await
+            else {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            };
+            let messages = answer.messages();
+            if messages.is_empty() {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                continue;
+            }
+            let mut entries = Vec::new();
+            for (i, message) in messages.iter().enumerate() {
+                let id = message
+                    .message_attributes()
+                    .and_then(|a| a.get("outbox-id"))
+                    .and_then(|v| v.string_value())
+                    .unwrap_or_default()
+                    .to_owned();
+                record.lock().unwrap().push(id);
+                entries.push(
+                    DeleteMessageBatchRequestEntry::builder()
+                        .id(i.to_string())
+                        .set_receipt_handle(message.receipt_handle().map(str::to_owned))
+                        .build()
+                        .unwrap(),
+                );
+            }
+            let _ = client
+                .delete_message_batch()
+                .queue_url(&url)
+                .set_entries(Some(entries))
+                .send()
+                .await;
+        }
+    });
+    (queue_url, got)
+}
