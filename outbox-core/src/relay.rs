@@ -402,7 +402,13 @@ impl<S: Store> Inner<S> {
             let wait = match self.process_batch().await {
                 Ok(report) => {
                     failures = 0;
-                    if report.claimed >= self.claim.batch_size {
+                    // A full batch may have left due rows behind. With per-key ordering,
+                    // finishing a key's head also makes its next row claimable, and no
+                    // wakeup says so (that row's wakeup came before, when it could not be
+                    // claimed): claim again rather than wait for the poll.
+                    let unblocked = self.claim.ordering != MessageOrder::Unordered
+                        && report.published + report.dead > 0;
+                    if report.claimed >= self.claim.batch_size || unblocked {
                         continue;
                     }
                     poll

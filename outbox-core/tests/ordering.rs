@@ -112,3 +112,45 @@ async fn keys_arrive_in_commit_order_through_failures_and_kills() {
         );
     }
 }
+
+/// A key's next row becomes claimable only when its head is finished, long after that
+/// row's own wakeup was spent on a claim that had to skip it: the relay must claim again
+/// by itself instead of leaving the rest of the key to the next poll (an hour here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rest_of_a_key_does_not_wait_for_the_poll() {
+    let store = MemoryStore::new();
+    let ids: Vec<MessageId> = (0..3)
+        .map(|i| {
+            let m = NewMessage::builder("events", "e")
+                .json(&i)
+                .partition_key("k")
+                .build()
+                .unwrap();
+            store.enqueue(m).unwrap()
+        })
+        .collect();
+    let sink = RecordingSink::new();
+    let relay = Relay::builder(store.clone())
+        .route("events", sink.clone())
+        .ordering(MessageOrder::PerKey(DeadHead::Halt))
+        .poll_interval(Duration::from_secs(3600))
+        .wakeup(store.wakeup())
+        .build()
+        .unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(relay.run(async {
+        let _ = stopped.await;
+    }));
+    assert!(
+        sink.wait_for(3, Duration::from_secs(5)).await,
+        "all three messages of key k delivered within 5 s (got {})",
+        sink.messages().len()
+    );
+    assert_eq!(
+        sink.messages().iter().map(|m| m.id).collect::<Vec<_>>(),
+        ids,
+        "in commit order"
+    );
+    stop.send(()).unwrap();
+    running.await.unwrap();
+}
