@@ -1,5 +1,5 @@
 //! `kafka`: the relay publishing to a Kafka-protocol broker against a raw rdkafka producer
-//! loop with the same producer settings (idempotent, `acks=all`, 5 in flight, linger 5 ms,
+//! loop with the same producer settings (idempotent, `acks=all`, 5 in flight, linger 1 ms,
 //! murmur2 partitioning), the same records (key, the sink's headers, payload), batch size
 //! and number of concurrent publishers.
 //!
@@ -25,7 +25,7 @@ use outbox_sqlx::PublishedRows;
 use crate::Scale;
 use crate::latency::{commit_at_rate, latencies_ms};
 use crate::report::{Report, median, percentile};
-use crate::setup::{Bench, BoxError};
+use crate::setup::{Bench, BoxError, NoopSink};
 use crate::sinks::{Acks, BATCH, Counting, PUBLISHERS, drain_rate};
 
 const PARTITIONS: i32 = 3;
@@ -58,34 +58,43 @@ pub(crate) async fn run(bench: &Bench, scale: Scale, report: &mut Report) -> Res
     tokio::time::sleep(Duration::from_millis(500)).await;
     let config = KafkaSinkConfig::new(format!("kafka://{brokers}")).topic(topic.clone());
     let raw_producer = producer(&brokers)?;
+    let sink = KafkaSink::connect(config).await?;
+    // Both producers are connected and hold their idempotent producer id before anything
+    // is timed: a new producer's first batch waits for that handshake.
+    raw_throughput(&raw_producer, &topic, BATCH).await?;
+    drain_rate(bench, sink.clone(), BATCH, true, true).await?;
 
     let n = scale.drain_rows / 2;
     let (mut raw_rates, mut relay_rates, mut memory_rates) = (Vec::new(), Vec::new(), Vec::new());
+    let mut noop_rates = Vec::new();
     for _ in 0..scale.rounds.max(2) {
         raw_rates.push(raw_throughput(&raw_producer, &topic, n).await?);
-        relay_rates.push(relay_throughput(bench, &config, n, false).await?);
-        memory_rates.push(relay_throughput(bench, &config, n, true).await?);
+        noop_rates.push(drain_rate(bench, NoopSink::default(), n, false, true).await?);
+        relay_rates.push(drain_rate(bench, sink.clone(), n, false, true).await?);
+        memory_rates.push(drain_rate(bench, sink.clone(), n, true, true).await?);
     }
-    let (raw, relay, memory) = (
+    let (raw, relay, memory, noop) = (
         median(&raw_rates),
         median(&relay_rates),
         median(&memory_rates),
+        median(&noop_rates),
     );
 
     let raw_latency = raw_latency(&raw_producer, &topic, scale.latency_time).await?;
-    let relay_latency = relay_latency(bench, &config, scale.latency_time).await?;
+    let relay_latency = relay_latency(bench, sink, scale.latency_time).await?;
     let p = |l: &[f64], q| percentile(l, q);
 
     report.section(
         "kafka",
         &format!(
-            "{n} records to one {PARTITIONS}-partition topic on tansu (in memory), idempotent producer, acks=all, batch {BATCH}, {PUBLISHERS} concurrent publishers, messages/s (median of {} interleaved rounds); then {LATENCY_RATE} messages/s offered for {} s, latency in ms. Relay = `KafkaSink` fed by the relay from PostgreSQL (delete on publish; for latency, one commit per message and wakeups) or the in-memory store; raw = an rdkafka `FutureProducer` with the same settings sending the same records, awaiting each batch's delivery reports (latency: from the moment a record is due to its report). The broker, PostgreSQL and the benchmark share the machine's cores.",
+            "{n} records to one {PARTITIONS}-partition topic on tansu (in memory), idempotent producer, acks=all, batch {BATCH}, {PUBLISHERS} concurrent publishers, messages/s (median of {} interleaved rounds); then {LATENCY_RATE} messages/s offered for {} s, latency in ms. Relay = `KafkaSink` fed by the relay from PostgreSQL (delete on publish; the same drain into a no-op sink shows the store's own rate in this run; for latency, one commit per message and wakeups) or the in-memory store; raw = an rdkafka `FutureProducer` with the same settings sending the same records, awaiting each batch's delivery reports (latency: from the moment a record is due to its report). The broker, PostgreSQL and the benchmark share the machine's cores.",
             relay_rates.len(),
             scale.latency_time.as_secs()
         ),
-        &["raw msg/s", "relay msg/s (PostgreSQL)", "relay / raw", "relay msg/s (in-memory)", "relay / raw", "raw p50 / p99", "relay p50 / p99 (commit→ack)", "p99 relay / raw"],
+        &["raw msg/s", "relay msg/s (PostgreSQL, no-op sink)", "relay msg/s (PostgreSQL)", "relay / raw", "relay msg/s (in-memory)", "relay / raw", "raw p50 / p99", "relay p50 / p99 (commit→ack)", "p99 relay / raw"],
         vec![vec![
             format!("{raw:.0}"),
+            format!("{noop:.0}"),
             format!("{relay:.0}"),
             format!("{:.2}", relay / raw),
             format!("{memory:.0}"),
@@ -95,9 +104,9 @@ pub(crate) async fn run(bench: &Bench, scale: Scale, report: &mut Report) -> Res
             format!("{:.2}", p(&relay_latency, 0.99) / p(&raw_latency, 0.99)),
         ]],
         serde_json::json!({
-            "messages": n, "raw": raw, "relay_postgres": relay, "relay_postgres_over_raw": relay / raw,
+            "messages": n, "raw": raw, "relay_postgres_noop_sink": noop, "relay_postgres": relay, "relay_postgres_over_raw": relay / raw,
             "relay_memory": memory, "relay_memory_over_raw": memory / raw,
-            "raw_rounds": raw_rates, "relay_postgres_rounds": relay_rates, "relay_memory_rounds": memory_rates,
+            "raw_rounds": raw_rates, "relay_postgres_noop_sink_rounds": noop_rates, "relay_postgres_rounds": relay_rates, "relay_memory_rounds": memory_rates,
             "latency_rate": LATENCY_RATE,
             "raw_p50_ms": p(&raw_latency, 0.5), "raw_p99_ms": p(&raw_latency, 0.99),
             "relay_p50_ms": p(&relay_latency, 0.5), "relay_p99_ms": p(&relay_latency, 0.99),
@@ -213,16 +222,6 @@ async fn raw_throughput(producer: &FutureProducer, topic: &str, n: usize) -> Res
     Ok(n as f64 / started.elapsed().as_secs_f64())
 }
 
-async fn relay_throughput(
-    bench: &Bench,
-    config: &KafkaSinkConfig,
-    n: usize,
-    in_memory: bool,
-) -> Result<f64, BoxError> {
-    let sink = KafkaSink::connect(config.clone()).await?;
-    drain_rate(bench, sink, n, in_memory, true).await
-}
-
 /// Records due at `LATENCY_RATE` per second for `time`: due → delivery report, ms, sorted.
 async fn raw_latency(
     producer: &FutureProducer,
@@ -256,7 +255,7 @@ async fn raw_latency(
 /// commit → the sink's acknowledgement, ms, sorted.
 async fn relay_latency(
     bench: &Bench,
-    config: &KafkaSinkConfig,
+    sink: KafkaSink,
     time: Duration,
 ) -> Result<Vec<f64>, BoxError> {
     let outbox = bench
@@ -264,7 +263,7 @@ async fn relay_latency(
         .await?;
     let acks: Acks = Arc::default();
     let sink = Counting {
-        inner: KafkaSink::connect(config.clone()).await?,
+        inner: sink,
         published: Arc::default(),
         acks: Some(acks.clone()),
     };
