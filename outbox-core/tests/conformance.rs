@@ -76,6 +76,69 @@ async fn sink_suite_catches_a_lying_sink() {
     sink_suite::one_outcome_per_message(&H(Liar(RecordingSink::new()))).await;
 }
 
+/// A sink that changes what it sends: `Refuse` turns every binary payload down (as a
+/// text-only transport would), `Corrupt` flips the last payload byte; both acknowledge
+/// what they did send.
+enum Broken {
+    Refuse(RecordingSink),
+    Corrupt(RecordingSink),
+}
+
+impl outbox_engine::Sink for Broken {
+    async fn publish(
+        &self,
+        batch: &[outbox_engine::Message],
+        cx: &outbox_engine::PublishContext,
+    ) -> Result<Vec<outbox_engine::Outcome>, outbox_engine::Failure> {
+        use outbox_engine::{Failure, FailureClass, Outcome};
+        match self {
+            Self::Refuse(inner) => {
+                let text = |m: &outbox_engine::Message| std::str::from_utf8(&m.payload).is_ok();
+                if batch.iter().all(text) {
+                    return inner.publish(batch, cx).await;
+                }
+                let refused = Failure::permanent(FailureClass::Serialization, "text only");
+                Ok(vec![refused.into(); batch.len()])
+            }
+            Self::Corrupt(inner) => {
+                let mut changed = batch.to_vec();
+                for m in &mut changed {
+                    if let Some(last) = m.payload.last_mut() {
+                        *last ^= 1;
+                    }
+                }
+                let _ = inner.publish(&changed, cx).await?;
+                Ok(vec![Outcome::published(); batch.len()])
+            }
+        }
+    }
+}
+
+impl SinkHarness for Broken {
+    type Sink = Self;
+    fn sink(&self) -> &Self {
+        self
+    }
+    async fn received(&self) -> Vec<sink_suite::Delivered> {
+        let (Self::Refuse(inner) | Self::Corrupt(inner)) = self;
+        inner.received().await
+    }
+}
+
+/// A sink that refuses binary payloads fails the suite unless its harness declares it.
+#[tokio::test]
+#[should_panic(expected = "binary payloads declared Exact")]
+async fn sink_suite_holds_a_sink_to_the_binary_payloads_it_declares() {
+    sink_suite::binary_payload_is_exact_or_refused(&Broken::Refuse(RecordingSink::new())).await;
+}
+
+/// The suite compares what arrived with what was sent, byte for byte.
+#[tokio::test]
+#[should_panic(expected = "payload bytes")]
+async fn sink_suite_catches_a_sink_that_changes_payloads() {
+    sink_suite::delivers_identity_payload_and_headers(&Broken::Corrupt(RecordingSink::new())).await;
+}
+
 /// The store suite is able to fail: a store that ignores lease tokens is caught.
 #[tokio::test]
 #[should_panic(expected = "a fenced completion changes no row")]

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use aws_sdk_sqs::types::{MessageSystemAttributeName, QueueAttributeName};
 use chrono::Utc;
-use outbox_engine::testkit::{Delivered, SinkHarness, sink_suite};
+use outbox_engine::testkit::{BinaryPayloads, Delivered, SinkHarness, sink_suite};
 use outbox_engine::{
     DeadHead, FailureClass, MemoryStore, Message, MessageOrder, NewMessage, Outcome,
     PublishContext, Relay, Sink, Status,
@@ -28,6 +28,7 @@ use common::{Fault, FaultProxy, Reader, Sqs, config, config_via, delivered, sink
 struct Harness {
     sink: SqsSink,
     reader: tokio::sync::Mutex<Reader>,
+    binary: BinaryPayloads,
 }
 
 impl SinkHarness for Harness {
@@ -42,6 +43,10 @@ impl SinkHarness for Harness {
         reader.poll().await;
         reader.got.iter().map(delivered).collect()
     }
+
+    fn binary_payloads(&self) -> BinaryPayloads {
+        self.binary
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -54,6 +59,7 @@ async fn conformance_suite_on_a_standard_queue_with_base64_bodies() {
         Harness {
             sink,
             reader: tokio::sync::Mutex::new(sqs.reader(&queue)),
+            binary: BinaryPayloads::Exact,
         }
     })
     .await;
@@ -69,6 +75,8 @@ async fn conformance_suite_on_a_fifo_queue() {
         Harness {
             sink,
             reader: tokio::sync::Mutex::new(sqs.reader(&queue)),
+            // SQS carries text; without `binary = "base64"` the sink refuses bytes.
+            binary: BinaryPayloads::Refused,
         }
     })
     .await;

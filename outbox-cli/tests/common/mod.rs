@@ -206,16 +206,37 @@ pub async fn kafka_consumer() -> (String, String, Received) {
     (brokers, topic, got)
 }
 
-/// A fresh standard queue on the test SQS emulator (`OUTBOX_TEST_SQS_ENDPOINT`) and a
-/// consumer that receives, records each message's `outbox-id` attribute on arrival, and
-/// deletes. Returns the queue's URL and the record.
-pub async fn sqs_consumer() -> (String, Received) {
+/// An SQS emulator of this test's own (moto_server on a free port, ended with the guard),
+/// one queue on it, and a consumer that records the `outbox-id` of every message it
+/// receives and deletes it. A private emulator, because the shared one slows down with
+/// every other test's queues and traffic (moto scans a queue per request).
+pub async fn sqs_consumer() -> (outbox_test_support::ChildGuard, String, Received) {
     use outbox::sqs::client::config::{BehaviorVersion, Credentials, Region};
     use outbox::sqs::client::types::DeleteMessageBatchRequestEntry;
     use outbox::sqs::client::{Client, Config};
 
-    let endpoint =
-        outbox_test_support::server_url("OUTBOX_TEST_SQS_ENDPOINT", "http://127.0.0.1:4566");
+    let moto = std::env::var("OUTBOX_TEST_MOTO").unwrap_or_else(|_| {
+        let home = std::env::var("HOME").unwrap_or_default();
+        format!("{home}/.cache/outbox-tools/moto-venv/bin/moto_server")
+    });
+    assert!(
+        std::path::Path::new(&moto).exists(),
+        "this test starts its own SQS emulator and found no moto_server at {moto} \
+         (set OUTBOX_TEST_MOTO, or run scripts/services.sh, which installs it)"
+    );
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let guard = outbox_test_support::ChildGuard::spawn(
+        "moto_server",
+        std::process::Command::new(&moto)
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null()),
+    );
+    let endpoint = format!("http://127.0.0.1:{port}");
     let client = Client::from_conf(
         Config::builder()
             .behavior_version(BehaviorVersion::latest())
@@ -224,27 +245,25 @@ pub async fn sqs_consumer() -> (String, Received) {
             .credentials_provider(Credentials::new("test", "test", None, None, "tests"))
             .build(),
     );
-    let queue = format!("outbox-test-cli-{:016x}", fastrand::u64(..));
-    let created = tokio::time::timeout(
-        Duration::from_secs(10),
-        client.create_queue().queue_name(&queue).send(),
+    let queue_url = outbox_test_support::wait_for(
+        &format!("moto_server on {endpoint} to create a queue"),
+        Duration::from_secs(30),
+        || {
+            let client = client.clone();
+            async move {
+                let created = tokio::time::timeout(
+                    Duration::from_secs(5),
+                    client.create_queue().queue_name("outbox-test-cli").send(),
+                )
+                .await;
+                match created {
+                    Ok(Ok(created)) => created.queue_url().map(str::to_owned),
+                    _ => None,
+                }
+            }
+        },
     )
     .await;
-    let queue_url = match created {
-        Ok(Ok(created)) => created.queue_url().unwrap().to_owned(),
-        Ok(Err(e)) => outbox_test_support::no_server(
-            "an SQS emulator (moto_server)",
-            "OUTBOX_TEST_SQS_ENDPOINT",
-            &endpoint,
-            outbox::sqs::client::error::DisplayErrorContext(e),
-        ),
-        Err(_) => outbox_test_support::no_server(
-            "an SQS emulator (moto_server)",
-            "OUTBOX_TEST_SQS_ENDPOINT",
-            &endpoint,
-            "no answer within 10 s",
-        ),
-    };
     let got: Received = Arc::default();
     let record = got.clone();
     let url = queue_url.clone();
@@ -291,5 +310,5 @@ pub async fn sqs_consumer() -> (String, Received) {
                 .await;
         }
     });
-    (queue_url, got)
+    (guard, queue_url, got)
 }

@@ -12,6 +12,6 @@ pub mod sink_suite;
 mod sinks;
 pub mod store_suite;
 
-pub use sink_suite::{Delivered, SinkHarness};
+pub use sink_suite::{BinaryPayloads, Delivered, SinkHarness};
 pub use sinks::{FlakySink, FlakyStats, RecordingSink};
 pub use store_suite::{MemoryHarness, StoreHarness};
