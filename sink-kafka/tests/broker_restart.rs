@@ -75,17 +75,18 @@ async fn a_broker_killed_and_restarted_mid_run_loses_nothing() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     // Wait for every row to be published. Like a supervisor, restart the broker again if
-    // it broke itself (see `PrivateBroker::panics`); the relay must carry on either way.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    // it broke itself (see `PrivateBroker::panics`), as often as it takes (on a slow machine
+    // it broke itself three times in a row); the relay must carry on either way.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(180);
     let mut supervisor_restarts = 0;
     while store.ids_with_status(Status::Published).len() < MESSAGES {
         assert!(
             tokio::time::Instant::now() < deadline,
-            "timed out after 120 s waiting for every committed message published after the restart \
+            "timed out after 180 s waiting for every committed message published after the restart \
              ({} of {MESSAGES}; broker restarted {supervisor_restarts} more times after panics)",
             store.ids_with_status(Status::Published).len()
         );
-        if broker.panics() > supervisor_restarts && supervisor_restarts < 3 {
+        if broker.panics() > supervisor_restarts && supervisor_restarts < 10 {
             supervisor_restarts += 1;
             eprintln!("tansu panicked (its own bug); restarting it as a supervisor would");
             broker.restart().await;
