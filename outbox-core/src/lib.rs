@@ -7,7 +7,11 @@
 //! published only after the sink acknowledged it. Delivery is at-least-once with a stable
 //! idempotency key that receivers deduplicate on.
 //!
-//! This crate depends on no database or broker client.
+//! On the consuming side, [`receive`] holds what every receiver shares whatever the
+//! broker: the [`Inbox`] that deduplicates inside the consumer's transaction and the
+//! [`Received`] identity of a delivered message.
+//!
+//! This crate depends on no database, broker or HTTP client.
 //!
 //! ```
 //! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
@@ -41,6 +45,7 @@ mod error;
 pub mod layers;
 mod memory;
 mod message;
+pub mod receive;
 pub mod redact;
 pub mod registry;
 mod relay;
@@ -64,6 +69,7 @@ pub use message::{
     Availability, Headers, Limits, Message, MessageId, NewMessage, NewMessageBuilder,
     deterministic_key,
 };
+pub use receive::{Delivery, Inbox, NotAnOutboxMessage, Received};
 pub use registry::{PublishedRows, StoreSettings};
 pub use relay::{BatchReport, Relay, RelayBuilder};
 pub use retry::{Decision, RetryPolicy};

@@ -1,7 +1,8 @@
 //! The in-memory store and the test sinks pass the conformance suites they ship.
 
 use outbox_engine::testkit::{
-    FlakySink, MemoryHarness, RecordingSink, SinkHarness, sink_suite, store_suite,
+    FlakySink, InboxHarness, MemoryHarness, MemoryInboxHarness, RecordingSink, SinkHarness,
+    inbox_suite, sink_suite, store_suite,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -215,4 +216,70 @@ async fn store_suite_catches_a_store_without_fencing() {
     let inner = MemoryHarness::new();
     let store = Unfenced(inner.store().clone(), Arc::default());
     store_suite::stale_token_is_fenced(&H(inner, store)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_inbox_passes_the_inbox_suite() {
+    inbox_suite::run_all(|| async { MemoryInboxHarness::new() }).await;
+}
+
+/// An inbox that looks only at committed records, the classic check-then-insert race:
+/// two concurrent deliveries both see nothing and both apply. The suite catches it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[should_panic(expected = "exactly one of 8 concurrent deliveries of a key applies it")]
+async fn inbox_suite_catches_an_inbox_that_forgets_under_concurrency() {
+    use std::collections::HashSet;
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use outbox_engine::{Delivery, Inbox, StoreError};
+
+    #[derive(Default)]
+    struct Forgetful(Arc<Mutex<HashSet<(String, String)>>>);
+    struct Tx(Arc<Mutex<HashSet<(String, String)>>>, Vec<(String, String)>);
+
+    impl Inbox for Forgetful {
+        type Connection = Tx;
+        async fn record(
+            &self,
+            tx: &mut Tx,
+            consumer: &str,
+            key: &str,
+        ) -> Result<Delivery, StoreError> {
+            outbox_engine::receive::check_key("key", key)?;
+            outbox_engine::receive::check_key("consumer", consumer)?;
+            let pair = (consumer.to_owned(), key.to_owned());
+            if self.0.lock().unwrap().contains(&pair) || tx.1.contains(&pair) {
+                return Ok(Delivery::Duplicate);
+            }
+            tx.1.push(pair);
+            Ok(Delivery::New)
+        }
+        async fn purge(&self, _: &mut Tx, _: Duration, _: usize) -> Result<u64, StoreError> {
+            Ok(0)
+        }
+    }
+
+    struct Harness(Forgetful);
+    impl InboxHarness for Harness {
+        type Inbox = Forgetful;
+        type Tx = Tx;
+        fn inbox(&self) -> &Forgetful {
+            &self.0
+        }
+        async fn begin(&self) -> Tx {
+            Tx(self.0.0.clone(), Vec::new())
+        }
+        fn conn(tx: &mut Tx) -> &mut Tx {
+            tx
+        }
+        async fn commit(tx: Tx) -> Result<(), StoreError> {
+            tx.0.lock().unwrap().extend(tx.1);
+            Ok(())
+        }
+        async fn rollback(_: Tx) {}
+        async fn age(&self, _: Duration) {}
+    }
+
+    inbox_suite::concurrent_duplicates_apply_once(&Harness(Forgetful::default())).await;
 }

@@ -4,9 +4,9 @@ use std::time::Duration;
 
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 use chrono::{DateTime, Utc};
+use outbox_engine::Headers;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 use outbox_engine::{Availability, NewMessage};
-use outbox_engine::{Headers, StoreError, StoreErrorKind};
 
 /// A duration as whole milliseconds for binding, saturating.
 pub(crate) fn millis(d: Duration) -> i64 {
@@ -78,15 +78,4 @@ pub(crate) fn count(value: i64) -> u64 {
 
 pub(crate) fn limit(n: usize) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
-}
-
-/// Checks an inbox key part: 1 to 191 bytes (the longest MySQL can index), no NUL.
-pub(crate) fn check_inbox_key(field: &str, value: &str) -> Result<(), StoreError> {
-    if value.is_empty() || value.len() > 191 || value.contains('\0') {
-        return Err(StoreError::new(
-            StoreErrorKind::InvalidInput,
-            format!("inbox {field} must be 1 to 191 bytes without NUL"),
-        ));
-    }
-    Ok(())
 }

@@ -11,8 +11,9 @@
 //! - **a relay store** implementing [`outbox_engine::Store`] (claim with
 //!   `FOR UPDATE SKIP LOCKED` or a single atomic SQLite statement, token-fenced batched
 //!   completion) plus stats, dead letters and purge;
-//! - **an inbox** for receivers: record `(consumer, message id)` inside the receiver's own
-//!   transaction and learn whether the delivery is new or a duplicate.
+//! - **an inbox** for receivers, whatever the sink: [`Inbox::record`] writes
+//!   `(consumer, key)` inside the receiver's own transaction and answers whether the
+//!   delivery is new or a duplicate.
 //!
 //! The SQL comes from `outbox-sql`, the one source of the schema that every backend runs.
 //! Table and schema names are validated identifiers, so no name can inject SQL.
@@ -47,20 +48,4 @@ pub use driver::POSTGRES;
 pub use driver::SQLITE;
 pub use outbox_sql::{Ident, IdentError, TableNames};
 
-/// Whether an inbox delivery is the first one for its `(consumer, message id)`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Delivery {
-    /// First time: run the side effect, then commit.
-    New,
-    /// Seen before (committed by an earlier delivery): skip the side effect.
-    Duplicate,
-}
-
-impl Delivery {
-    /// `true` for [`Delivery::New`].
-    pub fn is_new(self) -> bool {
-        matches!(self, Self::New)
-    }
-}
-
-pub use outbox_engine::PublishedRows;
+pub use outbox_engine::{Delivery, Inbox, PublishedRows};

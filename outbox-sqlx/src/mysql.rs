@@ -88,12 +88,14 @@ use sqlx::query::Query;
 use sqlx::{Row, Transaction};
 use tracing::warn;
 
+use crate::PublishedRows;
 use crate::common::{
-    attempts, availability, check_inbox_key, count, headers_json, limit, millis, read_headers,
-    stored_id, undecodable,
+    attempts, availability, count, headers_json, limit, millis, read_headers, stored_id,
+    undecodable,
 };
 use crate::error::classify;
-use crate::{Delivery, PublishedRows};
+use outbox_engine::receive::check_key;
+use outbox_engine::{Delivery, Inbox};
 
 /// The named lock (`GET_LOCK`) that serialises migrations on one server.
 const MIGRATION_LOCK: &str = "outbox-sqlx.migrate";
@@ -1053,6 +1055,7 @@ impl Purge for MySqlOutbox {
 ///
 /// ```no_run
 /// # async fn handle(pool: sqlx::MySqlPool, message_id: &str) -> Result<(), Box<dyn std::error::Error>> {
+/// use outbox_sqlx::Inbox;
 /// use outbox_sqlx::mysql::MySqlInbox;
 ///
 /// let inbox = MySqlInbox::new();
@@ -1107,8 +1110,12 @@ impl MySqlInbox {
         )
         .await
     }
+}
 
-    /// Records `(consumer, message_id)` on `conn` (your transaction). Keys compare byte
+impl Inbox for MySqlInbox {
+    type Connection = MySqlConnection;
+
+    /// Records `(consumer, key)` on `conn` (your transaction). Keys compare byte
     /// for byte. Concurrent deliveries of the same id wait for each other: exactly one
     /// sees [`Delivery::New`] once its transaction commits; if it rolls back, the next one
     /// does.
@@ -1120,19 +1127,20 @@ impl MySqlInbox {
     ///
     /// # Errors
     ///
-    /// `InvalidInput` for an empty key or one over 191 bytes; `Conflict` for a deadlock
+    /// `InvalidInput` for a consumer or key that
+    /// [`check_key`](outbox_engine::receive::check_key) refuses; `Conflict` for a deadlock
     /// or lock wait timeout; the database's error.
-    pub async fn record(
+    async fn record(
         &self,
         conn: &mut MySqlConnection,
         consumer: &str,
-        message_id: &str,
+        key: &str,
     ) -> Result<Delivery, StoreError> {
-        check_inbox_key("consumer", consumer)?;
-        check_inbox_key("message id", message_id)?;
+        check_key("consumer", consumer)?;
+        check_key("key", key)?;
         let done = sqlx::query(&self.sql.inbox_record)
             .bind(consumer.as_bytes())
-            .bind(message_id.as_bytes())
+            .bind(key.as_bytes())
             .execute(conn)
             .await
             .map_err(classify)?;
@@ -1143,21 +1151,16 @@ impl MySqlInbox {
         })
     }
 
-    /// Deletes at most `batch_size` records older than `older_than`; returns how many.
-    ///
-    /// # Errors
-    ///
-    /// The database's error.
-    pub async fn purge(
+    async fn purge(
         &self,
-        pool: &MySqlPool,
+        conn: &mut MySqlConnection,
         older_than: Duration,
         batch_size: usize,
     ) -> Result<u64, StoreError> {
         let done = sqlx::query(&self.sql.inbox_purge)
             .bind(interval_ms(older_than))
             .bind(limit(batch_size))
-            .execute(pool)
+            .execute(conn)
             .await
             .map_err(classify)?;
         Ok(done.rows_affected())

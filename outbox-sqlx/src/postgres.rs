@@ -36,12 +36,13 @@ use sqlx::postgres::{PgConnection, PgListener, PgPool, PgRow};
 use tracing::{debug, warn};
 use uuid::Uuid;
 
+use crate::PublishedRows;
 use crate::common::{
-    attempts, availability, check_inbox_key, count, headers_json, limit, millis, read_headers,
-    undecodable,
+    attempts, availability, count, headers_json, limit, millis, read_headers, undecodable,
 };
 use crate::error::classify;
-use crate::{Delivery, PublishedRows};
+use outbox_engine::receive::check_key;
+use outbox_engine::{Delivery, Inbox};
 
 /// A fixed advisory-lock key serialising migrations across processes.
 const MIGRATION_LOCK: i64 = 0x6f75_7462_6f78_0001;
@@ -677,6 +678,7 @@ impl Drop for AbortOnDrop {
 ///
 /// ```no_run
 /// # async fn handle(pool: sqlx::PgPool, message_id: &str) -> Result<(), Box<dyn std::error::Error>> {
+/// use outbox_sqlx::Inbox;
 /// use outbox_sqlx::postgres::PgInbox;
 ///
 /// let inbox = PgInbox::new();
@@ -723,25 +725,30 @@ impl PgInbox {
         let migrations = outbox_sql::inbox_migrations(Dialect::Postgres, &self.names);
         run_migrations(pool, &self.sql, &migrations).await
     }
+}
 
-    /// Records `(consumer, message_id)` on `conn` (your transaction). Concurrent
+impl Inbox for PgInbox {
+    type Connection = PgConnection;
+
+    /// Records `(consumer, key)` on `conn` (your transaction). Concurrent
     /// deliveries of the same id wait for each other: exactly one sees [`Delivery::New`]
     /// once its transaction commits; if it rolls back, the next one does.
     ///
     /// # Errors
     ///
-    /// `InvalidInput` for an empty key or one over 191 bytes; the database's error.
-    pub async fn record(
+    /// `InvalidInput` for a consumer or key that
+    /// [`check_key`](outbox_engine::receive::check_key) refuses; the database's error.
+    async fn record(
         &self,
         conn: &mut PgConnection,
         consumer: &str,
-        message_id: &str,
+        key: &str,
     ) -> Result<Delivery, StoreError> {
-        check_inbox_key("consumer", consumer)?;
-        check_inbox_key("message id", message_id)?;
+        check_key("consumer", consumer)?;
+        check_key("key", key)?;
         let done = sqlx::query(&self.sql.inbox_record)
             .bind(consumer)
-            .bind(message_id)
+            .bind(key)
             .execute(conn)
             .await
             .map_err(classify)?;
@@ -752,21 +759,16 @@ impl PgInbox {
         })
     }
 
-    /// Deletes at most `batch_size` records older than `older_than`; returns how many.
-    ///
-    /// # Errors
-    ///
-    /// The database's error.
-    pub async fn purge(
+    async fn purge(
         &self,
-        pool: &PgPool,
+        conn: &mut PgConnection,
         older_than: Duration,
         batch_size: usize,
     ) -> Result<u64, StoreError> {
         let done = sqlx::query(&self.sql.inbox_purge)
             .bind(millis(older_than))
             .bind(limit(batch_size))
-            .execute(pool)
+            .execute(conn)
             .await
             .map_err(classify)?;
         Ok(done.rows_affected())

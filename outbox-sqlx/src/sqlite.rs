@@ -112,12 +112,13 @@ use sqlx::sqlite::{SqliteArguments, SqliteConnection, SqlitePool, SqliteRow};
 use tracing::warn;
 use uuid::Uuid;
 
+use crate::PublishedRows;
 use crate::common::{
-    attempts, check_inbox_key, count, headers_json, limit, millis, read_headers, stored_id,
-    undecodable,
+    attempts, count, headers_json, limit, millis, read_headers, stored_id, undecodable,
 };
 use crate::error::classify;
-use crate::{Delivery, PublishedRows};
+use outbox_engine::receive::check_key;
+use outbox_engine::{Delivery, Inbox};
 
 /// The outbox on SQLite: enqueue in your transaction, and the relay's [`Store`].
 ///
@@ -733,6 +734,7 @@ impl Purge for SqliteOutbox {
 ///
 /// ```no_run
 /// # async fn handle(pool: sqlx::SqlitePool, message_id: &str) -> Result<(), Box<dyn std::error::Error>> {
+/// use outbox_sqlx::Inbox;
 /// use outbox_sqlx::sqlite::SqliteInbox;
 ///
 /// let inbox = SqliteInbox::new();
@@ -780,8 +782,12 @@ impl SqliteInbox {
         let migrations = outbox_sql::inbox_migrations(Dialect::Sqlite, &self.names);
         run_migrations(pool, &self.sql, &migrations).await
     }
+}
 
-    /// Records `(consumer, message_id)` on `conn` (your transaction). SQLite serialises
+impl Inbox for SqliteInbox {
+    type Connection = SqliteConnection;
+
+    /// Records `(consumer, key)` on `conn` (your transaction). SQLite serialises
     /// writers, so concurrent deliveries of the same id take turns: exactly one sees
     /// [`Delivery::New`] once its transaction commits; if it rolls back, the next one
     /// does.
@@ -791,17 +797,17 @@ impl SqliteInbox {
     /// `InvalidInput` for an empty key, one over 191 bytes or one containing NUL; the
     /// database's error (kind `Conflict` for `SQLITE_BUSY`, which can happen when the
     /// transaction read before this write; see the type's documentation).
-    pub async fn record(
+    async fn record(
         &self,
         conn: &mut SqliteConnection,
         consumer: &str,
-        message_id: &str,
+        key: &str,
     ) -> Result<Delivery, StoreError> {
-        check_inbox_key("consumer", consumer)?;
-        check_inbox_key("message id", message_id)?;
+        check_key("consumer", consumer)?;
+        check_key("key", key)?;
         let done = sqlx::query(&self.sql.inbox_record)
             .bind(consumer)
-            .bind(message_id)
+            .bind(key)
             .execute(conn)
             .await
             .map_err(classify)?;
@@ -812,21 +818,16 @@ impl SqliteInbox {
         })
     }
 
-    /// Deletes at most `batch_size` records older than `older_than`; returns how many.
-    ///
-    /// # Errors
-    ///
-    /// The database's error.
-    pub async fn purge(
+    async fn purge(
         &self,
-        pool: &SqlitePool,
+        conn: &mut SqliteConnection,
         older_than: Duration,
         batch_size: usize,
     ) -> Result<u64, StoreError> {
         let done = sqlx::query(&self.sql.inbox_purge)
             .bind(millis(older_than))
             .bind(limit(batch_size))
-            .execute(pool)
+            .execute(conn)
             .await
             .map_err(classify)?;
         Ok(done.rows_affected())

@@ -5,10 +5,10 @@ mod common;
 
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use outbox_engine::testkit::{RecordingSink, StoreHarness, store_suite};
+use outbox_engine::testkit::{RecordingSink, StoreHarness, inbox_suite, store_suite};
 use outbox_engine::{
     ClaimRequest, Completion, DeadLetterFilter, DeadLetters, NewMessage, Relay, Store, StoreError,
     StoreErrorKind, StoreStats,
@@ -92,12 +92,6 @@ fn inbox_table(names: &TableNames) -> (String, String) {
         names.render(Dialect::MySql, "{inbox}"),
         names.inbox_name().name().to_owned(),
     )
-}
-
-fn is_deadlock(e: &sqlx::Error) -> bool {
-    e.as_database_error()
-        .and_then(|db| db.code())
-        .is_some_and(|code| code == "40001")
 }
 
 /// Tables a test created, dropped when the guard goes (also when the test fails).
@@ -418,176 +412,33 @@ async fn producer_atomicity_with_rollbacks() {
     );
 }
 
-/// 10,000 ids, each delivered 3 times concurrently by 4 consumers → 10,000 side effects.
-///
-/// The three deliveries of an id sit next to each other in the queue, so different
-/// consumers record the same id at the same time. InnoDB may answer concurrent inserts of
-/// one key with a deadlock; the consumer then retries the whole delivery transaction, as
-/// `MySqlInbox::record` documents.
+/// InnoDB may answer concurrent inserts of one key with a deadlock; the suite's
+/// consumers then retry the whole delivery transaction, as `MySqlInbox::record`
+/// documents.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn inbox_dedupes_concurrent_duplicate_deliveries() {
+async fn mysql_inbox_passes_the_inbox_suite() {
     let pool = pool().await;
-    let names = TableNames::default()
-        .inbox(&common::fresh_table("inbox"))
-        .unwrap();
-    let mut cleanup = Cleanup::new(&pool);
-    cleanup.tables.push(inbox_table(&names));
-    let inbox = MySqlInbox::with_names(names.clone());
-    inbox.migrate(&pool).await.unwrap();
-    inbox.migrate(&pool).await.expect("migrating twice is fine");
-    let effects = common::fresh_table("effects");
-    cleanup.table(&effects);
-    sqlx::query(&format!(
-        "CREATE TABLE {effects} (message_id VARCHAR(64) NOT NULL) ENGINE = InnoDB"
-    ))
-    .execute(&pool)
-    .await
-    .unwrap();
-
-    const IDS: usize = 10_000;
-    let deliveries: Vec<String> = (0..IDS)
-        .flat_map(|i| std::iter::repeat_n(format!("msg-{i}"), 3))
-        .collect();
-    let queue = Arc::new(std::sync::Mutex::new(deliveries));
-    let retries = Arc::new(AtomicUsize::new(0));
-    // The first new delivery of every 50th id fails its side effect and rolls back: a
-    // later delivery of that id must then see it as new.
-    let failed_once = Arc::new(std::sync::Mutex::new(HashSet::new()));
-    let mut consumers = tokio::task::JoinSet::new();
-    for _ in 0..4 {
-        let (pool, inbox, queue, effects, retries, failed_once) = (
-            pool.clone(),
-            inbox.clone(),
-            queue.clone(),
-            effects.clone(),
-            retries.clone(),
-            failed_once.clone(),
-        );
-        consumers.spawn(async move {
-            let (mut duplicates, mut rollbacks) = (0, 0);
-            loop {
-                let Some(id) = queue.lock().unwrap().pop() else {
-                    return (duplicates, rollbacks);
-                };
-                let fails_once = id.trim_start_matches("msg-").parse::<usize>().unwrap() % 50 == 0;
-                loop {
-                    let mut tx = pool.begin().await.unwrap();
-                    let delivery = match inbox.record(&mut tx, "billing", &id).await {
-                        Ok(delivery) => delivery,
-                        Err(e) if e.kind() == StoreErrorKind::Conflict => {
-                            retries.fetch_add(1, Ordering::Relaxed);
-                            tx.rollback().await.unwrap();
-                            continue;
-                        }
-                        Err(e) => panic!("record {id}: {e}"),
-                    };
-                    if !delivery.is_new() {
-                        duplicates += 1;
-                        tx.commit().await.unwrap();
-                        break;
-                    }
-                    let effect =
-                        sqlx::query(&format!("INSERT INTO {effects} (message_id) VALUES (?)"))
-                            .bind(&id)
-                            .execute(&mut *tx)
-                            .await;
-                    match effect {
-                        Ok(_) => {}
-                        Err(e) if is_deadlock(&e) => {
-                            retries.fetch_add(1, Ordering::Relaxed);
-                            tx.rollback().await.unwrap();
-                            continue;
-                        }
-                        Err(e) => panic!("side effect {id}: {e}"),
-                    }
-                    if fails_once && failed_once.lock().unwrap().insert(id.clone()) {
-                        tx.rollback().await.unwrap();
-                        rollbacks += 1;
-                    } else {
-                        tx.commit().await.unwrap();
-                    }
-                    break;
-                }
-            }
-        });
-    }
-    let (mut duplicates, mut rollbacks) = (0, 0);
-    while let Some(counts) = consumers.join_next().await {
-        let (d, r) = counts.unwrap();
-        duplicates += d;
-        rollbacks += r;
-    }
-    eprintln!(
-        "inbox: {} deadlock retries, {rollbacks} rolled-back first deliveries",
-        retries.load(Ordering::Relaxed)
-    );
-    assert_eq!(rollbacks, IDS / 50, "every 50th id failed once");
-    let (total, distinct): (i64, i64) = sqlx::query_as(&format!(
-        "SELECT COUNT(*), COUNT(DISTINCT message_id) FROM {effects}"
-    ))
-    .fetch_one(&pool)
-    .await
-    .unwrap();
-    assert_eq!(
-        (total, distinct),
-        (IDS as i64, IDS as i64),
-        "exactly one side effect per message"
-    );
-    assert_eq!(
-        duplicates,
-        2 * IDS - rollbacks,
-        "every delivery was new, rolled back, or a duplicate"
-    );
-
-    // Keys compare byte for byte: case and trailing spaces make different ids.
-    let mut tx = pool.begin().await.unwrap();
-    for (id, expect_new) in [
-        ("msg-1", false),
-        ("MSG-1", true),
-        ("msg-1 ", true),
-        ("msg-1", false),
-    ] {
-        assert_eq!(
-            inbox.record(&mut tx, "billing", id).await.unwrap().is_new(),
-            expect_new,
-            "{id:?}"
-        );
-    }
-    assert!(
-        inbox
-            .record(&mut tx, "other-consumer", "msg-1")
-            .await
-            .unwrap()
-            .is_new(),
-        "consumers dedupe separately"
-    );
-    tx.commit().await.unwrap();
-    let too_long = "x".repeat(192);
-    let mut conn = pool.acquire().await.unwrap();
-    for (consumer, id) in [("billing", ""), ("", "m"), ("billing", too_long.as_str())] {
-        let e = inbox.record(&mut conn, consumer, id).await.unwrap_err();
-        assert_eq!(e.kind(), StoreErrorKind::InvalidInput);
-    }
-    drop(conn);
-
-    assert_eq!(
-        inbox
-            .purge(&pool, Duration::from_secs(3600), 100_000)
-            .await
-            .unwrap(),
-        0,
-        "nothing is an hour old"
-    );
-    tokio::time::sleep(Duration::from_millis(5)).await;
-    assert_eq!(
-        inbox.purge(&pool, Duration::ZERO, 5_000).await.unwrap(),
-        5_000,
-        "bounded"
-    );
-    assert_eq!(
-        inbox.purge(&pool, Duration::ZERO, 100_000).await.unwrap(),
-        IDS as u64 + 3 - 5_000
-    );
+    inbox_suite::run_all(|| async {
+        let names = TableNames::default()
+            .inbox(&common::fresh_table("inbox"))
+            .unwrap();
+        let mut cleanup = Cleanup::new(&pool);
+        cleanup.tables.push(inbox_table(&names));
+        let inbox = MySqlInbox::with_names(names.clone());
+        inbox.migrate(&pool).await.unwrap();
+        inbox.migrate(&pool).await.expect("migrating twice is fine");
+        common::SqlxInbox {
+            pool: pool.clone(),
+            inbox,
+            begin: None,
+            age: names.render(
+                Dialect::MySql,
+                "UPDATE {inbox} SET received_at = received_at - INTERVAL ? SECOND",
+            ),
+            cleanup: Some(Box::new(cleanup)),
+        }
+    })
+    .await;
 }
 
 /// Hostile names are either rejected or used exactly as quoted; a canary table survives.

@@ -7,8 +7,9 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use outbox_engine::testkit::{RecordingSink, StoreHarness, store_suite};
+use outbox_engine::testkit::{RecordingSink, StoreHarness, inbox_suite, store_suite};
 use outbox_engine::{NewMessage, Relay, StoreError, StoreStats};
+use outbox_sql::Dialect;
 use outbox_sqlx::postgres::{PgInbox, PgOutbox};
 use outbox_sqlx::{PublishedRows, TableNames};
 use sqlx::PgPool;
@@ -194,81 +195,31 @@ async fn producer_atomicity_with_rollbacks() {
         .unwrap();
 }
 
-/// 10,000 ids, each delivered 3 times concurrently by 4 consumers → 10,000 side effects.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn inbox_dedupes_concurrent_duplicate_deliveries() {
+async fn postgres_inbox_passes_the_inbox_suite() {
     let pool = pool().await;
-    let names = TableNames::default()
-        .inbox(&common::fresh_table("inbox"))
-        .unwrap();
-    let inbox = PgInbox::with_names(names.clone());
-    inbox.migrate(&pool).await.unwrap();
-    let effects = common::fresh_table("effects");
-    sqlx::query(&format!(
-        "CREATE TABLE {effects} (message_id text NOT NULL)"
-    ))
-    .execute(&pool)
-    .await
-    .unwrap();
-
-    const IDS: usize = 10_000;
-    let deliveries: Vec<String> = (0..3)
-        .flat_map(|_| (0..IDS).map(|i| format!("msg-{i}")))
-        .collect();
-    let queue = Arc::new(std::sync::Mutex::new(deliveries));
-    let mut consumers = tokio::task::JoinSet::new();
-    for _ in 0..4 {
-        let (pool, inbox, queue, effects) =
-            (pool.clone(), inbox.clone(), queue.clone(), effects.clone());
-        consumers.spawn(async move {
-            let mut duplicates = 0;
-            loop {
-                let Some(id) = queue.lock().unwrap().pop() else {
-                    return duplicates;
-                };
-                let mut tx = pool.begin().await.unwrap();
-                if inbox
-                    .record(&mut tx, "billing", &id)
-                    .await
-                    .unwrap()
-                    .is_new()
-                {
-                    sqlx::query(&format!("INSERT INTO {effects} (message_id) VALUES ($1)"))
-                        .bind(&id)
-                        .execute(&mut *tx)
-                        .await
-                        .unwrap();
-                } else {
-                    duplicates += 1;
-                }
-                tx.commit().await.unwrap();
-            }
-        });
-    }
-    let mut duplicates = 0;
-    while let Some(d) = consumers.join_next().await {
-        duplicates += d.unwrap();
-    }
-    let (total, distinct): (i64, i64) = sqlx::query_as(&format!(
-        "SELECT count(*), count(DISTINCT message_id) FROM {effects}"
-    ))
-    .fetch_one(&pool)
-    .await
-    .unwrap();
-    assert_eq!(
-        (total, distinct),
-        (IDS as i64, IDS as i64),
-        "exactly one side effect per message"
-    );
-    assert_eq!(duplicates, 2 * IDS);
-    assert_eq!(
-        inbox.purge(&pool, Duration::ZERO, 100_000).await.unwrap(),
-        IDS as u64
-    );
-    sqlx::query(&format!("DROP TABLE {effects}"))
-        .execute(&pool)
-        .await
-        .unwrap();
+    inbox_suite::run_all(|| async {
+        let names = TableNames::default()
+            .inbox(&common::fresh_table("inbox"))
+            .unwrap();
+        let inbox = PgInbox::with_names(names.clone());
+        inbox.migrate(&pool).await.unwrap();
+        inbox
+            .migrate(&pool)
+            .await
+            .expect("migrating twice is a no-op");
+        common::SqlxInbox {
+            pool: pool.clone(),
+            inbox,
+            begin: None,
+            age: names.render(
+                Dialect::Postgres,
+                "UPDATE {inbox} SET received_at = received_at - $1 * interval '1 second'",
+            ),
+            cleanup: None,
+        }
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

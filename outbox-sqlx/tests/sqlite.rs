@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use outbox_engine::testkit::{RecordingSink, StoreHarness, store_suite};
+use outbox_engine::testkit::{RecordingSink, StoreHarness, inbox_suite, store_suite};
 use outbox_engine::{
     ClaimRequest, Completion, DeadLetterFilter, DeadLetters, NewMessage, Relay, Store, StoreError,
     StoreErrorKind, StoreStats, Wakeup,
@@ -419,140 +419,32 @@ async fn producer_atomicity_with_rollbacks() {
     assert_eq!(delivered, expected);
 }
 
-/// 10,000 ids, each delivered 3 times concurrently by 4 consumers → 10,000 side effects.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn inbox_dedupes_concurrent_duplicate_deliveries() {
+async fn sqlite_inbox_passes_the_inbox_suite() {
     let db = TestDb::new().await;
-    let pool = db.pool.clone();
-    let names = TableNames::default()
-        .inbox(&common::fresh_table("inbox"))
-        .unwrap();
-    let inbox = SqliteInbox::with_names(names.clone());
-    inbox.migrate(&pool).await.unwrap();
-    inbox
-        .migrate(&pool)
-        .await
-        .expect("migrating twice is a no-op");
-    let effects = common::fresh_table("effects");
-    sqlx::query(&format!(
-        "CREATE TABLE {effects} (message_id TEXT NOT NULL)"
-    ))
-    .execute(&pool)
-    .await
-    .unwrap();
-
-    const IDS: usize = 10_000;
-    let mut deliveries: Vec<String> = (0..3)
-        .flat_map(|_| (0..IDS).map(|i| format!("msg-{i}")))
-        .collect();
-    // Interleave so the copies of one id are usually in flight at the same time.
-    deliveries.sort_unstable_by_key(|id| id[4..].parse::<usize>().unwrap());
-    let queue = Arc::new(std::sync::Mutex::new(deliveries));
-    let mut consumers = tokio::task::JoinSet::new();
-    for _ in 0..4 {
-        let (pool, inbox, queue, effects) =
-            (pool.clone(), inbox.clone(), queue.clone(), effects.clone());
-        consumers.spawn(async move {
-            let mut duplicates = 0;
-            loop {
-                let Some(id) = queue.lock().unwrap().pop() else {
-                    return duplicates;
-                };
-                // IMMEDIATE: the transaction holds the write lock from the start, so the
-                // inbox check can never act on a stale snapshot.
-                let mut tx = pool.begin_with("BEGIN IMMEDIATE").await.unwrap();
-                if inbox
-                    .record(&mut tx, "billing", &id)
-                    .await
-                    .unwrap()
-                    .is_new()
-                {
-                    sqlx::query(&format!("INSERT INTO {effects} (message_id) VALUES (?1)"))
-                        .bind(&id)
-                        .execute(&mut *tx)
-                        .await
-                        .unwrap();
-                } else {
-                    duplicates += 1;
-                }
-                tx.commit().await.unwrap();
-            }
-        });
-    }
-    let mut duplicates = 0;
-    while let Some(d) = consumers.join_next().await {
-        duplicates += d.unwrap();
-    }
-    let (total, distinct): (i64, i64) = sqlx::query_as(&format!(
-        "SELECT count(*), count(DISTINCT message_id) FROM {effects}"
-    ))
-    .fetch_one(&pool)
-    .await
-    .unwrap();
-    assert_eq!(
-        (total, distinct),
-        (IDS as i64, IDS as i64),
-        "exactly one side effect per message"
-    );
-    assert_eq!(duplicates, 2 * IDS);
-
-    // A rolled-back first delivery does not count: the next one is new.
-    let mut tx = pool.begin().await.unwrap();
-    assert!(
+    inbox_suite::run_all(|| async {
+        let names = TableNames::default()
+            .inbox(&common::fresh_table("inbox"))
+            .unwrap();
+        let inbox = SqliteInbox::with_names(names.clone());
+        inbox.migrate(&db.pool).await.unwrap();
         inbox
-            .record(&mut tx, "billing", "late")
+            .migrate(&db.pool)
             .await
-            .unwrap()
-            .is_new()
-    );
-    tx.rollback().await.unwrap();
-    let mut tx = pool.begin().await.unwrap();
-    assert!(
-        inbox
-            .record(&mut tx, "billing", "late")
-            .await
-            .unwrap()
-            .is_new()
-    );
-    assert!(
-        !inbox
-            .record(&mut tx, "billing", "late")
-            .await
-            .unwrap()
-            .is_new()
-    );
-    assert!(
-        inbox
-            .record(&mut tx, "shipping", "late")
-            .await
-            .unwrap()
-            .is_new(),
-        "another consumer has its own record"
-    );
-    for (consumer, id) in [("", "x"), ("c", ""), ("c", "a\0b")] {
-        let error = inbox.record(&mut tx, consumer, id).await.unwrap_err();
-        assert_eq!(error.kind(), StoreErrorKind::InvalidInput, "{error}");
-    }
-    let long = "x".repeat(192);
-    assert!(inbox.record(&mut tx, "c", &long).await.is_err());
-    tx.commit().await.unwrap();
-
-    assert_eq!(
-        inbox
-            .purge(&pool, Duration::from_secs(3600), 100_000)
-            .await
-            .unwrap(),
-        0,
-        "nothing is an hour old"
-    );
-    assert_eq!(
-        inbox.purge(&pool, Duration::ZERO, 5000).await.unwrap(),
-        5000
-    );
-    assert_eq!(
-        inbox.purge(&pool, Duration::ZERO, 100_000).await.unwrap(),
-        IDS as u64 + 2 - 5000
-    );
+            .expect("migrating twice is a no-op");
+        common::SqlxInbox {
+            pool: db.pool.clone(),
+            inbox,
+            // The recommended start for SQLite consumers: the write lock from the start.
+            begin: Some("BEGIN IMMEDIATE"),
+            age: names.render(
+                Dialect::Sqlite,
+                "UPDATE {inbox} SET received_at = received_at - ?1 * 1000",
+            ),
+            cleanup: None,
+        }
+    })
+    .await;
 }
 
 /// Writer and relay share the process: an in-process wakeup after commit replaces

@@ -231,3 +231,63 @@ pub fn insert_sql(table: &str, payload: &str, column: &str, value: &str) -> Stri
         exprs.join(", ")
     )
 }
+
+/// An sqlx inbox under the inbox suite: transactions from `pool`, records aged by the
+/// dialect's `age` statement.
+pub struct SqlxInbox<DB: sqlx::Database, I> {
+    pub pool: sqlx::Pool<DB>,
+    pub inbox: I,
+    /// How a transaction starts (SQLite consumers begin `IMMEDIATE`); `None`: `BEGIN`.
+    pub begin: Option<&'static str>,
+    /// Moves every record's `received_at` back by the bound number of seconds.
+    pub age: String,
+    /// Dropped with the harness (a guard that drops the test's tables, say).
+    pub cleanup: Option<Box<dyn Send + Sync>>,
+}
+
+impl<DB, I> outbox_engine::testkit::InboxHarness for SqlxInbox<DB, I>
+where
+    DB: sqlx::Database,
+    I: outbox_engine::Inbox<Connection = DB::Connection>,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    for<'q> i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'q> <DB as sqlx::Database>::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+{
+    type Inbox = I;
+    type Tx = sqlx::Transaction<'static, DB>;
+
+    fn inbox(&self) -> &I {
+        &self.inbox
+    }
+
+    async fn begin(&self) -> Self::Tx {
+        let tx = match self.begin {
+            Some(statement) => self.pool.begin_with(statement).await,
+            None => self.pool.begin().await,
+        };
+        tx.expect("begin a transaction")
+    }
+
+    fn conn(tx: &mut Self::Tx) -> &mut DB::Connection {
+        tx
+    }
+
+    async fn commit(tx: Self::Tx) -> Result<(), outbox_engine::StoreError> {
+        tx.commit().await.map_err(|e| {
+            outbox_engine::StoreError::new(outbox_engine::StoreErrorKind::Other, e.to_string())
+        })
+    }
+
+    async fn rollback(tx: Self::Tx) {
+        tx.rollback().await.expect("rollback");
+    }
+
+    async fn age(&self, by: std::time::Duration) {
+        let mut conn = self.pool.acquire().await.expect("connection");
+        sqlx::query(&self.age)
+            .bind(i64::try_from(by.as_secs()).expect("seconds"))
+            .execute(&mut *conn)
+            .await
+            .expect("age the inbox records");
+    }
+}
