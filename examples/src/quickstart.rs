@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
-use outbox::http::receiver::WebhookReceiver;
 use outbox::http::{HttpSink, HttpSinkConfig};
+use outbox::receiver::WebhookReceiver;
 use outbox::sqlite::{SqliteInbox, SqliteOutbox};
 use outbox::{Backend, DeadLetterFilter, DeadLetters, NewMessage, Outbox, RetryPolicy, StoreStats};
 use sqlx::SqlitePool;

@@ -35,12 +35,12 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use outbox::NewMessage;
 use outbox::TableNames;
-use outbox::amqp::Received;
 use outbox::amqp::client as amqp;
+use outbox::amqp::read_delivery;
 use outbox::kafka::client as kafka;
 use outbox::postgres::{PgNotifier, PgOutbox};
+use outbox::receiver::WebhookReceiver;
 use outbox::redis::client as redis;
-use outbox_sink_http::receiver::WebhookReceiver;
 use serde_json::json;
 use sqlx::PgPool;
 
@@ -425,7 +425,7 @@ async fn read_queue(
         .await?
     {
         let delivery = message.delivery;
-        let received = Received::from_delivery(&delivery)?;
+        let received = read_delivery(&delivery)?;
         view.ingest(Delivered::new(
             received.idempotency_key,
             received.tenant_id,
@@ -456,7 +456,7 @@ async fn read_topic(topic: &str, expected: usize, view: &mut ConsumerView) -> Re
             break;
         };
         let record = record?;
-        let received = outbox::kafka::Received::from_record(&record)?;
+        let received = outbox::kafka::read_record(&record)?;
         view.ingest(Delivered::new(
             received.idempotency_key,
             received.tenant_id,
@@ -485,7 +485,7 @@ async fn read_sqs(queue_url: &str, expected: usize, view: &mut ConsumerView) -> 
             .send()
             .await?;
         for message in answer.messages() {
-            let received = outbox::sqs::Received::from_message(message)?;
+            let received = outbox::sqs::read_message(message)?;
             view.ingest(Delivered::new(
                 received.idempotency_key,
                 received.tenant_id,

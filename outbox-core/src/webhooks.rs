@@ -59,6 +59,13 @@ pub const HEADER_ID: &str = "webhook-id";
 pub const HEADER_TIMESTAMP: &str = "webhook-timestamp";
 /// Name of the header carrying the space-separated `version,base64` signatures.
 pub const HEADER_SIGNATURE: &str = "webhook-signature";
+/// The outbox message id, which the HTTP sink sends next to the signed headers (not
+/// covered by the signature).
+pub const HEADER_MESSAGE_ID: &str = "outbox-message-id";
+/// The event type the HTTP sink sends (not covered by the signature).
+pub const HEADER_EVENT_TYPE: &str = "outbox-event-type";
+/// The attempt number the HTTP sink sends, from 1 (not covered by the signature).
+pub const HEADER_ATTEMPT: &str = "outbox-attempt";
 
 /// Prefix of a serialized secret.
 pub const SECRET_PREFIX: &str = "whsec_";

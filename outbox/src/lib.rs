@@ -8,6 +8,7 @@
 //! |---|---|
 //! | `postgres`, `sqlite`, `mysql` | [`sqlx`](outbox_sqlx) stores: enqueue in your transaction, relay store, inbox |
 //! | `http` | the HTTP / webhook sink |
+//! | `receiver`, `receiver-axum` | the webhook receiver: verify, dedupe with any [`Inbox`]; an axum extractor. No HTTP client |
 //! | `redis` | the Redis Streams sink |
 //! | `amqp` | the RabbitMQ (AMQP 0-9-1) sink |
 //! | `kafka` | the Kafka sink (librdkafka is built from source: a C compiler and `make`) |
@@ -20,8 +21,11 @@
 //! from HTTP to Redis is a configuration change, not a code change. A URL whose feature is
 //! off fails with an error that names the feature.
 //!
-//! The core API ([`NewMessage`], [`Relay`], [`Store`], [`Sink`], …) is re-exported at the
-//! crate root.
+//! The core API ([`NewMessage`], [`Relay`], [`Store`], [`Sink`], [`Inbox`], [`Received`],
+//! …) is re-exported at the crate root. Consumers of every sink deduplicate the same way:
+//! read the message's [`Received`] identity (each broker sink's crate reads it from its
+//! client's message type) and record its idempotency key in an [`Inbox`] inside their
+//! own transaction.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
@@ -55,9 +59,15 @@ pub use outbox_sink_kafka as kafka;
 #[cfg(feature = "sqs")]
 pub use outbox_sink_sqs as sqs;
 
+/// The receiving side of webhooks (feature `receiver`; `receiver-axum` adds the
+/// extractor).
+#[cfg(feature = "receiver")]
+pub use outbox_receiver as receiver;
 /// The Redis Streams sink (feature `redis`).
 #[cfg(feature = "redis")]
 pub use outbox_sink_redis as redis;
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+pub use outbox_sqlx::TableNames;
 /// The MySQL / MariaDB store (feature `mysql`).
 #[cfg(feature = "mysql")]
 pub use outbox_sqlx::mysql;
@@ -67,5 +77,3 @@ pub use outbox_sqlx::postgres;
 /// The SQLite store (feature `sqlite`).
 #[cfg(feature = "sqlite")]
 pub use outbox_sqlx::sqlite;
-#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
-pub use outbox_sqlx::{Delivery, TableNames};

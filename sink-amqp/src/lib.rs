@@ -59,7 +59,8 @@
 //! | other headers | the message's headers as they are (e.g. `traceparent`) |
 //! | body | payload bytes |
 //!
-//! Consumers read these back with [`Received`], for deduplication in an inbox.
+//! Consumers read these back with [`read_delivery`] as an [`outbox_engine::Received`],
+//! for deduplication in an inbox.
 //!
 //! # Features
 //!
@@ -78,7 +79,7 @@ mod sink;
 
 pub use config::{AmqpSinkConfig, MAX_NAME_BYTES};
 pub use error::{AmqpSinkError, classify};
-pub use receive::{HEADER_PREFIX, IDEMPOTENCY_KEY_HEADER, NotAnOutboxMessage, Received};
+pub use receive::{read_delivery, read_parts};
 pub use sink::AmqpSink;
 
 /// The driver for `amqp://` and `amqps://` routes: parses the route's settings as an

@@ -20,7 +20,8 @@ use tracing::{debug, warn};
 
 use crate::config::{AmqpSinkConfig, Checked, MAX_NAME_BYTES};
 use crate::error::{AmqpSinkError, classify};
-use crate::receive::{HEADER_PREFIX, metadata_headers};
+use outbox_engine::receive::fields::{self, PREFIX as HEADER_PREFIX};
+use outbox_engine::receive::metadata_fields;
 
 /// The longest pause between two reconnection attempts.
 const MAX_RECONNECT_PAUSE: Duration = Duration::from_secs(5);
@@ -434,7 +435,13 @@ impl Inner {
         let routing_key = render("routing key", &self.checked.routing_key)?;
 
         let mut headers = FieldTable::default();
-        for (name, value) in metadata_headers(message) {
+        let id = message.id.to_string();
+        // The id, event type and content type travel as AMQP properties instead.
+        let in_properties = [fields::ID, fields::EVENT_TYPE, fields::CONTENT_TYPE];
+        for (name, value) in metadata_fields(message, &id)
+            .into_iter()
+            .filter(|(name, _)| !in_properties.contains(name))
+        {
             headers.insert(name.into(), AMQPValue::LongString(LongString::from(value)));
         }
         let short = |what: &str, text: &str| {
@@ -467,7 +474,7 @@ impl Inner {
         }
         let timestamp = u64::try_from(message.created_at.timestamp()).unwrap_or(0);
         let mut properties = BasicProperties::default()
-            .with_message_id(ShortString::from(message.id.to_string()))
+            .with_message_id(ShortString::from(id))
             .with_type(short("the event type", &message.event_type)?)
             .with_timestamp(timestamp)
             .with_headers(headers);

@@ -14,7 +14,7 @@ use outbox_engine::{
     DeadHead, FailureClass, MemoryStore, MessageOrder, NewMessage, Outcome, PublishContext, Relay,
     Sink, Status,
 };
-use outbox_sink_amqp::{AmqpSink, AmqpSinkConfig, AmqpSinkError, Received};
+use outbox_sink_amqp::{AmqpSink, AmqpSinkConfig, AmqpSinkError, read_delivery};
 
 mod common;
 use common::{Broker, delivered, header, sink, url};
@@ -292,7 +292,7 @@ async fn a_consumer_reads_back_every_property_exactly() {
 
     let got = broker.take(&queue).await;
     assert_eq!(got.len(), 2);
-    let first = Received::from_delivery(&got[0]).unwrap();
+    let first = read_delivery(&got[0]).unwrap();
     assert_eq!(first.id, full.id);
     assert_eq!(first.idempotency_key, "invoice-7:paid");
     assert_eq!(first.event_type, "invoice.paid");
@@ -318,7 +318,7 @@ async fn a_consumer_reads_back_every_property_exactly() {
         Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
     );
 
-    let second = Received::from_delivery(&got[1]).unwrap();
+    let second = read_delivery(&got[1]).unwrap();
     assert_eq!(second.id, bare.id);
     assert_eq!(
         second.idempotency_key,
@@ -334,8 +334,8 @@ async fn a_consumer_reads_back_every_property_exactly() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redelivered_message_is_a_duplicate_in_the_consumers_inbox() {
-    use outbox_sqlx::Delivery;
     use outbox_sqlx::postgres::PgInbox;
+    use outbox_sqlx::{Delivery, Inbox};
 
     let pg_url = outbox_test_support::server_url(
         "OUTBOX_TEST_POSTGRES_URL",
@@ -366,7 +366,7 @@ async fn a_redelivered_message_is_a_duplicate_in_the_consumers_inbox() {
     }
     let mut seen = Vec::new();
     for delivery in broker.take(&queue).await {
-        let received = Received::from_delivery(&delivery).unwrap();
+        let received = read_delivery(&delivery).unwrap();
         let mut tx = pool.begin().await.unwrap();
         seen.push(
             inbox

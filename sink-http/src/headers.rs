@@ -35,12 +35,6 @@
 
 /// The message's idempotency key.
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
-/// The message id.
-pub const MESSAGE_ID: &str = "outbox-message-id";
-/// The event type.
-pub const EVENT_TYPE: &str = "outbox-event-type";
-/// The attempt number (1 on the first delivery).
-pub const ATTEMPT: &str = "outbox-attempt";
 /// The partition key, when the message has one.
 pub const PARTITION_KEY: &str = "outbox-partition-key";
 /// The tenant id, when the message has one.
@@ -50,8 +44,11 @@ pub const AGGREGATE_TYPE: &str = "outbox-aggregate-type";
 /// The aggregate id, when the message has one.
 pub const AGGREGATE_ID: &str = "outbox-aggregate-id";
 
+/// The message id, the event type, the attempt number (from 1), and the Standard
+/// Webhooks headers: their names are shared with receivers.
 pub use outbox_engine::webhooks::{
-    HEADER_ID as WEBHOOK_ID, HEADER_SIGNATURE as WEBHOOK_SIGNATURE,
+    HEADER_ATTEMPT as ATTEMPT, HEADER_EVENT_TYPE as EVENT_TYPE, HEADER_ID as WEBHOOK_ID,
+    HEADER_MESSAGE_ID as MESSAGE_ID, HEADER_SIGNATURE as WEBHOOK_SIGNATURE,
     HEADER_TIMESTAMP as WEBHOOK_TIMESTAMP,
 };
 

@@ -62,18 +62,15 @@
 //! | bounded publish | every publish returns by the relay's deadline; a 2xx body is not waited for, an error body is read up to a cap for 1 s |
 //! | binary payloads | sent byte for byte with the message's content type |
 //! | fan-out | [`fan_out`]: one row per endpoint, one shared event key |
-//! | receiving | [`receiver`]: verify + inbox dedupe in one call; an axum extractor (feature `axum`) |
+//! | receiving | the `outbox-receiver` crate (no HTTP client): verify + inbox dedupe in one call, an axum extractor |
 //!
 //! Delivery is at-least-once: a request that timed out may have been processed, and is
 //! sent again. Receivers deduplicate on the signed `webhook-id` (or `idempotency-key`)
-//! with an inbox; [`receiver`] does this for you.
+//! with an inbox; the `outbox-receiver` crate does this for you.
 //!
 //! # Features
 //!
 //! - `http2`: HTTP/2 to endpoints that offer it.
-//! - `receiver-postgres`, `receiver-sqlite`, `receiver-mysql`: [`receiver::Inbox`] for
-//!   the inboxes of `outbox-sqlx`.
-//! - `axum`: [`receiver::WebhookRequest`], an extractor that verifies requests.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
@@ -81,7 +78,6 @@ mod config;
 pub mod error;
 mod fanout;
 pub mod headers;
-pub mod receiver;
 mod sink;
 pub mod ssrf;
 

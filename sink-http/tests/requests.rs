@@ -741,3 +741,27 @@ fn debug_output_hides_secrets() {
         }
     }
 }
+
+/// The signed content is `{id}.{timestamp}.{body}`, so a signed id may not contain a
+/// `.` (receivers refuse such ids as ambiguous): the sink refuses to send it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sink_does_not_sign_an_idempotency_key_with_a_dot() {
+    let server = TestServer::start().await;
+    let sink = common::sink(config(server.url("/hook")).secret(SECRET));
+    let mut message = message("t", 1);
+    message.idempotency_key = "order.42.paid".into();
+    let outcomes = sink
+        .publish(&[message], &PublishContext::default())
+        .await
+        .unwrap();
+    match &outcomes[0] {
+        Outcome::Failed(f) => {
+            assert!(
+                !f.retryable && f.class == FailureClass::Serialization,
+                "{f}"
+            );
+        }
+        other => panic!("must be refused: {other:?}"),
+    }
+    assert_eq!(server.count(), 0, "nothing was sent");
+}

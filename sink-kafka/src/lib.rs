@@ -57,7 +57,8 @@
 //! | value | payload bytes |
 //! | timestamp | the producer's (time of sending) |
 //!
-//! Consumers read these back with [`Received`], for deduplication in an inbox.
+//! Consumers read these back with [`read_record`] as an [`outbox_engine::Received`], for
+//! deduplication in an inbox.
 //!
 //! # Features
 //!
@@ -75,7 +76,7 @@ mod sink;
 
 pub use config::{KafkaSinkConfig, MAX_TOPIC_BYTES, Unkeyed};
 pub use error::{KafkaSinkError, classify};
-pub use receive::{HEADER_PREFIX, ID_HEADER, IDEMPOTENCY_KEY_HEADER, NotAnOutboxMessage, Received};
+pub use receive::{read_parts, read_record};
 pub use sink::KafkaSink;
 
 /// The driver for `kafka://` routes: parses the route's settings as a

@@ -16,7 +16,7 @@ use tracing::warn;
 
 use crate::config::{Checked, KafkaSinkConfig, Unkeyed, check_topic_name};
 use crate::error::{KafkaSinkError, classify, config_error};
-use crate::receive::{HEADER_PREFIX, metadata_headers};
+use outbox_engine::receive::{fields::PREFIX as HEADER_PREFIX, metadata_fields};
 
 /// How long to wait before offering a message again when the producer's local queue is
 /// full.
@@ -254,7 +254,7 @@ impl Inner {
         }
         let id = message.id.to_string();
         let mut headers = OwnedHeaders::new_with_capacity(8 + message.headers.len());
-        for (name, value) in metadata_headers(message, &id) {
+        for (name, value) in metadata_fields(message, &id) {
             headers = headers.insert(Header {
                 key: name,
                 value: Some(value),

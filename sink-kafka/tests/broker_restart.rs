@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use outbox_engine::{MemoryStore, NewMessage, Relay, Status};
 use outbox_sink_kafka::KafkaSinkConfig;
-use outbox_sink_kafka::Received;
+use outbox_sink_kafka::read_record;
 
 mod common;
 use common::{Kafka, PrivateBroker, sink};
@@ -105,7 +105,7 @@ async fn a_broker_killed_and_restarted_mid_run_loses_nothing() {
             .take(Duration::from_millis(500))
             .await
             .iter()
-            .map(|r| Received::from_record(r).unwrap().id.to_string())
+            .map(|r| read_record(r).unwrap().id.to_string())
             .collect();
         let distinct: HashSet<String> = ids.iter().cloned().collect();
         if committed.is_subset(&distinct) || tokio::time::Instant::now() > deadline {

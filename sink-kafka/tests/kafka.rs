@@ -15,7 +15,7 @@ use outbox_engine::{
 };
 use outbox_sink_kafka::client::consumer::{Consumer, StreamConsumer};
 use outbox_sink_kafka::client::{ClientConfig, Message as _};
-use outbox_sink_kafka::{KafkaSink, KafkaSinkConfig, KafkaSinkError, Received, Unkeyed};
+use outbox_sink_kafka::{KafkaSink, KafkaSinkConfig, KafkaSinkError, Unkeyed, read_record};
 
 mod common;
 use common::{Kafka, Reader, delivered, key, sink, url};
@@ -119,7 +119,7 @@ async fn a_consumer_group_reads_every_record_with_exact_key_headers_and_payload(
     }
     let by_id = |id: &str| {
         got.iter()
-            .find(|r| Received::from_record(*r).unwrap().id.to_string() == id)
+            .find(|r| read_record(*r).unwrap().id.to_string() == id)
             .unwrap_or_else(|| panic!("record {id} consumed"))
     };
 
@@ -134,7 +134,7 @@ async fn a_consumer_group_reads_every_record_with_exact_key_headers_and_payload(
         Some("invoice-7"),
         "key = partition key"
     );
-    let first = Received::from_record(record).unwrap();
+    let first = read_record(record).unwrap();
     assert_eq!(first.idempotency_key, "invoice-7:paid");
     assert_eq!(first.event_type, "invoice.paid");
     assert_eq!(
@@ -161,7 +161,7 @@ async fn a_consumer_group_reads_every_record_with_exact_key_headers_and_payload(
         None,
         "an unkeyed message has no key by default"
     );
-    let second = Received::from_record(record).unwrap();
+    let second = read_record(record).unwrap();
     assert_eq!(
         second.idempotency_key,
         bare.id.to_string(),
@@ -196,15 +196,15 @@ async fn unkeyed_messages_can_be_keyed_by_their_id() {
     assert!(outcomes.iter().all(Outcome::is_published), "{outcomes:?}");
     let mut reader = kafka.reader(&topic);
     for record in reader.read(6, Duration::from_secs(20)).await {
-        let received = Received::from_record(record).unwrap();
+        let received = read_record(record).unwrap();
         assert_eq!(key(record), Some(received.id.to_string()));
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redelivered_message_is_a_duplicate_in_the_consumers_inbox() {
-    use outbox_sqlx::Delivery;
     use outbox_sqlx::postgres::PgInbox;
+    use outbox_sqlx::{Delivery, Inbox};
 
     let pg_url = outbox_test_support::server_url(
         "OUTBOX_TEST_POSTGRES_URL",
@@ -236,7 +236,7 @@ async fn a_redelivered_message_is_a_duplicate_in_the_consumers_inbox() {
     let mut reader = kafka.reader(&topic);
     let mut seen = Vec::new();
     for record in reader.read(2, Duration::from_secs(20)).await {
-        let received = Received::from_record(record).unwrap();
+        let received = read_record(record).unwrap();
         let mut tx = pool.begin().await.unwrap();
         seen.push(
             inbox

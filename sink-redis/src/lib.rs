@@ -53,6 +53,8 @@
 //! `event_type`, `content_type`; then `partition_key`, `tenant_id`, `aggregate_type`,
 //! `aggregate_id` when the message has them; then one `h:<name>` field per header (or one
 //! JSON `headers` field, see [`HeaderLayout`]); and last `payload`, the raw payload bytes.
+//! Consumers read an entry back with [`FieldLayout::read_entry`] as an
+//! [`outbox_engine::Received`], for deduplication in an inbox.
 //!
 //! ```text
 //! XADD shop.order.paid * id 0190f2c4-… idempotency_key 0190f2c4-… event_type order.paid
@@ -97,6 +99,7 @@
 
 mod config;
 pub mod error;
+mod receive;
 mod sink;
 
 pub use config::{

@@ -63,8 +63,8 @@
 //! Every attribute is of type `String`. A group or deduplication id that SQS would refuse
 //! (over 128 characters, or characters other than printable ASCII) is sent as
 //! `sha256-` and the hex SHA-256 of the text ([`sqs_id`]): the same key always gives the
-//! same id. Consumers read messages back with [`Received`], for deduplication in an
-//! inbox.
+//! same id. Consumers read messages back with [`read_message`] as an
+//! [`outbox_engine::Received`], for deduplication in an inbox.
 //!
 //! Errors and their classification are in [`error`].
 
@@ -78,8 +78,7 @@ mod sink;
 pub use config::{Binary, DEFAULT_GROUP, SqsSinkConfig};
 pub use error::SqsSinkError;
 pub use receive::{
-    ATTRIBUTE_PREFIX, BODY_ENCODING_ATTRIBUTE, HEADERS_ATTRIBUTE, ID_ATTRIBUTE,
-    IDEMPOTENCY_KEY_ATTRIBUTE, MAX_ATTRIBUTES, NotAnOutboxMessage, Received,
+    BODY_ENCODING_ATTRIBUTE, HEADERS_ATTRIBUTE, MAX_ATTRIBUTES, read_message, read_parts,
 };
 pub use sink::{MAX_BATCH_BYTES, MAX_BATCH_ENTRIES, SqsSink, sqs_id};
 

@@ -5,18 +5,11 @@ use std::collections::BTreeMap;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
-use outbox_engine::{Failure, FailureClass, Headers, Message, MessageId};
+use outbox_engine::receive::fields::PREFIX as ATTRIBUTE_PREFIX;
+use outbox_engine::receive::metadata_fields;
+use outbox_engine::{Failure, FailureClass, Message, NotAnOutboxMessage, Received};
 
 use crate::config::Binary;
-
-/// The prefix of the attributes the sink writes itself; a message header may not use it.
-pub const ATTRIBUTE_PREFIX: &str = "outbox-";
-
-/// The attribute holding the message id.
-pub const ID_ATTRIBUTE: &str = "outbox-id";
-
-/// The attribute holding the idempotency key.
-pub const IDEMPOTENCY_KEY_ATTRIBUTE: &str = "outbox-idempotency-key";
 
 /// The attribute holding the message's headers as one JSON object, when they do not fit
 /// one attribute each.
@@ -94,30 +87,12 @@ pub(crate) fn layout(message: &Message, binary: Binary) -> Result<Layout, Failur
             ),
         ));
     }
-    let mut attributes: Vec<(String, String)> = vec![
-        (ID_ATTRIBUTE.to_owned(), message.id.to_string()),
-        (
-            IDEMPOTENCY_KEY_ATTRIBUTE.to_owned(),
-            message.idempotency_key.clone(),
-        ),
-        ("outbox-event-type".to_owned(), message.event_type.clone()),
-    ];
-    if !message.content_type.is_empty() {
-        attributes.push((
-            "outbox-content-type".to_owned(),
-            message.content_type.clone(),
-        ));
-    }
-    for (name, value) in [
-        ("outbox-partition-key", &message.partition_key),
-        ("outbox-tenant-id", &message.tenant_id),
-        ("outbox-aggregate-type", &message.aggregate_type),
-        ("outbox-aggregate-id", &message.aggregate_id),
-    ] {
-        if let Some(value) = value.as_ref().filter(|v| !v.is_empty()) {
-            attributes.push((name.to_owned(), value.clone()));
-        }
-    }
+    let id = message.id.to_string();
+    let mut attributes: Vec<(String, String)> = metadata_fields(message, &id)
+        .into_iter()
+        .filter(|(_, value)| !value.is_empty())
+        .map(|(name, value)| (name.to_owned(), value.to_owned()))
+        .collect();
     if let Some((name, _)) = attributes.iter().find(|(_, v)| !is_sqs_text(v)) {
         return Err(unfit(&format!("attribute {name:?}")));
     }
@@ -171,21 +146,22 @@ pub(crate) fn layout(message: &Message, binary: Binary) -> Result<Layout, Failur
     })
 }
 
-/// A message as published by [`SqsSink`](crate::SqsSink), read back by a consumer.
+/// Reads a message that [`SqsSink`](crate::SqsSink) sent, from `ReceiveMessage` (asked
+/// with `message_attribute_names("All")`).
 ///
 /// The sink writes the id, idempotency key, event type and content type, and when
-/// present the partition key, tenant and aggregate, as `outbox-…` String attributes. The
-/// message's headers (`traceparent`, say) are attributes of their own names when they
-/// fit SQS's limit of 10 attributes, otherwise one JSON object in `outbox-headers`.
+/// present the partition key, tenant and aggregate, as `outbox-…` String attributes (the
+/// names in [`outbox_engine::receive::fields`]). The message's headers (`traceparent`,
+/// say) are attributes of their own names when they fit SQS's limit of 10 attributes,
+/// otherwise one JSON object in `outbox-headers`; a body sent as base64 is decoded.
 ///
-/// Record [`idempotency_key`](Self::idempotency_key) in an inbox inside the transaction
-/// that handles the message, and delete the SQS message after that transaction commits;
-/// a redelivery then finds the key and is skipped.
+/// Record [`idempotency_key`](Received::idempotency_key) in an inbox inside the
+/// transaction that handles the message, and delete the SQS message after that
+/// transaction commits; a redelivery then finds the key and is skipped.
 ///
 /// ```no_run
-/// use outbox_sink_sqs::Received;
 /// use outbox_sqlx::postgres::PgInbox;
-/// use outbox_sqlx::Delivery;
+/// use outbox_sqlx::{Delivery, Inbox};
 ///
 /// async fn handle(
 ///     sqs: &aws_sdk_sqs::Client,
@@ -200,7 +176,7 @@ pub(crate) fn layout(message: &Message, binary: Binary) -> Result<Layout, Failur
 ///         .send()
 ///         .await?;
 ///     for message in answer.messages() {
-///         let received = Received::from_message(message)?;
+///         let received = outbox_sink_sqs::read_message(message)?;
 ///         let mut tx = pool.begin().await?;
 ///         if inbox.record(&mut tx, "billing", &received.idempotency_key).await? == Delivery::New {
 ///             // … apply `received.payload` in `tx` …
@@ -215,152 +191,79 @@ pub(crate) fn layout(message: &Message, binary: Binary) -> Result<Layout, Failur
 ///     Ok(())
 /// }
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Received {
-    /// The outbox message id.
-    pub id: MessageId,
-    /// The idempotency key: the same on every delivery of this message.
-    pub idempotency_key: String,
-    /// The event type.
-    pub event_type: String,
-    /// The content type, if the publisher set one.
-    pub content_type: Option<String>,
-    /// The partition key, if the message had one.
-    pub partition_key: Option<String>,
-    /// The tenant, if the message had one.
-    pub tenant_id: Option<String>,
-    /// The aggregate type, if the message had one.
-    pub aggregate_type: Option<String>,
-    /// The aggregate id, if the message had one.
-    pub aggregate_id: Option<String>,
-    /// The message's own headers.
-    pub headers: Headers,
-    /// The payload bytes (decoded when the sink sent them as base64).
-    pub payload: Vec<u8>,
+///
+/// # Errors
+///
+/// [`NotAnOutboxMessage`] when the id, idempotency key or event type attribute is
+/// missing, one of the sink's attributes is not a string, or the headers or base64 body
+/// do not decode.
+pub fn read_message(message: &aws_sdk_sqs::types::Message) -> Result<Received, NotAnOutboxMessage> {
+    let attributes = message
+        .message_attributes()
+        .into_iter()
+        .flatten()
+        .map(|(name, value)| (name.as_str(), value.string_value()));
+    read_parts(attributes, message.body().unwrap_or_default())
 }
 
-/// Why an SQS message is not a message of this sink.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("not an outbox message: {0}")]
-pub struct NotAnOutboxMessage(String);
-
-impl Received {
-    /// Reads a message from `ReceiveMessage` (asked with `message_attribute_names("All")`).
-    ///
-    /// # Errors
-    ///
-    /// [`NotAnOutboxMessage`] when the id, idempotency key or event type attribute is
-    /// missing, an attribute is not a string, or the headers or base64 body do not decode.
-    pub fn from_message(message: &aws_sdk_sqs::types::Message) -> Result<Self, NotAnOutboxMessage> {
-        let mut attributes = Vec::new();
-        for (name, value) in message.message_attributes().into_iter().flatten() {
-            match value.string_value() {
-                Some(text) => attributes.push((name.as_str(), text)),
-                None if name.starts_with(ATTRIBUTE_PREFIX) => {
-                    return Err(NotAnOutboxMessage(format!(
-                        "attribute {name:?} is not a string"
-                    )));
-                }
-                None => {}
+/// Reads a message from its attributes (name, String value; `None` for another data
+/// type) and body, for other clients (a Lambda event's `messageAttributes`, say).
+///
+/// ```
+/// use outbox_sink_sqs::read_parts;
+///
+/// let attributes = [
+///     ("outbox-id", Some("0190f2c4-58a3-7c3e-9a3b-3e1f2d4c5b6a")),
+///     ("outbox-idempotency-key", Some("order-42:paid")),
+///     ("outbox-event-type", Some("order.paid")),
+///     ("traceparent", Some("00-4bf9-01")),
+/// ];
+/// let received = read_parts(attributes, "{}")?;
+/// assert_eq!(received.idempotency_key, "order-42:paid");
+/// assert_eq!(received.headers["traceparent"], "00-4bf9-01");
+///
+/// assert!(read_parts([], "{}").is_err());
+/// # Ok::<(), outbox_engine::NotAnOutboxMessage>(())
+/// ```
+///
+/// # Errors
+///
+/// As for [`read_message`].
+pub fn read_parts<'a>(
+    attributes: impl IntoIterator<Item = (&'a str, Option<&'a str>)>,
+    body: &str,
+) -> Result<Received, NotAnOutboxMessage> {
+    let attributes: Vec<_> = attributes.into_iter().collect();
+    let mut received = Received::from_fields(attributes.iter().copied(), Vec::new())?;
+    let mut base64 = false;
+    for (name, value) in attributes {
+        match (name, value) {
+            (BODY_ENCODING_ATTRIBUTE, Some("base64")) => base64 = true,
+            (BODY_ENCODING_ATTRIBUTE, other) => {
+                return Err(NotAnOutboxMessage::new(format!(
+                    "unknown body encoding {other:?}"
+                )));
             }
-        }
-        Self::from_parts(attributes, message.body().unwrap_or_default())
-    }
-
-    /// Reads a message from its String attributes (name, value) and body, for other
-    /// clients (a Lambda event's `messageAttributes`, say).
-    ///
-    /// ```
-    /// use outbox_sink_sqs::Received;
-    ///
-    /// let attributes = [
-    ///     ("outbox-id", "0190f2c4-58a3-7c3e-9a3b-3e1f2d4c5b6a"),
-    ///     ("outbox-idempotency-key", "order-42:paid"),
-    ///     ("outbox-event-type", "order.paid"),
-    ///     ("traceparent", "00-4bf9-01"),
-    /// ];
-    /// let received = Received::from_parts(attributes, "{}")?;
-    /// assert_eq!(received.idempotency_key, "order-42:paid");
-    /// assert_eq!(received.headers["traceparent"], "00-4bf9-01");
-    ///
-    /// assert!(Received::from_parts([], "{}").is_err());
-    /// # Ok::<(), outbox_sink_sqs::NotAnOutboxMessage>(())
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// As for [`from_message`](Self::from_message).
-    pub fn from_parts<'a>(
-        attributes: impl IntoIterator<Item = (&'a str, &'a str)>,
-        body: &str,
-    ) -> Result<Self, NotAnOutboxMessage> {
-        let missing = |what: &str| NotAnOutboxMessage(format!("no {what} attribute"));
-        let (mut id, mut idempotency_key, mut event_type) = (None, None, None);
-        let mut base64 = false;
-        let mut received = Self {
-            id: MessageId::from_uuid(uuid::Uuid::nil()),
-            idempotency_key: String::new(),
-            event_type: String::new(),
-            content_type: None,
-            partition_key: None,
-            tenant_id: None,
-            aggregate_type: None,
-            aggregate_id: None,
-            headers: Headers::new(),
-            payload: Vec::new(),
-        };
-        for (name, value) in attributes {
-            let text = value.to_owned();
-            match name {
-                ID_ATTRIBUTE => id = Some(text),
-                IDEMPOTENCY_KEY_ATTRIBUTE => idempotency_key = Some(text),
-                "outbox-event-type" => event_type = Some(text),
-                "outbox-content-type" => received.content_type = Some(text),
-                "outbox-partition-key" => received.partition_key = Some(text),
-                "outbox-tenant-id" => received.tenant_id = Some(text),
-                "outbox-aggregate-type" => received.aggregate_type = Some(text),
-                "outbox-aggregate-id" => received.aggregate_id = Some(text),
-                BODY_ENCODING_ATTRIBUTE => {
-                    if value != "base64" {
-                        return Err(NotAnOutboxMessage(format!(
-                            "unknown body encoding {value:?}"
-                        )));
-                    }
-                    base64 = true;
-                }
-                HEADERS_ATTRIBUTE => {
-                    let headers: BTreeMap<String, String> =
-                        serde_json::from_str(value).map_err(|e| {
-                            NotAnOutboxMessage(format!(
-                                "{HEADERS_ATTRIBUTE} is not a JSON object of strings: {e}"
-                            ))
-                        })?;
-                    received.headers.extend(headers);
-                }
-                _ if name.starts_with(ATTRIBUTE_PREFIX) => {}
-                _ => {
-                    received.headers.insert(name.to_owned(), text);
-                }
+            (HEADERS_ATTRIBUTE, Some(json)) => {
+                let headers: BTreeMap<String, String> =
+                    serde_json::from_str(json).map_err(|e| {
+                        NotAnOutboxMessage::new(format!(
+                            "{HEADERS_ATTRIBUTE} is not a JSON object of strings: {e}"
+                        ))
+                    })?;
+                received.headers.extend(headers);
             }
+            _ => {}
         }
-        let id = id.ok_or_else(|| missing(ID_ATTRIBUTE))?;
-        received.id = id
-            .parse::<uuid::Uuid>()
-            .map(MessageId::from_uuid)
-            .map_err(|_| NotAnOutboxMessage(format!("{ID_ATTRIBUTE} {id:?} is not a UUID")))?;
-        received.idempotency_key =
-            idempotency_key.ok_or_else(|| missing(IDEMPOTENCY_KEY_ATTRIBUTE))?;
-        received.event_type = event_type.ok_or_else(|| missing("outbox-event-type"))?;
-        received.payload = if base64 {
-            BASE64
-                .decode(body)
-                .map_err(|e| NotAnOutboxMessage(format!("the base64 body does not decode: {e}")))?
-        } else {
-            body.as_bytes().to_vec()
-        };
-        Ok(received)
     }
+    received.payload = if base64 {
+        BASE64
+            .decode(body)
+            .map_err(|e| NotAnOutboxMessage::new(format!("the base64 body does not decode: {e}")))?
+    } else {
+        body.as_bytes().to_vec()
+    };
+    Ok(received)
 }
 
 #[cfg(test)]
@@ -385,8 +288,8 @@ mod tests {
         let attributes = layout
             .attributes
             .iter()
-            .map(|(n, v)| (n.as_str(), v.as_str()));
-        Received::from_parts(attributes, &layout.body).unwrap()
+            .map(|(n, v)| (n.as_str(), Some(v.as_str())));
+        read_parts(attributes, &layout.body).unwrap()
     }
 
     #[test]
@@ -481,13 +384,16 @@ mod tests {
 
     #[test]
     fn foreign_messages_are_not_outbox_messages() {
-        assert!(Received::from_parts([("traceparent", "x")], "{}").is_err());
+        assert!(read_parts([("traceparent", Some("x"))], "{}").is_err());
         let bad_json = [
-            (ID_ATTRIBUTE, "0190f2c4-58a3-7c3e-9a3b-3e1f2d4c5b6a"),
-            (IDEMPOTENCY_KEY_ATTRIBUTE, "k"),
-            ("outbox-event-type", "t"),
-            (HEADERS_ATTRIBUTE, "[1]"),
+            (
+                outbox_engine::receive::fields::ID,
+                Some("0190f2c4-58a3-7c3e-9a3b-3e1f2d4c5b6a"),
+            ),
+            (outbox_engine::receive::fields::IDEMPOTENCY_KEY, Some("k")),
+            ("outbox-event-type", Some("t")),
+            (HEADERS_ATTRIBUTE, Some("[1]")),
         ];
-        assert!(Received::from_parts(bad_json, "{}").is_err());
+        assert!(read_parts(bad_json, "{}").is_err());
     }
 }

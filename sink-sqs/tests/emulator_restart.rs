@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use outbox_engine::{MemoryStore, NewMessage, Relay, Status};
-use outbox_sink_sqs::Received;
+use outbox_sink_sqs::read_message;
 
 mod common;
 use common::{PrivateMoto, Sqs, config_via, sink};
@@ -69,7 +69,7 @@ async fn an_emulator_killed_and_restarted_mid_run_loses_nothing() {
                     continue;
                 };
                 for m in answer.messages() {
-                    let id = Received::from_message(m).unwrap().id.to_string();
+                    let id = read_message(m).unwrap().id.to_string();
                     received.lock().unwrap().push(id);
                 }
                 let _ = common::delete_all(&client, &queue, answer.messages()).await;

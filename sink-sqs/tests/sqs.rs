@@ -16,7 +16,7 @@ use outbox_engine::{
     PublishContext, Relay, Sink, Status,
 };
 use outbox_sink_sqs::client as aws_sdk_sqs;
-use outbox_sink_sqs::{Binary, Received, SqsSink, SqsSinkConfig, SqsSinkError, sqs_id};
+use outbox_sink_sqs::{Binary, SqsSink, SqsSinkConfig, SqsSinkError, read_message, sqs_id};
 
 mod common;
 use common::{Fault, FaultProxy, Reader, Sqs, config, config_via, delivered, sink, system};
@@ -144,9 +144,9 @@ async fn a_consumer_reads_every_message_with_exact_body_and_attributes() {
         for (sent, receipt) in batch.iter().zip(&receipts) {
             let message = got
                 .iter()
-                .find(|m| Received::from_message(m).unwrap().id == sent.id)
+                .find(|m| read_message(m).unwrap().id == sent.id)
                 .unwrap_or_else(|| panic!("message {} received", sent.id));
-            let received = Received::from_message(message).unwrap();
+            let received = read_message(message).unwrap();
             assert_eq!(received.idempotency_key, sent.idempotency_key);
             assert_eq!(received.event_type, sent.event_type);
             assert_eq!(received.content_type.as_deref(), Some("application/json"));
@@ -188,7 +188,7 @@ async fn a_consumer_reads_every_message_with_exact_body_and_attributes() {
         }
         let crowded_in = got
             .iter()
-            .find(|m| Received::from_message(m).unwrap().id == crowded.id)
+            .find(|m| read_message(m).unwrap().id == crowded.id)
             .unwrap();
         assert!(
             crowded_in
@@ -202,8 +202,8 @@ async fn a_consumer_reads_every_message_with_exact_body_and_attributes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redelivered_message_is_a_duplicate_in_the_consumers_inbox() {
-    use outbox_sqlx::Delivery;
     use outbox_sqlx::postgres::PgInbox;
+    use outbox_sqlx::{Delivery, Inbox};
 
     let pg_url = outbox_test_support::server_url(
         "OUTBOX_TEST_POSTGRES_URL",
@@ -231,7 +231,7 @@ async fn a_redelivered_message_is_a_duplicate_in_the_consumers_inbox() {
     let mut reader = sqs.reader(&queue);
     let mut seen = Vec::new();
     for m in reader.read(2, Duration::from_secs(20)).await {
-        let received = Received::from_message(m).unwrap();
+        let received = read_message(m).unwrap();
         let mut tx = pool.begin().await.unwrap();
         seen.push(
             inbox
@@ -493,10 +493,7 @@ async fn what_aws_would_refuse_is_refused_or_reshaped_by_the_sink_before_sending
     }
     let mut reader = sqs.reader(&queue);
     let got = reader.read(1, Duration::from_secs(10)).await;
-    assert_eq!(
-        Received::from_message(&got[0]).unwrap().headers,
-        many.headers
-    );
+    assert_eq!(read_message(&got[0]).unwrap().headers, many.headers);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

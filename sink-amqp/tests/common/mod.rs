@@ -13,7 +13,7 @@ use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
 use outbox_engine::testkit::Delivered;
 use outbox_sink_amqp::client as lapin;
-use outbox_sink_amqp::{AmqpSink, AmqpSinkConfig, AmqpSinkError, Received};
+use outbox_sink_amqp::{AmqpSink, AmqpSinkConfig, AmqpSinkError, read_delivery};
 use outbox_test_support::{no_server, output_within, server_url};
 
 pub const URL_VAR: &str = "OUTBOX_TEST_AMQP_URL";
@@ -142,7 +142,7 @@ impl Broker {
 
 /// A delivery as the sink suite compares it, decoded with the crate's consumer helper.
 pub fn delivered(delivery: &lapin::message::Delivery) -> Delivered {
-    let received = Received::from_delivery(delivery).expect("an outbox message");
+    let received = read_delivery(delivery).expect("an outbox message");
     Delivered {
         id: received.id.to_string(),
         idempotency_key: received.idempotency_key,

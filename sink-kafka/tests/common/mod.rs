@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use outbox_engine::testkit::Delivered;
 use outbox_sink_kafka::client as rdkafka;
-use outbox_sink_kafka::{KafkaSink, KafkaSinkConfig, Received};
+use outbox_sink_kafka::{KafkaSink, KafkaSinkConfig, read_record};
 use outbox_test_support::{ChildGuard, no_server, server_url};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
@@ -179,7 +179,7 @@ impl Reader {
 
 /// A record as the conformance suite compares it.
 pub fn delivered(record: &OwnedMessage) -> Delivered {
-    let received = Received::from_record(record).expect("an outbox record");
+    let received = read_record(record).expect("an outbox record");
     Delivered {
         id: received.id.to_string(),
         idempotency_key: received.idempotency_key,

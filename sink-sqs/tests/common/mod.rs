@@ -16,7 +16,7 @@ use aws_sdk_sqs::config::{BehaviorVersion, Credentials, Region};
 use aws_sdk_sqs::types::{Message, MessageSystemAttributeName, QueueAttributeName};
 use outbox_engine::testkit::Delivered;
 use outbox_sink_sqs::client as aws_sdk_sqs;
-use outbox_sink_sqs::{Received, SqsSink, SqsSinkConfig};
+use outbox_sink_sqs::{SqsSink, SqsSinkConfig, read_message};
 use outbox_test_support::{ChildGuard, no_server, server_url};
 
 pub const ENDPOINT_VAR: &str = "OUTBOX_TEST_SQS_ENDPOINT";
@@ -242,7 +242,7 @@ pub async fn delete_all(
 
 /// What the conformance suite compares, read from an SQS message.
 pub fn delivered(message: &Message) -> Delivered {
-    let received = Received::from_message(message).expect("an outbox message");
+    let received = read_message(message).expect("an outbox message");
     Delivered {
         id: received.id.to_string(),
         idempotency_key: received.idempotency_key,

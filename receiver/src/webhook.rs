@@ -1,66 +1,12 @@
-//! The receiving side: verify a Standard Webhooks request and deduplicate it with an
-//! inbox, inside the receiver's own database transaction.
-//!
-//! Delivery is at-least-once, so a receiver sees some messages twice (a relay crashed
-//! after sending, a reply got lost, an endpoint answered 500 after committing). The
-//! recipe for exactly one side effect per message:
-//!
-//! 1. Verify the signature and timestamp **before** touching the database, so that
-//!    unauthenticated requests cannot fill the inbox.
-//! 2. In one transaction: record the signed `webhook-id` in the inbox, apply the side
-//!    effect only if the record is new, commit.
-//! 3. Answer 2xx only after the commit. If anything fails, answer an error: the sender
-//!    retries, and the inbox turns the retry into a no-op if the first try committed.
-//!
-//! [`WebhookReceiver::receive`] does steps 1 and 2a in one call:
-//!
-//! ```no_run
-//! # #[cfg(feature = "receiver-postgres")]
-//! # async fn handle(
-//! #     pool: sqlx::PgPool,
-//! #     headers: http::HeaderMap,
-//! #     body: bytes::Bytes,
-//! # ) -> Result<http::StatusCode, Box<dyn std::error::Error>> {
-//! use outbox_sink_http::receiver::WebhookReceiver;
-//! use outbox_sqlx::postgres::PgInbox;
-//!
-//! let receiver = WebhookReceiver::from_secrets(["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"])?
-//!     .consumer("billing");
-//! let inbox = PgInbox::new();
-//!
-//! let mut tx = pool.begin().await?;
-//! let received = match receiver.receive(&inbox, &mut tx, &headers, &body).await {
-//!     Ok(received) => received,
-//!     Err(e) => return Ok(e.status()), // 401 bad signature, 413 too large, 503 database…
-//! };
-//! if received.is_new() {
-//!     sqlx::query("UPDATE invoices SET paid = true WHERE id = $1")
-//!         .bind(42_i64)
-//!         .execute(&mut *tx)
-//!         .await?;
-//! }
-//! tx.commit().await?;
-//! Ok(http::StatusCode::NO_CONTENT)
-//! # }
-//! ```
-//!
-//! With the `axum` feature, [`WebhookRequest`] is an extractor that does step 1 and
-//! rejects bad requests with the right status; [`WebhookReceiver::record`] then does
-//! step 2a.
-//!
-//! Inboxes for PostgreSQL, SQLite and MySQL/MariaDB (from `outbox-sqlx`) implement
-//! [`Inbox`] behind the features `receiver-postgres`, `receiver-sqlite` and
-//! `receiver-mysql`; implement it for your own store if you use another.
+//! Standard Webhooks verification and the inbox step, for HTTP receivers.
 
-use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http::{HeaderMap, StatusCode};
+use outbox_engine::webhooks::{HEADER_ATTEMPT, HEADER_EVENT_TYPE, HEADER_MESSAGE_ID};
 use outbox_engine::webhooks::{Secret, SecretError, Verifier, VerifyError};
-use outbox_engine::{StoreError, StoreErrorKind};
-
-use crate::headers;
+use outbox_engine::{Inbox, StoreError, StoreErrorKind};
 
 /// Default largest request body a receiver reads: 1 MiB (the default outbox payload
 /// limit).
@@ -68,80 +14,6 @@ pub const DEFAULT_MAX_BODY: usize = 1024 * 1024;
 
 /// How long the axum extractor waits for a request body by default.
 pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Records deliveries inside the receiver's transaction: the dedupe table.
-///
-/// ```
-/// use std::collections::HashSet;
-/// use std::sync::Mutex;
-/// use outbox_engine::StoreError;
-/// use outbox_sink_http::receiver::Inbox;
-///
-/// /// An in-memory inbox for tests; the "connection" is unused.
-/// struct MemoryInbox(Mutex<HashSet<(String, String)>>);
-///
-/// impl Inbox for MemoryInbox {
-///     type Connection = ();
-///
-///     async fn record_delivery(&self, _: &mut (), consumer: &str, id: &str) -> Result<bool, StoreError> {
-///         Ok(self.0.lock().unwrap().insert((consumer.to_owned(), id.to_owned())))
-///     }
-/// }
-/// ```
-pub trait Inbox: Send + Sync {
-    /// The connection (usually a transaction derefs to it) the record is written on.
-    type Connection: Send;
-
-    /// Records `(consumer, id)`; `true` when it was not recorded before.
-    fn record_delivery(
-        &self,
-        conn: &mut Self::Connection,
-        consumer: &str,
-        id: &str,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
-}
-
-#[cfg(feature = "receiver-postgres")]
-impl Inbox for outbox_sqlx::postgres::PgInbox {
-    type Connection = sqlx::PgConnection;
-
-    async fn record_delivery(
-        &self,
-        conn: &mut sqlx::PgConnection,
-        consumer: &str,
-        id: &str,
-    ) -> Result<bool, StoreError> {
-        Ok(self.record(conn, consumer, id).await?.is_new())
-    }
-}
-
-#[cfg(feature = "receiver-sqlite")]
-impl Inbox for outbox_sqlx::sqlite::SqliteInbox {
-    type Connection = sqlx::SqliteConnection;
-
-    async fn record_delivery(
-        &self,
-        conn: &mut sqlx::SqliteConnection,
-        consumer: &str,
-        id: &str,
-    ) -> Result<bool, StoreError> {
-        Ok(self.record(conn, consumer, id).await?.is_new())
-    }
-}
-
-#[cfg(feature = "receiver-mysql")]
-impl Inbox for outbox_sqlx::mysql::MySqlInbox {
-    type Connection = sqlx::MySqlConnection;
-
-    async fn record_delivery(
-        &self,
-        conn: &mut sqlx::MySqlConnection,
-        consumer: &str,
-        id: &str,
-    ) -> Result<bool, StoreError> {
-        Ok(self.record(conn, consumer, id).await?.is_new())
-    }
-}
 
 /// A verified webhook: its signed identity plus the sink's informational headers.
 ///
@@ -165,30 +37,30 @@ pub struct Webhook {
 ///
 /// ```
 /// # async fn demo(
-/// #     receiver: outbox_sink_http::receiver::WebhookReceiver,
-/// #     inbox: impl outbox_sink_http::receiver::Inbox<Connection = ()>,
+/// #     receiver: outbox_receiver::WebhookReceiver,
+/// #     inbox: impl outbox_engine::Inbox<Connection = ()>,
 /// #     headers: http::HeaderMap,
 /// #     body: &[u8],
-/// # ) -> Result<(), outbox_sink_http::receiver::ReceiveError> {
-/// use outbox_sink_http::receiver::Received;
+/// # ) -> Result<(), outbox_receiver::ReceiveError> {
+/// use outbox_receiver::Receipt;
 ///
 /// match receiver.receive(&inbox, &mut (), &headers, body).await? {
-///     Received::New(webhook) => println!("apply {} once", webhook.id),
-///     Received::Duplicate(webhook) => println!("{} again: acknowledge, do nothing", webhook.id),
+///     Receipt::New(webhook) => println!("apply {} once", webhook.id),
+///     Receipt::Duplicate(webhook) => println!("{} again: acknowledge, do nothing", webhook.id),
 /// }
 /// # Ok(())
 /// # }
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Received {
+pub enum Receipt {
     /// First delivery: apply the side effect in the same transaction, then commit.
     New(Webhook),
     /// Already recorded by a committed earlier delivery: skip the side effect, answer 2xx.
     Duplicate(Webhook),
 }
 
-impl Received {
-    /// `true` for [`Received::New`].
+impl Receipt {
+    /// `true` for [`Receipt::New`].
     pub fn is_new(&self) -> bool {
         matches!(self, Self::New(_))
     }
@@ -233,7 +105,7 @@ impl ReceiveError {
     /// ```
     /// use http::StatusCode;
     /// use outbox_engine::webhooks::VerifyError;
-    /// use outbox_sink_http::receiver::ReceiveError;
+    /// use outbox_receiver::ReceiveError;
     ///
     /// assert_eq!(ReceiveError::from(VerifyError::NoMatchingSignature).status(), StatusCode::UNAUTHORIZED);
     /// assert_eq!(ReceiveError::from(VerifyError::NoSecrets).status(), StatusCode::INTERNAL_SERVER_ERROR);
@@ -259,7 +131,7 @@ impl ReceiveError {
 /// ```
 /// use std::time::Duration;
 /// use outbox_engine::webhooks::{Secret, signature_header};
-/// use outbox_sink_http::receiver::WebhookReceiver;
+/// use outbox_receiver::WebhookReceiver;
 ///
 /// let secret: Secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".parse()?;
 /// let receiver = WebhookReceiver::new(vec![secret.clone()])?
@@ -367,6 +239,16 @@ impl WebhookReceiver {
         &self.inner.consumer
     }
 
+    /// The largest body read.
+    pub fn max_body_limit(&self) -> usize {
+        self.inner.max_body
+    }
+
+    /// How long the axum extractor waits for a body.
+    pub fn body_timeout_limit(&self) -> Duration {
+        self.inner.body_timeout
+    }
+
     /// Verifies a request against the current time.
     ///
     /// # Errors
@@ -401,9 +283,9 @@ impl WebhookReceiver {
         Ok(Webhook {
             id: verified.id.to_owned(),
             timestamp: verified.timestamp,
-            message_id: text(headers::MESSAGE_ID),
-            event_type: text(headers::EVENT_TYPE),
-            attempt: lookup(headers::ATTEMPT).and_then(|a| a.parse().ok()),
+            message_id: text(HEADER_MESSAGE_ID),
+            event_type: text(HEADER_EVENT_TYPE),
+            attempt: lookup(HEADER_ATTEMPT).and_then(|a| a.parse().ok()),
         })
     }
 
@@ -418,14 +300,14 @@ impl WebhookReceiver {
         inbox: &I,
         conn: &mut I::Connection,
         webhook: Webhook,
-    ) -> Result<Received, ReceiveError> {
-        let new = inbox
-            .record_delivery(conn, &self.inner.consumer, &webhook.id)
+    ) -> Result<Receipt, ReceiveError> {
+        let delivery = inbox
+            .record(conn, &self.inner.consumer, &webhook.id)
             .await?;
-        Ok(if new {
-            Received::New(webhook)
+        Ok(if delivery.is_new() {
+            Receipt::New(webhook)
         } else {
-            Received::Duplicate(webhook)
+            Receipt::Duplicate(webhook)
         })
     }
 
@@ -441,122 +323,8 @@ impl WebhookReceiver {
         conn: &mut I::Connection,
         headers: &HeaderMap,
         body: &[u8],
-    ) -> Result<Received, ReceiveError> {
+    ) -> Result<Receipt, ReceiveError> {
         let webhook = self.verify(headers, body)?;
         self.record(inbox, conn, webhook).await
-    }
-}
-
-#[cfg(feature = "axum")]
-pub use extract::WebhookRequest;
-
-#[cfg(feature = "axum")]
-mod extract {
-    use axum::extract::{FromRef, FromRequest, Request};
-    use axum::response::{IntoResponse, Response};
-    use bytes::{Bytes, BytesMut};
-    use futures_util::StreamExt;
-    use http::HeaderMap;
-
-    use super::{ReceiveError, Webhook, WebhookReceiver};
-
-    /// An axum extractor for a verified Standard Webhooks request. It reads the body (up
-    /// to the receiver's `max_body`) and verifies it with the [`WebhookReceiver`] in your
-    /// state; a bad request is rejected with [`ReceiveError::status`] before your handler
-    /// runs. It consumes the body, so it must be the last extractor.
-    ///
-    /// ```no_run
-    /// # #[cfg(feature = "receiver-postgres")]
-    /// # mod demo {
-    /// use axum::extract::{FromRef, State};
-    /// use axum::http::StatusCode;
-    /// use outbox_sink_http::receiver::{WebhookReceiver, WebhookRequest};
-    /// use outbox_sqlx::postgres::PgInbox;
-    ///
-    /// #[derive(Clone)]
-    /// struct App {
-    ///     pool: sqlx::PgPool,
-    ///     receiver: WebhookReceiver,
-    ///     inbox: PgInbox,
-    /// }
-    ///
-    /// impl FromRef<App> for WebhookReceiver {
-    ///     fn from_ref(app: &App) -> Self {
-    ///         app.receiver.clone()
-    ///     }
-    /// }
-    ///
-    /// async fn invoice_paid(State(app): State<App>, request: WebhookRequest) -> Result<StatusCode, StatusCode> {
-    ///     let error = |_| StatusCode::SERVICE_UNAVAILABLE;
-    ///     let mut tx = app.pool.begin().await.map_err(error)?;
-    ///     let received = app.receiver.record(&app.inbox, &mut tx, request.webhook).await.map_err(|e| e.status())?;
-    ///     if received.is_new() {
-    ///         // Apply the side effect with `&mut *tx`, using `request.body`.
-    ///     }
-    ///     tx.commit().await.map_err(error)?;
-    ///     Ok(StatusCode::NO_CONTENT)
-    /// }
-    /// # }
-    /// ```
-    #[derive(Debug, Clone)]
-    #[non_exhaustive]
-    pub struct WebhookRequest {
-        /// The verified identity.
-        pub webhook: Webhook,
-        /// The request headers.
-        pub headers: HeaderMap,
-        /// The raw body (what was signed).
-        pub body: Bytes,
-    }
-
-    impl<S> FromRequest<S> for WebhookRequest
-    where
-        S: Send + Sync,
-        WebhookReceiver: FromRef<S>,
-    {
-        type Rejection = ReceiveError;
-
-        async fn from_request(request: Request, state: &S) -> Result<Self, Self::Rejection> {
-            let receiver = WebhookReceiver::from_ref(state);
-            let limit = receiver.inner.max_body;
-            let (parts, body) = request.into_parts();
-            // A declared length over the limit is refused before reading anything.
-            let declared = parts
-                .headers
-                .get(http::header::CONTENT_LENGTH)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.parse::<u64>().ok());
-            if declared.is_some_and(|n| n > limit as u64) {
-                return Err(ReceiveError::BodyTooLarge { limit });
-            }
-            let read = async {
-                let mut stream = body.into_data_stream();
-                let mut buffer = BytesMut::new();
-                while let Some(chunk) = stream.next().await {
-                    let chunk = chunk.map_err(|e| ReceiveError::Body(e.to_string()))?;
-                    if buffer.len() + chunk.len() > limit {
-                        return Err(ReceiveError::BodyTooLarge { limit });
-                    }
-                    buffer.extend_from_slice(&chunk);
-                }
-                Ok(buffer.freeze())
-            };
-            let timeout = receiver.inner.body_timeout;
-            let body = tokio::time::timeout(timeout, read)
-                .await
-                .map_err(|_| ReceiveError::BodyTimeout(timeout))??;
-            let webhook = receiver.verify(&parts.headers, &body)?;
-            Ok(Self {
-                webhook,
-                headers: parts.headers,
-                body,
-            })
-        }
-    }
-
-    impl IntoResponse for ReceiveError {
-        fn into_response(self) -> Response {
-            (self.status(), self.to_string()).into_response()
-        }
     }
 }

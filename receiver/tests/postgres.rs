@@ -2,7 +2,6 @@
 //! a receiver that verifies and deduplicates with the inbox inside its own transaction.
 //! Exactly one side effect per committed message, although the relay delivers some
 //! messages more than once.
-#![cfg(all(feature = "receiver-postgres", feature = "axum"))]
 
 mod common;
 
@@ -20,8 +19,8 @@ use common::SECRET;
 use outbox_engine::{
     ClaimRequest, NewMessage, PublishContext, Relay, RetryPolicy, Sink, Store, StoreStats,
 };
+use outbox_receiver::{WebhookReceiver, WebhookRequest};
 use outbox_sink_http::HttpSink;
-use outbox_sink_http::receiver::{WebhookReceiver, WebhookRequest};
 use outbox_sqlx::TableNames;
 use outbox_sqlx::postgres::{PgInbox, PgOutbox};
 use sqlx::PgPool;

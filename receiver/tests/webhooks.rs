@@ -1,9 +1,7 @@
 //! The receiver toolkit behind a real axum server, fed by the real sink.
-#![cfg(feature = "axum")]
 
 mod common;
 
-use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -13,36 +11,16 @@ use axum::extract::{FromRef, State};
 use axum::http::StatusCode;
 use axum::routing::post;
 use common::{OLD_SECRET, SECRET, message};
-use outbox_engine::{FailureClass, NewMessage, Outcome, PublishContext, Sink, StoreError};
-use outbox_sink_http::receiver::{Inbox, ReceiveError, WebhookReceiver, WebhookRequest};
+use outbox_engine::testkit::MemoryInbox;
+use outbox_engine::{Delivery, FailureClass, Inbox, NewMessage, Outcome, PublishContext, Sink};
+use outbox_receiver::{ReceiveError, WebhookReceiver, WebhookRequest};
 use outbox_sink_http::{HttpSink, HttpSinkConfig};
 use tokio::net::TcpListener;
-
-/// An in-memory inbox; the "connection" is unused.
-#[derive(Default)]
-struct MemoryInbox(Mutex<HashSet<(String, String)>>);
-
-impl Inbox for MemoryInbox {
-    type Connection = ();
-
-    async fn record_delivery(
-        &self,
-        _: &mut (),
-        consumer: &str,
-        id: &str,
-    ) -> Result<bool, StoreError> {
-        Ok(self
-            .0
-            .lock()
-            .unwrap()
-            .insert((consumer.to_owned(), id.to_owned())))
-    }
-}
 
 #[derive(Clone)]
 struct App {
     receiver: WebhookReceiver,
-    inbox: Arc<MemoryInbox>,
+    inbox: MemoryInbox,
     effects: Arc<AtomicUsize>,
     bodies: Arc<Mutex<Vec<Vec<u8>>>>,
 }
@@ -54,21 +32,23 @@ impl FromRef<App> for WebhookReceiver {
 }
 
 async fn hook(State(app): State<App>, request: WebhookRequest) -> Result<StatusCode, ReceiveError> {
-    let received = app
+    let mut tx = app.inbox.begin();
+    let receipt = app
         .receiver
-        .record(&*app.inbox, &mut (), request.webhook)
+        .record(&app.inbox, &mut tx, request.webhook)
         .await?;
-    if received.is_new() {
+    if receipt.is_new() {
         app.effects.fetch_add(1, Ordering::SeqCst);
         app.bodies.lock().unwrap().push(request.body.to_vec());
     }
+    tx.commit();
     Ok(StatusCode::NO_CONTENT)
 }
 
 async fn start(receiver: WebhookReceiver) -> (SocketAddr, App) {
     let app = App {
         receiver,
-        inbox: Arc::default(),
+        inbox: MemoryInbox::new(),
         effects: Arc::default(),
         bodies: Arc::default(),
     };
@@ -110,10 +90,15 @@ async fn verified_deliveries_run_once_and_duplicates_are_acknowledged() {
     }
     assert_eq!(app.effects.load(Ordering::SeqCst), 1);
     assert_eq!(app.bodies.lock().unwrap()[0], m.payload);
-    let recorded = app.inbox.0.lock().unwrap().clone();
+    assert_eq!(app.inbox.len(), 1, "one record for three deliveries");
+    let mut tx = app.inbox.begin();
     assert_eq!(
-        recorded,
-        HashSet::from([("billing".to_owned(), m.idempotency_key.clone())])
+        app.inbox
+            .record(&mut tx, "billing", &m.idempotency_key)
+            .await
+            .unwrap(),
+        Delivery::Duplicate,
+        "the record is the signed idempotency key under the receiver's consumer name"
     );
 }
 
@@ -146,10 +131,7 @@ async fn bad_signatures_are_refused_and_dead_letter_at_the_sender() {
     .clone();
     assert!(f.message.contains("missing `webhook-id` header"), "{f}");
     assert_eq!(app.effects.load(Ordering::SeqCst), 0);
-    assert!(
-        app.inbox.0.lock().unwrap().is_empty(),
-        "nothing unverified reaches the inbox"
-    );
+    assert!(app.inbox.is_empty(), "nothing unverified reaches the inbox");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -186,7 +168,8 @@ async fn oversized_bodies_are_refused_as_too_large() {
 #[tokio::test]
 async fn receive_verifies_before_recording() {
     let receiver = WebhookReceiver::from_secrets([SECRET]).unwrap();
-    let inbox = MemoryInbox::default();
+    let inbox = MemoryInbox::new();
+    let mut tx = inbox.begin();
     let mut headers = http::HeaderMap::new();
     headers.insert("webhook-id", "k1".parse().unwrap());
     headers.insert(
@@ -200,11 +183,13 @@ async fn receive_verifies_before_recording() {
             .unwrap(),
     );
     let err = receiver
-        .receive(&inbox, &mut (), &headers, b"{}")
+        .receive(&inbox, &mut tx, &headers, b"{}")
         .await
         .unwrap_err();
     assert_eq!(err.status(), StatusCode::UNAUTHORIZED);
-    assert!(inbox.0.lock().unwrap().is_empty());
+    tx.commit();
+    assert!(inbox.is_empty(), "a refused request records nothing");
+    let mut tx = inbox.begin();
 
     let secret = outbox_engine::webhooks::Secret::parse(SECRET).unwrap();
     let ts = chrono::Utc::now().timestamp();
@@ -213,13 +198,13 @@ async fn receive_verifies_before_recording() {
     headers.insert("webhook-signature", signature.parse().unwrap());
     headers.insert("outbox-attempt", "2".parse().unwrap());
     let first = receiver
-        .receive(&inbox, &mut (), &headers, b"{}")
+        .receive(&inbox, &mut tx, &headers, b"{}")
         .await
         .unwrap();
     assert!(first.is_new());
     assert_eq!(first.webhook().attempt, Some(2));
     let again = receiver
-        .receive(&inbox, &mut (), &headers, b"{}")
+        .receive(&inbox, &mut tx, &headers, b"{}")
         .await
         .unwrap();
     assert!(!again.is_new());
