@@ -1,5 +1,7 @@
 //! The in-memory store and the test sinks pass the conformance suites they ship.
 
+use outbox_engine::PublishedRows;
+use outbox_engine::testkit::store_suite::Capabilities;
 use outbox_engine::testkit::{
     FlakySink, InboxHarness, MemoryHarness, MemoryInboxHarness, RecordingSink, SinkHarness,
     inbox_suite, sink_suite, store_suite,
@@ -13,6 +15,48 @@ async fn memory_store_passes_the_store_suite() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_store_passes_the_ordering_suite() {
     store_suite::run_ordering(|| async { MemoryHarness::new() }).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_store_passes_the_store_and_ordering_suites_in_delete_mode() {
+    let h = || async { MemoryHarness::with_mode(PublishedRows::Delete) };
+    store_suite::run_all(h).await;
+    store_suite::run_ordering(h).await;
+}
+
+/// The suite holds a store to what its harness declares: a store that keeps published
+/// rows but declares delete mode fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[should_panic(expected = "assertion `left == right` failed")]
+async fn store_suite_catches_a_store_that_keeps_rows_it_declares_deleted() {
+    let h =
+        MemoryHarness::new().declaring(Capabilities::new().published_rows(PublishedRows::Delete));
+    store_suite::stale_token_is_fenced(&h).await;
+}
+
+/// And a store that deletes published rows but declares it keeps them fails too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[should_panic(expected = "assertion `left == right` failed")]
+async fn store_suite_catches_a_store_that_deletes_rows_it_declares_kept() {
+    let h = MemoryHarness::with_mode(PublishedRows::Delete).declaring(Capabilities::new());
+    store_suite::purge_is_bounded_and_keeps_unfinished(&h).await;
+}
+
+/// A store that declares no per-key ordering is not held to it: the ordering checks are
+/// skipped (and the matrix says so), not run against it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ordering_checks_skip_a_store_that_declares_no_ordering() {
+    let declared = std::sync::atomic::AtomicUsize::new(0);
+    store_suite::run_ordering(|| async {
+        declared.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        MemoryHarness::new().declaring(Capabilities::new().per_key_ordering(false))
+    })
+    .await;
+    assert_eq!(
+        declared.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "one harness asked for its capabilities, no check ran"
+    );
 }
 
 #[tokio::test]

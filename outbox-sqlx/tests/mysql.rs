@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use outbox_engine::testkit::store_suite::Capabilities;
 use outbox_engine::testkit::{RecordingSink, StoreHarness, inbox_suite, store_suite};
 use outbox_engine::{
     ClaimRequest, Completion, DeadLetterFilter, DeadLetters, NewMessage, Relay, Store, StoreError,
@@ -127,6 +128,7 @@ impl Drop for Cleanup {
 /// A fresh outbox table on the test server, dropped with the harness.
 struct MySqlHarness {
     outbox: MySqlOutbox,
+    mode: PublishedRows,
     _cleanup: Cleanup,
 }
 
@@ -147,6 +149,7 @@ impl MySqlHarness {
         outbox.migrate().await.expect("migrate");
         Self {
             outbox,
+            mode,
             _cleanup: cleanup,
         }
     }
@@ -168,6 +171,14 @@ impl StoreHarness for MySqlHarness {
 
     fn store(&self) -> &MySqlOutbox {
         &self.outbox
+    }
+
+    fn name(&self) -> String {
+        "mysql".to_owned()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::new().published_rows(self.mode)
     }
 
     async fn enqueue(&self, messages: Vec<NewMessage>) -> Result<(), StoreError> {
@@ -205,17 +216,10 @@ async fn mysql_passes_the_store_suite() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn mysql_passes_the_store_suite_in_delete_mode() {
-    // Delete-on-publish changes what stats and purge see, so only the checks that do
-    // not count published rows apply; run the claim and fencing ones.
-    let h = MySqlHarness::with_mode(PublishedRows::Delete).await;
-    store_suite::claims_due_rows_oldest_first(&h).await;
-    let h = MySqlHarness::with_mode(PublishedRows::Delete).await;
-    store_suite::claim_is_exclusive_under_concurrency(&h).await;
-    let h = MySqlHarness::with_mode(PublishedRows::Delete).await;
-    store_suite::lapsed_lease_is_reclaimed(&h).await;
-    let h = MySqlHarness::with_mode(PublishedRows::Delete).await;
-    store_suite::release_does_not_count_an_attempt(&h).await;
+async fn mysql_passes_the_store_and_ordering_suites_in_delete_mode() {
+    let h = || MySqlHarness::with_mode(PublishedRows::Delete);
+    store_suite::run_all(h).await;
+    store_suite::run_ordering(h).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1699,6 +1703,7 @@ async fn an_older_table_is_upgraded_in_place() {
     outbox.migrate().await.expect("upgrade");
     let h = MySqlHarness {
         outbox,
+        mode: PublishedRows::Keep,
         _cleanup: cleanup,
     };
     insert_with(&h, "destination", "'orders'").await.unwrap();

@@ -7,6 +7,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use outbox_engine::testkit::store_suite::Capabilities;
 use outbox_engine::testkit::{RecordingSink, StoreHarness, inbox_suite, store_suite};
 use outbox_engine::{NewMessage, Relay, StoreError, StoreStats};
 use outbox_sql::Dialect;
@@ -40,6 +41,7 @@ async fn pool() -> PgPool {
 /// A fresh outbox table on the test server.
 struct PgHarness {
     outbox: PgOutbox,
+    mode: PublishedRows,
 }
 
 impl PgHarness {
@@ -53,7 +55,7 @@ impl PgHarness {
             .unwrap();
         let outbox = PgOutbox::with_names(pool().await, names).published_rows(mode);
         outbox.migrate().await.expect("migrate");
-        Self { outbox }
+        Self { outbox, mode }
     }
 
     fn table(&self) -> String {
@@ -68,6 +70,14 @@ impl StoreHarness for PgHarness {
 
     fn store(&self) -> &PgOutbox {
         &self.outbox
+    }
+
+    fn name(&self) -> String {
+        "postgres".to_owned()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::new().published_rows(self.mode)
     }
 
     async fn enqueue(&self, messages: Vec<NewMessage>) -> Result<(), StoreError> {
@@ -98,6 +108,13 @@ impl StoreHarness for PgHarness {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_passes_the_store_suite() {
     store_suite::run_all(PgHarness::new).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_passes_the_store_and_ordering_suites_in_delete_mode() {
+    let h = || PgHarness::with_mode(PublishedRows::Delete);
+    store_suite::run_all(h).await;
+    store_suite::run_ordering(h).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -872,7 +889,10 @@ async fn an_older_table_is_upgraded_in_place() {
     outbox.enqueue(&mut tx, &old).await.unwrap();
     tx.commit().await.unwrap();
     outbox.migrate().await.expect("upgrade");
-    let h = PgHarness { outbox };
+    let h = PgHarness {
+        outbox,
+        mode: PublishedRows::Keep,
+    };
     insert_with(&h, "destination", "'orders'").await.unwrap();
     common::minimal_rows_are_delivered(h.outbox.clone(), 2).await;
 }

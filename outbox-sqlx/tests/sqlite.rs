@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use outbox_engine::testkit::store_suite::Capabilities;
 use outbox_engine::testkit::{RecordingSink, StoreHarness, inbox_suite, store_suite};
 use outbox_engine::{
     ClaimRequest, Completion, DeadLetterFilter, DeadLetters, NewMessage, Relay, Store, StoreError,
@@ -61,6 +62,7 @@ impl Drop for TestDb {
 /// A fresh outbox table in the test's database file.
 struct SqliteHarness {
     outbox: SqliteOutbox,
+    mode: PublishedRows,
 }
 
 impl SqliteHarness {
@@ -74,7 +76,7 @@ impl SqliteHarness {
             .unwrap();
         let outbox = SqliteOutbox::with_names(pool, names).published_rows(mode);
         outbox.migrate().await.expect("migrate");
-        Self { outbox }
+        Self { outbox, mode }
     }
 
     fn table(&self) -> String {
@@ -94,6 +96,14 @@ impl StoreHarness for SqliteHarness {
 
     fn store(&self) -> &SqliteOutbox {
         &self.outbox
+    }
+
+    fn name(&self) -> String {
+        "sqlite".to_owned()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::new().published_rows(self.mode)
     }
 
     async fn enqueue(&self, messages: Vec<NewMessage>) -> Result<(), StoreError> {
@@ -126,19 +136,11 @@ async fn sqlite_passes_the_store_suite() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sqlite_passes_the_store_suite_in_delete_mode_where_it_applies() {
-    // Delete-on-publish changes what stats and purge see, so run the checks that do not
-    // count published rows.
+async fn sqlite_passes_the_store_and_ordering_suites_in_delete_mode() {
     let db = TestDb::new().await;
     let h = || SqliteHarness::with_mode(db.pool.clone(), PublishedRows::Delete);
-    store_suite::fields_round_trip(&h().await).await;
-    store_suite::claims_due_rows_oldest_first(&h().await).await;
-    store_suite::claim_is_exclusive_under_concurrency(&h().await).await;
-    store_suite::lapsed_lease_is_reclaimed(&h().await).await;
-    store_suite::retry_respects_available_at(&h().await).await;
-    store_suite::release_does_not_count_an_attempt(&h().await).await;
-    store_suite::max_attempts_dead_letters(&h().await).await;
-    store_suite::dead_letters_list_replay_discard(&h().await).await;
+    store_suite::run_all(h).await;
+    store_suite::run_ordering(h).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1488,7 +1490,10 @@ async fn an_older_table_is_upgraded_in_place() {
     outbox.enqueue(&mut tx, &old).await.unwrap();
     tx.commit().await.unwrap();
     outbox.migrate().await.expect("upgrade");
-    let h = SqliteHarness { outbox };
+    let h = SqliteHarness {
+        outbox,
+        mode: PublishedRows::Keep,
+    };
     insert_with(&h, "destination", "'orders'").await.unwrap();
     common::minimal_rows_are_delivered(h.outbox.clone(), 2).await;
 }
