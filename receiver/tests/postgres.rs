@@ -180,8 +180,7 @@ async fn exactly_one_side_effect_per_committed_message_despite_redeliveries() {
         duplicates: Arc::default(),
     };
     let addr = start_billing(app.clone()).await;
-    let sink: HttpSink =
-        common::sink(common::config(format!("http://{addr}/hooks/invoice")).secret(SECRET));
+    let sink: HttpSink = common::sink(format!("http://{addr}/hooks/invoice"), |c| c.secret(SECRET));
 
     // 20 messages commit; 5 roll back and must never be delivered.
     let committed: Vec<NewMessage> = (0..20).map(invoice).collect();

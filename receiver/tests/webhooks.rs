@@ -10,7 +10,8 @@ use axum::Router;
 use axum::extract::{FromRef, State};
 use axum::http::StatusCode;
 use axum::routing::post;
-use common::{OLD_SECRET, SECRET, message};
+use common::{OLD_SECRET, SECRET};
+use outbox_engine::Message;
 use outbox_engine::testkit::MemoryInbox;
 use outbox_engine::{Delivery, FailureClass, Inbox, NewMessage, Outcome, PublishContext, Sink};
 use outbox_receiver::{ReceiveError, WebhookReceiver, WebhookRequest};
@@ -62,7 +63,7 @@ async fn start(receiver: WebhookReceiver) -> (SocketAddr, App) {
 }
 
 fn sink(addr: SocketAddr, route: impl Fn(HttpSinkConfig) -> HttpSinkConfig) -> HttpSink {
-    common::sink(route(common::config(format!("http://{addr}/hook"))))
+    common::sink(format!("http://{addr}/hook"), route)
 }
 
 fn failure(outcome: &Outcome) -> &outbox_engine::Failure {
@@ -70,6 +71,15 @@ fn failure(outcome: &Outcome) -> &outbox_engine::Failure {
         Outcome::Failed(f) => f,
         other => panic!("expected a failure, got {other:?}"),
     }
+}
+
+/// A claimed-form JSON message for `destination`.
+fn message(destination: &str, n: u64) -> Message {
+    NewMessage::builder(destination, "test.event")
+        .json(&n)
+        .build()
+        .unwrap()
+        .into_message(chrono::Utc::now())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
