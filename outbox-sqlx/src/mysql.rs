@@ -1128,7 +1128,7 @@ impl Inbox for MySqlInbox {
     /// # Errors
     ///
     /// `InvalidInput` for a consumer or key that
-    /// [`check_key`](outbox_engine::receive::check_key) refuses; `Conflict` for a deadlock
+    /// [`check_key`] refuses; `Conflict` for a deadlock
     /// or lock wait timeout; the database's error.
     async fn record(
         &self,

@@ -737,7 +737,7 @@ impl Inbox for PgInbox {
     /// # Errors
     ///
     /// `InvalidInput` for a consumer or key that
-    /// [`check_key`](outbox_engine::receive::check_key) refuses; the database's error.
+    /// [`check_key`] refuses; the database's error.
     async fn record(
         &self,
         conn: &mut PgConnection,

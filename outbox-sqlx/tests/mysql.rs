@@ -345,75 +345,21 @@ async fn delete_on_publish_removes_rows() {
     assert_eq!(h.rows().await, 2);
 }
 
-/// 1,000 business transactions, 30% rolled back: outbox rows = committed business rows.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn producer_atomicity_with_rollbacks() {
     let h = MySqlHarness::new().await;
-    let business = common::fresh_table("orders");
-    let pool = h.outbox.pool();
-    let mut cleanup = Cleanup::new(pool);
-    cleanup.table(&business);
-    sqlx::query(&format!(
-        "CREATE TABLE {business} (id BIGINT PRIMARY KEY) ENGINE = InnoDB"
-    ))
-    .execute(pool)
-    .await
-    .unwrap();
-    let mut committed = 0_i64;
-    let mut committed_ids = HashSet::new();
-    for n in 0..1000_i64 {
-        let mut tx = pool.begin().await.unwrap();
-        sqlx::query(&format!("INSERT INTO {business} (id) VALUES (?)"))
-            .bind(n)
-            .execute(&mut *tx)
-            .await
-            .unwrap();
-        let message = common::message("orders", n as u64);
-        if n % 10 == 0 {
-            h.outbox
-                .enqueue_all(
-                    &mut tx,
-                    &[message.clone(), common::message("audit", n as u64)],
-                )
-                .await
-                .unwrap();
-        } else {
-            h.outbox.enqueue(&mut tx, &message).await.unwrap();
-        }
-        if fastrand::f64() < 0.3 {
-            tx.rollback().await.unwrap();
-        } else {
-            tx.commit().await.unwrap();
-            committed += 1;
-            committed_ids.insert(message.id().to_string());
-        }
-    }
-    let business_rows: i64 = sqlx::query_scalar(&format!("SELECT COUNT(*) FROM {business}"))
-        .fetch_one(pool)
-        .await
-        .unwrap();
-    let outbox_ids: Vec<String> = sqlx::query_scalar(&format!(
-        "SELECT CAST(id AS CHAR) FROM {} WHERE destination = 'orders'",
-        h.table()
-    ))
-    .fetch_all(pool)
-    .await
-    .unwrap();
-    assert_eq!(business_rows, committed);
-    assert_eq!(
-        outbox_ids.len() as i64,
-        committed,
-        "outbox rows = committed business rows, exactly"
-    );
-    assert_eq!(
-        outbox_ids.into_iter().collect::<HashSet<_>>(),
-        committed_ids,
-        "exactly the committed transactions' messages"
-    );
-    assert!(
-        (600..=800).contains(&committed),
-        "about 30% rolled back: {committed}"
-    );
+    let outbox = h.outbox.clone();
+    common::producer_atomicity(
+        h.outbox.pool(),
+        h.outbox.clone(),
+        "CREATE TABLE {table} (id BIGINT PRIMARY KEY) ENGINE = InnoDB",
+        "INSERT INTO {table} (id) VALUES (?)",
+        &move |conn, messages| {
+            let outbox = outbox.clone();
+            Box::pin(async move { outbox.enqueue_all(conn, &messages).await.map(drop) })
+        },
+    )
+    .await;
 }
 
 /// InnoDB may answer concurrent inserts of one key with a deadlock; the suite's

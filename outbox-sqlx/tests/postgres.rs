@@ -160,56 +160,21 @@ async fn delete_on_publish_removes_rows() {
     assert_eq!(rows, 0);
 }
 
-/// 1,000 business transactions, 30% rolled back: outbox rows = committed business rows.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn producer_atomicity_with_rollbacks() {
     let h = PgHarness::new().await;
-    let business = common::fresh_table("orders");
-    let pool = h.outbox.pool();
-    sqlx::query(&format!("CREATE TABLE {business} (id bigint PRIMARY KEY)"))
-        .execute(pool)
-        .await
-        .unwrap();
-    let mut committed = 0;
-    for n in 0..1000_i64 {
-        let mut tx = pool.begin().await.unwrap();
-        sqlx::query(&format!("INSERT INTO {business} (id) VALUES ($1)"))
-            .bind(n)
-            .execute(&mut *tx)
-            .await
-            .unwrap();
-        h.outbox
-            .enqueue(&mut tx, &common::message("orders", n as u64))
-            .await
-            .unwrap();
-        if fastrand::f64() < 0.3 {
-            tx.rollback().await.unwrap();
-        } else {
-            tx.commit().await.unwrap();
-            committed += 1;
-        }
-    }
-    let business_rows: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {business}"))
-        .fetch_one(pool)
-        .await
-        .unwrap();
-    let outbox_rows: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {}", h.table()))
-        .fetch_one(pool)
-        .await
-        .unwrap();
-    assert_eq!(business_rows, committed);
-    assert_eq!(
-        outbox_rows, committed,
-        "outbox rows = committed business rows, exactly"
-    );
-    assert!(
-        (600..=800).contains(&committed),
-        "about 30% rolled back: {committed}"
-    );
-    sqlx::query(&format!("DROP TABLE {business}"))
-        .execute(pool)
-        .await
-        .unwrap();
+    let outbox = h.outbox.clone();
+    common::producer_atomicity(
+        h.outbox.pool(),
+        h.outbox.clone(),
+        "CREATE TABLE {table} (id bigint PRIMARY KEY)",
+        "INSERT INTO {table} (id) VALUES ($1)",
+        &move |conn, messages| {
+            let outbox = outbox.clone();
+            Box::pin(async move { outbox.enqueue_all(conn, &messages).await.map(drop) })
+        },
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -365,60 +365,22 @@ async fn enqueue_stays_in_the_callers_transaction() {
     );
 }
 
-/// 1,000 business transactions, 30% rolled back: outbox rows = committed business rows.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn producer_atomicity_with_rollbacks() {
     let db = TestDb::new().await;
     let h = SqliteHarness::new(db.pool.clone()).await;
-    let business = common::fresh_table("orders");
-    let pool = &db.pool;
-    sqlx::query(&format!("CREATE TABLE {business} (id INTEGER PRIMARY KEY)"))
-        .execute(pool)
-        .await
-        .unwrap();
-    let mut committed = 0;
-    let mut expected = HashSet::new();
-    for n in 0..1000_i64 {
-        let mut tx = pool.begin().await.unwrap();
-        sqlx::query(&format!("INSERT INTO {business} (id) VALUES (?1)"))
-            .bind(n)
-            .execute(&mut *tx)
-            .await
-            .unwrap();
-        let message = common::message("orders", n as u64);
-        h.outbox.enqueue(&mut tx, &message).await.unwrap();
-        if fastrand::f64() < 0.3 {
-            tx.rollback().await.unwrap();
-        } else {
-            tx.commit().await.unwrap();
-            committed += 1;
-            expected.insert(message.id());
-        }
-    }
-    let business_rows: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {business}"))
-        .fetch_one(pool)
-        .await
-        .unwrap();
-    assert_eq!(business_rows, committed);
-    assert_eq!(
-        h.rows().await,
-        committed,
-        "outbox rows = committed business rows, exactly"
-    );
-    assert!(
-        (600..=800).contains(&committed),
-        "about 30% rolled back: {committed}"
-    );
-    // And the relay delivers exactly those messages.
-    let sink = RecordingSink::new();
-    let relay = Relay::builder(h.outbox.clone())
-        .route("orders", sink.clone())
-        .batch_size(100)
-        .build()
-        .unwrap();
-    assert_eq!(relay.drain().await.unwrap().published as i64, committed);
-    let delivered: HashSet<_> = sink.messages().iter().map(|m| m.id).collect();
-    assert_eq!(delivered, expected);
+    let outbox = h.outbox.clone();
+    common::producer_atomicity(
+        &db.pool,
+        h.outbox.clone(),
+        "CREATE TABLE {table} (id INTEGER PRIMARY KEY)",
+        "INSERT INTO {table} (id) VALUES (?1)",
+        &move |conn, messages| {
+            let outbox = outbox.clone();
+            Box::pin(async move { outbox.enqueue_all(conn, &messages).await.map(drop) })
+        },
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

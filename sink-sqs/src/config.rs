@@ -22,7 +22,7 @@ pub enum Binary {
     #[default]
     Refuse,
     /// The body is the payload in standard base64, with the attribute
-    /// `outbox-body-encoding = base64`; [`Received`](crate::Received) decodes it.
+    /// `outbox-body-encoding = base64`; [`read_message`](crate::read_message) decodes it.
     Base64,
 }
 

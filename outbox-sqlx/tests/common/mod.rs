@@ -291,3 +291,103 @@ where
             .expect("age the inbox records");
     }
 }
+
+/// Enqueues `messages` on the caller's connection with one dialect's outbox.
+pub type Enqueue<'a, DB> = dyn for<'c> Fn(
+        &'c mut <DB as sqlx::Database>::Connection,
+        Vec<NewMessage>,
+    ) -> outbox_engine::BoxFuture<'c, Result<(), outbox_engine::StoreError>>
+    + Send
+    + Sync
+    + 'a;
+
+/// Producer atomicity, for any dialect: 1,000 business transactions, about 30% rolled
+/// back, each inserting a business row (`insert`, one placeholder, into a table created
+/// with `create`; both have `{table}`) and enqueueing one message (every tenth
+/// transaction two, one statement); then the business rows equal the committed
+/// transactions, and the relay delivers exactly the committed transactions' messages.
+pub async fn producer_atomicity<DB, S>(
+    pool: &sqlx::Pool<DB>,
+    store: S,
+    create: &str,
+    insert: &str,
+    enqueue: &Enqueue<'_, DB>,
+) where
+    DB: sqlx::Database,
+    S: outbox_engine::Store + Clone,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    for<'c> &'c sqlx::Pool<DB>: sqlx::Executor<'c, Database = DB>,
+    for<'q> i64: sqlx::Encode<'q, DB> + sqlx::Decode<'q, DB> + sqlx::Type<DB>,
+    for<'q> <DB as sqlx::Database>::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+    (i64,): for<'r> sqlx::FromRow<'r, DB::Row>,
+{
+    use std::collections::HashSet;
+
+    use outbox_engine::{Relay, testkit::RecordingSink};
+
+    let table = fresh_table("orders");
+    sqlx::query(&create.replace("{table}", &table))
+        .execute(pool)
+        .await
+        .expect("create the business table");
+    let insert = insert.replace("{table}", &table);
+    let mut committed = 0_i64;
+    let mut expected = HashSet::new();
+    for n in 0..1000_i64 {
+        let mut tx = pool.begin().await.expect("begin");
+        sqlx::query(&insert)
+            .bind(n)
+            .execute(&mut *tx)
+            .await
+            .expect("business insert");
+        let mut messages = vec![message("orders", n as u64)];
+        if n % 10 == 0 {
+            messages.push(message("orders", n as u64));
+        }
+        let ids: Vec<_> = messages.iter().map(NewMessage::id).collect();
+        enqueue(&mut tx, messages).await.expect("enqueue");
+        if fastrand::f64() < 0.3 {
+            tx.rollback().await.expect("rollback");
+        } else {
+            tx.commit().await.expect("commit");
+            committed += 1;
+            expected.extend(ids);
+        }
+    }
+    let (business_rows,): (i64,) = sqlx::query_as(&format!("SELECT COUNT(*) FROM {table}"))
+        .fetch_one(pool)
+        .await
+        .expect("count");
+    sqlx::query(&format!("DROP TABLE {table}"))
+        .execute(pool)
+        .await
+        .expect("drop the business table");
+    assert_eq!(
+        business_rows, committed,
+        "business rows = committed transactions"
+    );
+    assert!(
+        (600..=800).contains(&committed),
+        "about 30% rolled back: {committed}"
+    );
+    let sink = RecordingSink::new();
+    let relay = Relay::builder(store)
+        .route("orders", sink.clone())
+        .batch_size(100)
+        .build()
+        .expect("relay");
+    let report = tokio::time::timeout(std::time::Duration::from_secs(60), relay.drain())
+        .await
+        .expect("drain within 60 s")
+        .expect("drain");
+    assert_eq!(
+        report.published,
+        expected.len(),
+        "one publish per committed message"
+    );
+    let delivered: HashSet<_> = sink.messages().iter().map(|m| m.id).collect();
+    assert_eq!(
+        delivered, expected,
+        "outbox rows = the committed transactions' messages, exactly"
+    );
+}
