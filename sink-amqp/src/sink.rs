@@ -13,6 +13,8 @@ use lapin::{
     BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind,
     PublisherConfirm,
 };
+use outbox_engine::receive::fields::{self, PREFIX as HEADER_PREFIX};
+use outbox_engine::receive::metadata_fields;
 use outbox_engine::{Failure, FailureClass, Message, Outcome, PublishContext, Sink};
 use tokio::sync::Mutex;
 use tokio::time::Instant;
@@ -20,8 +22,6 @@ use tracing::{debug, warn};
 
 use crate::config::{AmqpSinkConfig, Checked, MAX_NAME_BYTES};
 use crate::error::{AmqpSinkError, classify};
-use outbox_engine::receive::fields::{self, PREFIX as HEADER_PREFIX};
-use outbox_engine::receive::metadata_fields;
 
 /// The longest pause between two reconnection attempts.
 const MAX_RECONNECT_PAUSE: Duration = Duration::from_secs(5);

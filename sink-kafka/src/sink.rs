@@ -6,6 +6,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use outbox_engine::receive::{fields::PREFIX as HEADER_PREFIX, metadata_fields};
 use outbox_engine::{Failure, FailureClass, Message, Outcome, PublishContext, Sink};
 use rdkafka::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
@@ -16,7 +17,6 @@ use tracing::warn;
 
 use crate::config::{Checked, KafkaSinkConfig, Unkeyed, check_topic_name};
 use crate::error::{KafkaSinkError, classify, config_error};
-use outbox_engine::receive::{fields::PREFIX as HEADER_PREFIX, metadata_fields};
 
 /// How long to wait before offering a message again when the producer's local queue is
 /// full.
