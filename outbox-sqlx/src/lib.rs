@@ -33,6 +33,8 @@ mod common;
 mod driver;
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 mod error;
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+mod inbox;
 #[cfg(feature = "mysql")]
 pub mod mysql;
 #[cfg(feature = "postgres")]
@@ -46,6 +48,8 @@ pub use driver::MYSQL;
 pub use driver::POSTGRES;
 #[cfg(feature = "sqlite")]
 pub use driver::SQLITE;
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+pub use inbox::{InboxDialect, SqlInbox};
 pub use outbox_sql::{Ident, IdentError, TableNames};
 
 pub use outbox_engine::{Delivery, Inbox, PublishedRows};

@@ -83,7 +83,7 @@ use outbox_sql::mysql::{
     DeadFilterShape, MAX_ERROR_BYTES, MAX_OWNER_CHARS, RELAY_ISOLATION, Statements,
 };
 use outbox_sql::{Dialect, TableNames};
-use sqlx::mysql::{MySql, MySqlArguments, MySqlConnection, MySqlPool, MySqlRow};
+use sqlx::mysql::{MySql, MySqlArguments, MySqlConnection, MySqlPool, MySqlQueryResult, MySqlRow};
 use sqlx::query::Query;
 use sqlx::{Row, Transaction};
 use tracing::warn;
@@ -94,8 +94,7 @@ use crate::common::{
     undecodable,
 };
 use crate::error::classify;
-use outbox_engine::receive::check_key;
-use outbox_engine::{Delivery, Inbox};
+use crate::inbox::{InboxDialect, SqlInbox};
 
 /// The named lock (`GET_LOCK`) that serialises migrations on one server.
 const MIGRATION_LOCK: &str = "outbox-sqlx.migrate";
@@ -1053,6 +1052,12 @@ impl Purge for MySqlOutbox {
 /// The receiver-side inbox on MySQL / MariaDB: deduplicates deliveries inside the
 /// receiver's own transaction.
 ///
+/// Keys compare byte for byte (the columns are `VARBINARY`). InnoDB may resolve
+/// concurrent inserts of the same key with a deadlock, rolling back one transaction:
+/// that error has kind `Conflict`
+/// ([`is_retryable`](outbox_engine::StoreErrorKind::is_retryable)); run the whole
+/// delivery transaction again.
+///
 /// ```no_run
 /// # async fn handle(pool: sqlx::MySqlPool, message_id: &str) -> Result<(), Box<dyn std::error::Error>> {
 /// use outbox_sqlx::Inbox;
@@ -1067,102 +1072,28 @@ impl Purge for MySqlOutbox {
 /// # Ok(())
 /// # }
 /// ```
-#[derive(Debug, Clone)]
-pub struct MySqlInbox {
-    names: TableNames,
-    sql: Arc<Statements>,
-}
+pub type MySqlInbox = SqlInbox<MySql>;
 
-impl Default for MySqlInbox {
-    fn default() -> Self {
-        Self::new()
-    }
-}
+impl crate::inbox::sealed::Sealed for MySql {}
 
-impl MySqlInbox {
-    /// The inbox in table `outbox_inbox`.
-    pub fn new() -> Self {
-        Self::with_names(TableNames::default())
+impl InboxDialect for MySql {
+    fn inbox_statements(names: &TableNames) -> (String, String) {
+        let sql = Statements::new(names);
+        (sql.inbox_record, sql.inbox_purge)
     }
 
-    /// The inbox in the table `names` gives.
-    pub fn with_names(names: TableNames) -> Self {
-        Self {
-            sql: Arc::new(Statements::new(&names)),
-            names,
-        }
+    /// Also checks the columns of an existing table; see [`MySqlOutbox::migrate`].
+    async fn migrate_inbox(pool: &MySqlPool, names: &TableNames) -> Result<(), StoreError> {
+        let sql = Statements::new(names);
+        let migrations = outbox_sql::inbox_migrations(Dialect::MySql, names);
+        run_migrations(pool, &sql, &migrations, &[sql.check_inbox.as_str()]).await
     }
 
-    /// Creates the inbox table if missing and checks its columns; see
-    /// [`MySqlOutbox::migrate`].
-    ///
-    /// # Errors
-    ///
-    /// A [`StoreError`] if a statement fails, of kind `Schema` if a table of that name
-    /// exists but is not an inbox.
-    pub async fn migrate(&self, pool: &MySqlPool) -> Result<(), StoreError> {
-        let migrations = outbox_sql::inbox_migrations(Dialect::MySql, &self.names);
-        run_migrations(
-            pool,
-            &self.sql,
-            &migrations,
-            &[self.sql.check_inbox.as_str()],
-        )
-        .await
-    }
-}
-
-impl Inbox for MySqlInbox {
-    type Connection = MySqlConnection;
-
-    /// Records `(consumer, key)` on `conn` (your transaction). Keys compare byte
-    /// for byte. Concurrent deliveries of the same id wait for each other: exactly one
-    /// sees [`Delivery::New`] once its transaction commits; if it rolls back, the next one
-    /// does.
-    ///
-    /// InnoDB may resolve concurrent inserts of the same key with a deadlock, rolling back
-    /// one transaction: that error has kind `Conflict`
-    /// ([`is_retryable`](outbox_engine::StoreErrorKind::is_retryable)); run the whole
-    /// delivery transaction again.
-    ///
-    /// # Errors
-    ///
-    /// `InvalidInput` for a consumer or key that
-    /// [`check_key`] refuses; `Conflict` for a deadlock
-    /// or lock wait timeout; the database's error.
-    async fn record(
-        &self,
-        conn: &mut MySqlConnection,
-        consumer: &str,
-        key: &str,
-    ) -> Result<Delivery, StoreError> {
-        check_key("consumer", consumer)?;
-        check_key("key", key)?;
-        let done = sqlx::query(&self.sql.inbox_record)
-            .bind(consumer.as_bytes())
-            .bind(key.as_bytes())
-            .execute(conn)
-            .await
-            .map_err(classify)?;
-        Ok(if done.rows_affected() == 1 {
-            Delivery::New
-        } else {
-            Delivery::Duplicate
-        })
+    fn rows_affected(result: &MySqlQueryResult) -> u64 {
+        result.rows_affected()
     }
 
-    async fn purge(
-        &self,
-        conn: &mut MySqlConnection,
-        older_than: Duration,
-        batch_size: usize,
-    ) -> Result<u64, StoreError> {
-        let done = sqlx::query(&self.sql.inbox_purge)
-            .bind(interval_ms(older_than))
-            .bind(limit(batch_size))
-            .execute(conn)
-            .await
-            .map_err(classify)?;
-        Ok(done.rows_affected())
+    fn retention_ms(older_than: Duration) -> i64 {
+        interval_ms(older_than)
     }
 }

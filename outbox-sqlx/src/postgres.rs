@@ -32,7 +32,7 @@ use outbox_engine::{
 use outbox_sql::postgres::{NOTIFY_CHANNEL, Statements};
 use outbox_sql::{Dialect, TableNames};
 use sqlx::Row;
-use sqlx::postgres::{PgConnection, PgListener, PgPool, PgRow};
+use sqlx::postgres::{PgConnection, PgListener, PgPool, PgQueryResult, PgRow, Postgres};
 use tracing::{debug, warn};
 use uuid::Uuid;
 
@@ -41,8 +41,7 @@ use crate::common::{
     attempts, availability, count, headers_json, limit, millis, read_headers, undecodable,
 };
 use crate::error::classify;
-use outbox_engine::receive::check_key;
-use outbox_engine::{Delivery, Inbox};
+use crate::inbox::{InboxDialect, SqlInbox};
 
 /// A fixed advisory-lock key serialising migrations across processes.
 const MIGRATION_LOCK: i64 = 0x6f75_7462_6f78_0001;
@@ -690,87 +689,22 @@ impl Drop for AbortOnDrop {
 /// # Ok(())
 /// # }
 /// ```
-#[derive(Debug, Clone)]
-pub struct PgInbox {
-    names: TableNames,
-    sql: Arc<Statements>,
-}
+pub type PgInbox = SqlInbox<Postgres>;
 
-impl Default for PgInbox {
-    fn default() -> Self {
-        Self::new()
-    }
-}
+impl crate::inbox::sealed::Sealed for Postgres {}
 
-impl PgInbox {
-    /// The inbox in table `outbox_inbox`.
-    pub fn new() -> Self {
-        Self::with_names(TableNames::default())
+impl InboxDialect for Postgres {
+    fn inbox_statements(names: &TableNames) -> (String, String) {
+        let sql = Statements::new(names);
+        (sql.inbox_record, sql.inbox_purge)
     }
 
-    /// The inbox in the table `names` gives.
-    pub fn with_names(names: TableNames) -> Self {
-        Self {
-            sql: Arc::new(Statements::new(&names)),
-            names,
-        }
+    async fn migrate_inbox(pool: &PgPool, names: &TableNames) -> Result<(), StoreError> {
+        let migrations = outbox_sql::inbox_migrations(Dialect::Postgres, names);
+        run_migrations(pool, &Statements::new(names), &migrations).await
     }
 
-    /// Creates the inbox table if missing.
-    ///
-    /// # Errors
-    ///
-    /// A [`StoreError`] if a statement fails.
-    pub async fn migrate(&self, pool: &PgPool) -> Result<(), StoreError> {
-        let migrations = outbox_sql::inbox_migrations(Dialect::Postgres, &self.names);
-        run_migrations(pool, &self.sql, &migrations).await
-    }
-}
-
-impl Inbox for PgInbox {
-    type Connection = PgConnection;
-
-    /// Records `(consumer, key)` on `conn` (your transaction). Concurrent
-    /// deliveries of the same id wait for each other: exactly one sees [`Delivery::New`]
-    /// once its transaction commits; if it rolls back, the next one does.
-    ///
-    /// # Errors
-    ///
-    /// `InvalidInput` for a consumer or key that
-    /// [`check_key`] refuses; the database's error.
-    async fn record(
-        &self,
-        conn: &mut PgConnection,
-        consumer: &str,
-        key: &str,
-    ) -> Result<Delivery, StoreError> {
-        check_key("consumer", consumer)?;
-        check_key("key", key)?;
-        let done = sqlx::query(&self.sql.inbox_record)
-            .bind(consumer)
-            .bind(key)
-            .execute(conn)
-            .await
-            .map_err(classify)?;
-        Ok(if done.rows_affected() == 1 {
-            Delivery::New
-        } else {
-            Delivery::Duplicate
-        })
-    }
-
-    async fn purge(
-        &self,
-        conn: &mut PgConnection,
-        older_than: Duration,
-        batch_size: usize,
-    ) -> Result<u64, StoreError> {
-        let done = sqlx::query(&self.sql.inbox_purge)
-            .bind(millis(older_than))
-            .bind(limit(batch_size))
-            .execute(conn)
-            .await
-            .map_err(classify)?;
-        Ok(done.rows_affected())
+    fn rows_affected(result: &PgQueryResult) -> u64 {
+        result.rows_affected()
     }
 }

@@ -95,7 +95,6 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
-use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use outbox_engine::Wakeup;
@@ -108,7 +107,9 @@ use outbox_engine::{
 use outbox_sql::sqlite::Statements;
 use outbox_sql::{Dialect, TableNames};
 use sqlx::Row;
-use sqlx::sqlite::{SqliteArguments, SqliteConnection, SqlitePool, SqliteRow};
+use sqlx::sqlite::{
+    Sqlite, SqliteArguments, SqliteConnection, SqlitePool, SqliteQueryResult, SqliteRow,
+};
 use tracing::warn;
 use uuid::Uuid;
 
@@ -117,8 +118,7 @@ use crate::common::{
     attempts, count, headers_json, limit, millis, read_headers, stored_id, undecodable,
 };
 use crate::error::classify;
-use outbox_engine::receive::check_key;
-use outbox_engine::{Delivery, Inbox};
+use crate::inbox::{InboxDialect, SqlInbox};
 
 /// The outbox on SQLite: enqueue in your transaction, and the relay's [`Store`].
 ///
@@ -728,8 +728,8 @@ impl Purge for SqliteOutbox {
 /// The receiver-side inbox on SQLite: deduplicates deliveries inside the receiver's own
 /// transaction.
 ///
-/// Open the transaction with `BEGIN IMMEDIATE` (or make [`record`](Self::record) its
-/// first statement) so it holds SQLite's write lock from the start; see the
+/// Open the transaction with `BEGIN IMMEDIATE` (or make [`record`](outbox_engine::Inbox::record)
+/// its first statement) so it holds SQLite's write lock from the start; see the
 /// [module documentation](self#write-transactions).
 ///
 /// ```no_run
@@ -746,90 +746,23 @@ impl Purge for SqliteOutbox {
 /// # Ok(())
 /// # }
 /// ```
-#[derive(Debug, Clone)]
-pub struct SqliteInbox {
-    names: TableNames,
-    sql: Arc<Statements>,
-}
+pub type SqliteInbox = SqlInbox<Sqlite>;
 
-impl Default for SqliteInbox {
-    fn default() -> Self {
-        Self::new()
-    }
-}
+impl crate::inbox::sealed::Sealed for Sqlite {}
 
-impl SqliteInbox {
-    /// The inbox in table `outbox_inbox`.
-    pub fn new() -> Self {
-        Self::with_names(TableNames::default())
+impl InboxDialect for Sqlite {
+    fn inbox_statements(names: &TableNames) -> (String, String) {
+        let sql = Statements::new(names);
+        (sql.inbox_record, sql.inbox_purge)
     }
 
-    /// The inbox in the table `names` gives.
-    pub fn with_names(names: TableNames) -> Self {
-        Self {
-            sql: Arc::new(Statements::new(&names)),
-            names,
-        }
+    /// Runs in one `BEGIN IMMEDIATE` transaction.
+    async fn migrate_inbox(pool: &SqlitePool, names: &TableNames) -> Result<(), StoreError> {
+        let migrations = outbox_sql::inbox_migrations(Dialect::Sqlite, names);
+        run_migrations(pool, &Statements::new(names), &migrations).await
     }
 
-    /// Creates the inbox table if missing. Idempotent; runs in one `BEGIN IMMEDIATE`
-    /// transaction.
-    ///
-    /// # Errors
-    ///
-    /// A [`StoreError`] if a statement fails.
-    pub async fn migrate(&self, pool: &SqlitePool) -> Result<(), StoreError> {
-        let migrations = outbox_sql::inbox_migrations(Dialect::Sqlite, &self.names);
-        run_migrations(pool, &self.sql, &migrations).await
-    }
-}
-
-impl Inbox for SqliteInbox {
-    type Connection = SqliteConnection;
-
-    /// Records `(consumer, key)` on `conn` (your transaction). SQLite serialises
-    /// writers, so concurrent deliveries of the same id take turns: exactly one sees
-    /// [`Delivery::New`] once its transaction commits; if it rolls back, the next one
-    /// does.
-    ///
-    /// # Errors
-    ///
-    /// `InvalidInput` for an empty key, one over 191 bytes or one containing NUL; the
-    /// database's error (kind `Conflict` for `SQLITE_BUSY`, which can happen when the
-    /// transaction read before this write; see the type's documentation).
-    async fn record(
-        &self,
-        conn: &mut SqliteConnection,
-        consumer: &str,
-        key: &str,
-    ) -> Result<Delivery, StoreError> {
-        check_key("consumer", consumer)?;
-        check_key("key", key)?;
-        let done = sqlx::query(&self.sql.inbox_record)
-            .bind(consumer)
-            .bind(key)
-            .execute(conn)
-            .await
-            .map_err(classify)?;
-        Ok(if done.rows_affected() == 1 {
-            Delivery::New
-        } else {
-            Delivery::Duplicate
-        })
-    }
-
-    async fn purge(
-        &self,
-        conn: &mut SqliteConnection,
-        older_than: Duration,
-        batch_size: usize,
-    ) -> Result<u64, StoreError> {
-        let done = sqlx::query(&self.sql.inbox_purge)
-            .bind(millis(older_than))
-            .bind(limit(batch_size))
-            .execute(conn)
-            .await
-            .map_err(classify)?;
-        Ok(done.rows_affected())
+    fn rows_affected(result: &SqliteQueryResult) -> u64 {
+        result.rows_affected()
     }
 }
