@@ -51,18 +51,8 @@ pub async fn unreadable_rows_are_dead_lettered_alone<S>(
 ) where
     S: outbox_engine::Store + outbox_engine::StoreStats + outbox_engine::DeadLetters + Clone,
 {
-    use outbox_engine::{DeadLetterFilter, Relay, testkit::RecordingSink};
-    let sink = RecordingSink::new();
-    let relay = Relay::builder(store.clone())
-        .route("orders", sink.clone())
-        .batch_size(100)
-        .concurrency(1)
-        .build()
-        .expect("relay");
-    let report = tokio::time::timeout(std::time::Duration::from_secs(60), relay.drain())
-        .await
-        .expect("drain within 60 s")
-        .expect("drain");
+    use outbox_engine::DeadLetterFilter;
+    let (report, sink) = drain_orders(store.clone()).await;
     let good = total - poisoned.len();
     assert_eq!(
         (report.published, report.dead),
@@ -323,8 +313,6 @@ pub async fn producer_atomicity<DB, S>(
 {
     use std::collections::HashSet;
 
-    use outbox_engine::{Relay, testkit::RecordingSink};
-
     let table = fresh_table("orders");
     sqlx::query(&create.replace("{table}", &table))
         .execute(pool)
@@ -370,16 +358,7 @@ pub async fn producer_atomicity<DB, S>(
         (600..=800).contains(&committed),
         "about 30% rolled back: {committed}"
     );
-    let sink = RecordingSink::new();
-    let relay = Relay::builder(store)
-        .route("orders", sink.clone())
-        .batch_size(100)
-        .build()
-        .expect("relay");
-    let report = tokio::time::timeout(std::time::Duration::from_secs(60), relay.drain())
-        .await
-        .expect("drain within 60 s")
-        .expect("drain");
+    let (report, sink) = drain_orders(store.clone()).await;
     assert_eq!(
         report.published,
         expected.len(),
@@ -390,4 +369,26 @@ pub async fn producer_atomicity<DB, S>(
         delivered, expected,
         "outbox rows = the committed transactions' messages, exactly"
     );
+}
+
+/// Drains destination `orders` of `store` into a recording sink, one worker, batches of
+/// 100, within 60 s.
+pub async fn drain_orders<S: outbox_engine::Store + Clone>(
+    store: S,
+) -> (
+    outbox_engine::BatchReport,
+    outbox_engine::testkit::RecordingSink,
+) {
+    let sink = outbox_engine::testkit::RecordingSink::new();
+    let relay = outbox_engine::Relay::builder(store)
+        .route("orders", sink.clone())
+        .batch_size(100)
+        .concurrency(1)
+        .build()
+        .expect("relay");
+    let report = tokio::time::timeout(std::time::Duration::from_secs(60), relay.drain())
+        .await
+        .expect("drain within 60 s")
+        .expect("drain");
+    (report, sink)
 }
