@@ -131,16 +131,7 @@ pub async fn minimal_rows_are_delivered<S>(store: S, rows: usize)
 where
     S: outbox_engine::Store + Clone,
 {
-    use outbox_engine::{Relay, testkit::RecordingSink};
-    let sink = RecordingSink::new();
-    let relay = Relay::builder(store)
-        .route("orders", sink.clone())
-        .build()
-        .expect("relay");
-    let report = tokio::time::timeout(std::time::Duration::from_secs(60), relay.drain())
-        .await
-        .expect("drain within 60 s")
-        .expect("drain");
+    let (report, sink) = drain_orders(store).await;
     assert_eq!((report.published, report.dead), (rows, 0), "{report:?}");
     let messages = sink.messages();
     assert_eq!(messages.len(), rows, "each row delivered once");
