@@ -299,6 +299,30 @@ impl TableNames {
     }
 }
 
+/// The statements every dialect has, with the same parameters in the same order, so a
+/// backend runs them from code written once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Shared {
+    /// Creates the migrations table.
+    pub create_migrations: String,
+    /// `(id)` → a row if that migration was applied.
+    pub migration_applied: String,
+    /// Records a migration: `(id)`.
+    pub record_migration: String,
+    /// Counts per destination and state: no parameters → destination, pending, leased,
+    /// dead, published, oldest (`created_at` of the oldest unfinished row).
+    pub stats: String,
+    /// Counts halted keys per destination (keys with a dead row followed by unfinished
+    /// ones, counted under the dead row's destination): → destination, halted.
+    pub halted_keys: String,
+    /// Records a delivery in the inbox: `(consumer, message id)` → one row affected if
+    /// new, zero if a duplicate.
+    pub inbox_record: String,
+    /// Deletes one bounded batch of old inbox rows: `(age ms, limit)`.
+    pub inbox_purge: String,
+}
+
 /// One migration: an id recorded in the migrations table, and its statements.
 ///
 /// Every statement must be idempotent (`IF NOT EXISTS`, `ADD COLUMN IF NOT EXISTS`, …):
@@ -408,6 +432,18 @@ fn split_statements(sql: &str) -> Vec<String> {
         statements.push(current.trim().to_owned());
     }
     statements
+}
+
+/// For a per-key ordered claim: whether it is filtered by destination and whether a dead
+/// head halts its key; `None` for an unordered claim.
+fn ordered_claim(request: &outbox_engine::ClaimRequest) -> Option<(bool, bool)> {
+    match request.ordering {
+        outbox_engine::MessageOrder::PerKey(dead) => Some((
+            request.destinations.is_some(),
+            dead == outbox_engine::DeadHead::Halt,
+        )),
+        _ => None,
+    }
 }
 
 /// The status token a completion is bound with: `published`, `pending` (retry),

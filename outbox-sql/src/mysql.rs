@@ -77,7 +77,7 @@
 //! view, at `READ COMMITTED`) run once the candidates are locked, and only the rows it
 //! returns are leased.
 
-use crate::{Dialect, TableNames};
+use crate::{Dialect, Shared, TableNames};
 
 /// Migration files of the outbox table.
 pub const OUTBOX_MIGRATIONS: &[(&str, &str)] = &[
@@ -130,12 +130,6 @@ pub struct Statements {
     /// The lowest `seq` of `d`'s key among pending, leased and dead rows.
     lowest_seq: [String; 3],
     insert_head: String,
-    /// Creates the migrations table.
-    pub create_migrations: String,
-    /// `(id)` → a row if that migration was applied.
-    pub migration_applied: String,
-    /// Records a migration: `(id)`.
-    pub record_migration: String,
     /// Takes the migration lock: `(name, timeout s)` → 1 when held.
     pub migration_lock: String,
     /// Releases the migration lock: `(name)`.
@@ -162,19 +156,12 @@ pub struct Statements {
     /// Dead-letters one row locked by a claim (not yet leased) that cannot be read as a
     /// message; the claim counts as an attempt.
     pub reject: String,
-    /// Counts per destination and state.
-    pub stats: String,
-    /// Counts halted keys per destination: keys with a dead row followed by unfinished
-    /// ones, counted under the dead row's destination.
-    pub halted_keys: String,
     /// Deletes one bounded batch of old published rows.
     pub purge_published: String,
     /// Deletes one bounded batch of old dead letters.
     pub purge_dead: String,
-    /// Records a delivery in the inbox: one row affected if new, zero if a duplicate.
-    pub inbox_record: String,
-    /// Deletes one bounded batch of old inbox rows.
-    pub inbox_purge: String,
+    /// The statements every dialect has, with the same parameters.
+    pub shared: Shared,
 }
 
 const NOW: &str = "UTC_TIMESTAMP(6)";
@@ -204,13 +191,6 @@ impl Statements {
             due_index: r("{outbox_due_idx}"),
             lowest_seq: ["pending", "leased", "dead"].map(|status| r(&key_seq(status, "ASC"))),
             insert_head: r(INSERT_HEAD),
-            create_migrations: r(
-                "CREATE TABLE IF NOT EXISTS {migrations} (id VARCHAR(255) NOT NULL PRIMARY KEY, applied_at DATETIME(6) NOT NULL) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin",
-            ),
-            migration_applied: r("SELECT 1 FROM {migrations} WHERE id = ?"),
-            record_migration: r(
-                "INSERT IGNORE INTO {migrations} (id, applied_at) VALUES (?, {now})",
-            ),
             migration_lock: "SELECT GET_LOCK(?, ?)".to_owned(),
             migration_unlock: "SELECT RELEASE_LOCK(?)".to_owned(),
             check_outbox: r(&format!(
@@ -232,22 +212,31 @@ impl Statements {
             reject: r(
                 "UPDATE {outbox} SET status = 'dead', available_at = NULL, dead_at = {now}, last_error = ?, attempts = attempts + 1, {cleared} WHERE id = ?",
             ),
-            stats: r(STATS),
-            halted_keys: r(&HALTED_KEYS
-                .replace("{key_seq_pending}", &key_seq("pending", "DESC"))
-                .replace("{key_seq_leased}", &key_seq("leased", "DESC"))),
             purge_published: r(
                 "DELETE FROM {outbox} WHERE status = 'published' AND published_at <= {now} - INTERVAL (? * 1000) MICROSECOND ORDER BY published_at, id LIMIT ?",
             ),
             purge_dead: r(
                 "DELETE FROM {outbox} WHERE status = 'dead' AND dead_at <= {now} - INTERVAL (? * 1000) MICROSECOND ORDER BY dead_at, id LIMIT ?",
             ),
-            inbox_record: r(
-                "INSERT IGNORE INTO {inbox} (consumer, message_id, received_at) VALUES (?, ?, {now})",
-            ),
-            inbox_purge: r(
-                "DELETE FROM {inbox} WHERE received_at <= {now} - INTERVAL (? * 1000) MICROSECOND ORDER BY received_at, consumer, message_id LIMIT ?",
-            ),
+            shared: Shared {
+                create_migrations: r(
+                    "CREATE TABLE IF NOT EXISTS {migrations} (id VARCHAR(255) NOT NULL PRIMARY KEY, applied_at DATETIME(6) NOT NULL) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin",
+                ),
+                migration_applied: r("SELECT 1 FROM {migrations} WHERE id = ?"),
+                record_migration: r(
+                    "INSERT IGNORE INTO {migrations} (id, applied_at) VALUES (?, {now})",
+                ),
+                stats: r(STATS),
+                halted_keys: r(&HALTED_KEYS
+                    .replace("{key_seq_pending}", &key_seq("pending", "DESC"))
+                    .replace("{key_seq_leased}", &key_seq("leased", "DESC"))),
+                inbox_record: r(
+                    "INSERT IGNORE INTO {inbox} (consumer, message_id, received_at) VALUES (?, ?, {now})",
+                ),
+                inbox_purge: r(
+                    "DELETE FROM {inbox} WHERE received_at <= {now} - INTERVAL (? * 1000) MICROSECOND ORDER BY received_at, consumer, message_id LIMIT ?",
+                ),
+            },
         }
     }
 
@@ -485,7 +474,7 @@ mod tests {
             assert_eq!(count(&sql.claim_select_ordered(2, halt)), 3);
             assert_eq!(count(&sql.heads(4, halt)), 4);
         }
-        assert_eq!(count(&sql.halted_keys), 0);
+        assert_eq!(count(&sql.shared.halted_keys), 0);
         assert_eq!(count(&sql.claim_lease(3)), 7);
         assert_eq!(count(&sql.lock_leased(3)), 4);
         assert_eq!(count(&sql.publish(2)), 3);
@@ -495,8 +484,8 @@ mod tests {
         assert_eq!(count(&sql.dead), 3);
         assert_eq!(count(&sql.purge_published), 2);
         assert_eq!(count(&sql.purge_dead), 2);
-        assert_eq!(count(&sql.inbox_record), 2);
-        assert_eq!(count(&sql.inbox_purge), 2);
+        assert_eq!(count(&sql.shared.inbox_record), 2);
+        assert_eq!(count(&sql.shared.inbox_purge), 2);
         let shape = DeadFilterShape {
             ids: 2,
             destinations: 1,

@@ -24,7 +24,7 @@
 //! Rows read back (claim, `list_dead`) have the columns of [`MESSAGE_COLUMNS`] in order,
 //! `list_dead` followed by `last_error` and `dead_at`.
 
-use crate::{Dialect, TableNames};
+use crate::{Dialect, Shared, TableNames};
 
 /// Migration files of the outbox table.
 pub const OUTBOX_MIGRATIONS: &[(&str, &str)] = &[
@@ -61,12 +61,6 @@ const DEAD_FILTER: &str = "status = 'dead'
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Statements {
-    /// Creates the migrations table.
-    pub create_migrations: String,
-    /// `(id)` → a row if that migration was applied.
-    pub migration_applied: String,
-    /// Records a migration: `(id)`.
-    pub record_migration: String,
     /// Takes the migration lock for this transaction: `(key bigint)`.
     pub migration_lock: String,
     /// Inserts one message.
@@ -79,16 +73,12 @@ pub struct Statements {
     pub claim_filtered: String,
     /// Per-key ordered claims: `[skip, skip filtered, halt, halt filtered]`.
     claim_ordered: [String; 4],
-    /// Counts halted keys per destination: keys with a dead row followed by unfinished ones.
-    pub halted_keys: String,
     /// Completes leased rows.
     pub complete: String,
     /// Deletes leased rows on publish (delete-on-publish mode).
     pub delete_published: String,
     /// Gives leased rows back.
     pub release: String,
-    /// Counts per destination and state.
-    pub stats: String,
     /// Lists matching dead letters.
     pub list_dead: String,
     /// Replays matching dead letters.
@@ -97,12 +87,10 @@ pub struct Statements {
     pub discard_dead: String,
     /// Deletes one bounded batch of old finished rows.
     pub purge: String,
-    /// Records a delivery in the inbox: one row affected if new, zero if a duplicate.
-    pub inbox_record: String,
-    /// Deletes one bounded batch of old inbox rows.
-    pub inbox_purge: String,
     /// Sends a wakeup after commit: `(channel payload text)`.
     pub notify: String,
+    /// The statements every dialect has, with the same parameters.
+    pub shared: Shared,
 }
 
 /// The LISTEN/NOTIFY channel every outbox table signals on; the payload names the table.
@@ -114,13 +102,6 @@ impl Statements {
         let r = |t: &str| names.render(Dialect::Postgres, t);
         let dead = |t: &str| r(&t.replace("{dead_filter}", DEAD_FILTER));
         Self {
-            create_migrations: r(
-                "CREATE TABLE IF NOT EXISTS {migrations} (id text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())",
-            ),
-            migration_applied: r("SELECT 1 FROM {migrations} WHERE id = $1"),
-            record_migration: r(
-                "INSERT INTO {migrations} (id) VALUES ($1) ON CONFLICT (id) DO NOTHING",
-            ),
             migration_lock: "SELECT pg_advisory_xact_lock($1)".to_owned(),
             insert: r(INSERT),
             insert_batch: r(INSERT_BATCH),
@@ -132,25 +113,34 @@ impl Statements {
                 r(&claim("", &ordered(", 'dead'"))),
                 r(&claim(FILTER, &ordered(", 'dead'"))),
             ],
-            halted_keys: r(HALTED_KEYS),
             complete: r(COMPLETE),
             delete_published: r(
                 "DELETE FROM {outbox} WHERE id = ANY($2) AND status = 'leased' AND lease_token = $1 RETURNING id",
             ),
             release: r(RELEASE),
-            stats: r(STATS),
             list_dead: dead(LIST_DEAD),
             replay_dead: dead(
                 "UPDATE {outbox} SET status = 'pending', available_at = now(), attempts = 0, dead_at = NULL WHERE {dead_filter}",
             ),
             discard_dead: dead("DELETE FROM {outbox} WHERE {dead_filter}"),
             purge: r(PURGE),
-            inbox_record: r(
-                "INSERT INTO {inbox} (consumer, message_id) VALUES ($1, $2) ON CONFLICT DO NOTHING",
-            ),
-            inbox_purge: r(
-                "DELETE FROM {inbox} WHERE ctid IN (SELECT ctid FROM {inbox} WHERE received_at <= now() - $1 * interval '1 millisecond' LIMIT $2)",
-            ),
+            shared: Shared {
+                create_migrations: r(
+                    "CREATE TABLE IF NOT EXISTS {migrations} (id text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())",
+                ),
+                migration_applied: r("SELECT 1 FROM {migrations} WHERE id = $1"),
+                record_migration: r(
+                    "INSERT INTO {migrations} (id) VALUES ($1) ON CONFLICT (id) DO NOTHING",
+                ),
+                stats: r(STATS),
+                halted_keys: r(HALTED_KEYS),
+                inbox_record: r(
+                    "INSERT INTO {inbox} (consumer, message_id) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+                ),
+                inbox_purge: r(
+                    "DELETE FROM {inbox} WHERE ctid IN (SELECT ctid FROM {inbox} WHERE received_at <= now() - $1 * interval '1 millisecond' LIMIT $2)",
+                ),
+            },
             notify: format!("SELECT pg_notify('{NOTIFY_CHANNEL}', $1)"),
         }
     }
@@ -160,6 +150,15 @@ impl Statements {
     /// The claim for per-key ordering; `halt` keeps keys behind a dead head.
     pub fn claim_ordered(&self, filtered: bool, halt: bool) -> &str {
         &self.claim_ordered[usize::from(halt) * 2 + usize::from(filtered)]
+    }
+
+    /// The claim `request` needs: of any or some destinations, per-key ordered or not.
+    pub fn claim_for(&self, request: &outbox_engine::ClaimRequest) -> &str {
+        match crate::ordered_claim(request) {
+            Some((filtered, halt)) => self.claim_ordered(filtered, halt),
+            None if request.destinations.is_some() => &self.claim_filtered,
+            None => &self.claim,
+        }
     }
 }
 

@@ -44,7 +44,7 @@
 //! `seq` is pending or leased (or dead, under [`DeadHead::Halt`](outbox_engine::DeadHead)).
 //! The claim is one statement, so it sees one consistent state of the table.
 
-use crate::{Dialect, TableNames};
+use crate::{Dialect, Shared, TableNames};
 
 /// Migration files of the outbox table.
 pub const OUTBOX_MIGRATIONS: &[(&str, &str)] = &[
@@ -77,12 +77,6 @@ pub const MESSAGE_COLUMNS: &str = "id, destination, event_type, aggregate_type, 
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Statements {
-    /// Creates the migrations table.
-    pub create_migrations: String,
-    /// `(id)` → a row if that migration was applied.
-    pub migration_applied: String,
-    /// Records a migration: `(id)`.
-    pub record_migration: String,
     /// Numbers new rows of one partition key: bumps its counter, returns the last number.
     pub next_seq: String,
     /// Inserts one message (a batch repeats it in the caller's transaction).
@@ -93,9 +87,6 @@ pub struct Statements {
     pub claim_filtered: String,
     /// Per-key ordered claims: `[skip, skip filtered, halt, halt filtered]`.
     claim_ordered: [String; 4],
-    /// Counts halted keys per destination: keys with a dead row followed by unfinished
-    /// ones, counted under the dead row's destination.
-    pub halted_keys: String,
     /// Completes leased rows.
     pub complete: String,
     /// Dead-letters one claimed row that cannot be read as a message, by `rowid`.
@@ -104,8 +95,6 @@ pub struct Statements {
     pub delete_published: String,
     /// Gives leased rows back.
     pub release: String,
-    /// Counts per destination and state.
-    pub stats: String,
     /// Lists matching dead letters.
     pub list_dead: String,
     /// Replays matching dead letters.
@@ -114,10 +103,8 @@ pub struct Statements {
     pub discard_dead: String,
     /// Deletes one bounded batch of old finished rows.
     pub purge: String,
-    /// Records a delivery in the inbox: one row affected if new, zero if a duplicate.
-    pub inbox_record: String,
-    /// Deletes one bounded batch of old inbox rows.
-    pub inbox_purge: String,
+    /// The statements every dialect has, with the same parameters.
+    pub shared: Shared,
 }
 
 impl Statements {
@@ -126,13 +113,6 @@ impl Statements {
         let r = |t: &str| names.render(Dialect::Sqlite, &t.replace("{now}", NOW_MS));
         let dead = |t: &str| r(&t.replace("{dead_filter}", DEAD_FILTER));
         Self {
-            create_migrations: r(
-                "CREATE TABLE IF NOT EXISTS {migrations} (id TEXT PRIMARY KEY NOT NULL, applied_at INTEGER NOT NULL)",
-            ),
-            migration_applied: r("SELECT 1 FROM {migrations} WHERE id = ?1"),
-            record_migration: r(
-                "INSERT OR IGNORE INTO {migrations} (id, applied_at) VALUES (?1, {now})",
-            ),
             next_seq: r(NEXT_SEQ),
             insert: r(INSERT),
             claim: r(&claim("", "")),
@@ -143,26 +123,35 @@ impl Statements {
                 r(&claim("", &ordered(HALT))),
                 r(&claim(FILTER, &ordered(HALT))),
             ],
-            halted_keys: r(HALTED_KEYS),
             complete: r(COMPLETE),
             reject: r(REJECT),
             delete_published: r(
                 "DELETE FROM {outbox} WHERE id IN (SELECT value FROM json_each(?2)) AND status = 'leased' AND lease_token = ?1 RETURNING id",
             ),
             release: r(RELEASE),
-            stats: r(STATS),
             list_dead: dead(LIST_DEAD),
             replay_dead: dead(
                 "UPDATE {outbox} SET status = 'pending', available_at = {now}, attempts = 0, dead_at = NULL WHERE {dead_filter}",
             ),
             discard_dead: dead("DELETE FROM {outbox} WHERE {dead_filter}"),
             purge: r(PURGE),
-            inbox_record: r(
-                "INSERT INTO {inbox} (consumer, message_id, received_at) VALUES (?1, ?2, {now}) ON CONFLICT DO NOTHING",
-            ),
-            inbox_purge: r(
-                "DELETE FROM {inbox} WHERE rowid IN (SELECT rowid FROM {inbox} WHERE received_at <= {now} - ?1 LIMIT ?2)",
-            ),
+            shared: Shared {
+                create_migrations: r(
+                    "CREATE TABLE IF NOT EXISTS {migrations} (id TEXT PRIMARY KEY NOT NULL, applied_at INTEGER NOT NULL)",
+                ),
+                migration_applied: r("SELECT 1 FROM {migrations} WHERE id = ?1"),
+                record_migration: r(
+                    "INSERT OR IGNORE INTO {migrations} (id, applied_at) VALUES (?1, {now})",
+                ),
+                stats: r(STATS),
+                halted_keys: r(HALTED_KEYS),
+                inbox_record: r(
+                    "INSERT INTO {inbox} (consumer, message_id, received_at) VALUES (?1, ?2, {now}) ON CONFLICT DO NOTHING",
+                ),
+                inbox_purge: r(
+                    "DELETE FROM {inbox} WHERE rowid IN (SELECT rowid FROM {inbox} WHERE received_at <= {now} - ?1 LIMIT ?2)",
+                ),
+            },
         }
     }
 }
@@ -171,6 +160,15 @@ impl Statements {
     /// The claim for per-key ordering; `halt` keeps keys behind a dead head.
     pub fn claim_ordered(&self, filtered: bool, halt: bool) -> &str {
         &self.claim_ordered[usize::from(halt) * 2 + usize::from(filtered)]
+    }
+
+    /// The claim `request` needs: of any or some destinations, per-key ordered or not.
+    pub fn claim_for(&self, request: &outbox_engine::ClaimRequest) -> &str {
+        match crate::ordered_claim(request) {
+            Some((filtered, halt)) => self.claim_ordered(filtered, halt),
+            None if request.destinations.is_some() => &self.claim_filtered,
+            None => &self.claim,
+        }
     }
 }
 

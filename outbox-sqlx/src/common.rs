@@ -3,10 +3,49 @@
 use std::time::Duration;
 
 #[cfg(any(feature = "postgres", feature = "mysql"))]
-use chrono::{DateTime, Utc};
-use outbox_engine::Headers;
+use chrono::DateTime;
+use chrono::Utc;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 use outbox_engine::{Availability, NewMessage};
+use outbox_engine::{ClaimRequest, Headers, Lease, LeaseToken};
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+use outbox_engine::{CompleteAction, Completion, PublishedRows};
+
+/// A fresh lease for `request`, `lease_ms` from now by this host's clock (the rows'
+/// deadline is set by the database's clock; this is the relay's own estimate).
+pub(crate) fn lease(request: &ClaimRequest, lease_ms: i64) -> (LeaseToken, Lease) {
+    let token = LeaseToken::new();
+    let lease = Lease {
+        owner: request.owner.clone(),
+        token,
+        until: Utc::now() + chrono::Duration::milliseconds(lease_ms),
+    };
+    (token, lease)
+}
+
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+/// Splits completions into those that delete their row (published, in delete mode) and
+/// those that update it.
+pub(crate) fn split_deleted(
+    published: PublishedRows,
+    completions: &[Completion],
+) -> (Vec<&Completion>, Vec<&Completion>) {
+    completions
+        .iter()
+        .partition(|c| published == PublishedRows::Delete && c.action == CompleteAction::Published)
+}
+
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+/// A completion's delay in milliseconds and the error it records.
+pub(crate) fn completion_parts(action: &CompleteAction) -> (i64, Option<&str>) {
+    match action {
+        CompleteAction::Published => (0, None),
+        CompleteAction::Retry { delay, error } | CompleteAction::Defer { delay, error } => {
+            (millis(*delay), Some(error))
+        }
+        CompleteAction::Dead { reason } => (0, Some(reason)),
+    }
+}
 
 /// A duration as whole milliseconds for binding, saturating.
 pub(crate) fn millis(d: Duration) -> i64 {
@@ -78,4 +117,31 @@ pub(crate) fn count(value: i64) -> u64 {
 
 pub(crate) fn limit(n: usize) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// Binds the ten message columns every insert takes between the id and the due time:
+/// destination, event type, aggregate type and id, partition key, tenant, idempotency
+/// key, payload, content type, headers.
+pub(crate) fn bind_columns<'q, DB>(
+    query: sqlx::query::Query<'q, DB, DB::Arguments<'q>>,
+    m: &'q outbox_engine::NewMessage,
+) -> sqlx::query::Query<'q, DB, DB::Arguments<'q>>
+where
+    DB: sqlx::Database,
+    &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    Option<&'q str>: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    &'q [u8]: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    String: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+{
+    query
+        .bind(m.destination())
+        .bind(m.event_type())
+        .bind(m.aggregate_type())
+        .bind(m.aggregate_id())
+        .bind(m.partition_key())
+        .bind(m.tenant_id())
+        .bind(m.idempotency_key())
+        .bind(m.payload())
+        .bind(m.content_type())
+        .bind(headers_json(m.headers()))
 }

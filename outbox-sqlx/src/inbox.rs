@@ -1,7 +1,6 @@
 //! The receiver-side inbox, written once for the three dialects.
 
 use std::fmt;
-use std::future::Future;
 use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,37 +9,9 @@ use outbox_engine::receive::check_key;
 use outbox_engine::{Delivery, Inbox, StoreError};
 use outbox_sql::TableNames;
 
-use crate::common::{limit, millis};
+use crate::common::limit;
+use crate::dialect::{SqlDialect, Tables};
 use crate::error::classify;
-
-/// What the inbox needs from a dialect. Implemented for sqlx's `Postgres`, `Sqlite` and
-/// `MySql` (behind their features); sealed.
-pub trait InboxDialect: sqlx::Database + sealed::Sealed {
-    /// The record and purge statements for the inbox table `names` gives.
-    #[doc(hidden)]
-    fn inbox_statements(names: &TableNames) -> (String, String);
-
-    /// Creates the inbox table if missing, as the dialect migrates.
-    #[doc(hidden)]
-    fn migrate_inbox(
-        pool: &sqlx::Pool<Self>,
-        names: &TableNames,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send;
-
-    /// How many rows a statement changed.
-    #[doc(hidden)]
-    fn rows_affected(result: &Self::QueryResult) -> u64;
-
-    /// A retention bound as the milliseconds the purge statement takes.
-    #[doc(hidden)]
-    fn retention_ms(older_than: Duration) -> i64 {
-        millis(older_than)
-    }
-}
-
-pub(crate) mod sealed {
-    pub trait Sealed {}
-}
 
 /// The inbox on one dialect: deduplicates deliveries inside the receiver's own
 /// transaction. Use it through its dialect's name: `postgres::PgInbox`,
@@ -54,7 +25,7 @@ pub struct SqlInbox<DB> {
     dialect: PhantomData<fn() -> DB>,
 }
 
-impl<DB: InboxDialect> SqlInbox<DB> {
+impl<DB: SqlDialect> SqlInbox<DB> {
     /// The inbox in table `outbox_inbox`.
     pub fn new() -> Self {
         Self::with_names(TableNames::default())
@@ -63,7 +34,11 @@ impl<DB: InboxDialect> SqlInbox<DB> {
     /// The inbox in the table `names` gives.
     pub fn with_names(names: TableNames) -> Self {
         Self {
-            sql: Arc::new(DB::inbox_statements(&names)),
+            sql: Arc::new({
+                let sql = DB::statements(&names);
+                let shared = DB::shared(&sql);
+                (shared.inbox_record.clone(), shared.inbox_purge.clone())
+            }),
             names,
             dialect: PhantomData,
         }
@@ -77,11 +52,18 @@ impl<DB: InboxDialect> SqlInbox<DB> {
     /// A [`StoreError`] if a statement fails, of kind `Schema` if a table of that name
     /// exists but is not an inbox (MySQL).
     pub async fn migrate(&self, pool: &sqlx::Pool<DB>) -> Result<(), StoreError> {
-        DB::migrate_inbox(pool, &self.names).await
+        let migrations = Tables::Inbox.migrations::<DB>(&self.names);
+        DB::migrate(
+            pool,
+            &DB::statements(&self.names),
+            &migrations,
+            Tables::Inbox,
+        )
+        .await
     }
 }
 
-impl<DB: InboxDialect> Default for SqlInbox<DB> {
+impl<DB: SqlDialect> Default for SqlInbox<DB> {
     fn default() -> Self {
         Self::new()
     }
@@ -107,7 +89,7 @@ impl<DB> fmt::Debug for SqlInbox<DB> {
 
 impl<DB> Inbox for SqlInbox<DB>
 where
-    DB: InboxDialect,
+    DB: SqlDialect,
     for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
     for<'q> &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
     for<'q> i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
@@ -153,7 +135,7 @@ where
         batch_size: usize,
     ) -> Result<u64, StoreError> {
         let done = sqlx::query(&self.sql.1)
-            .bind(DB::retention_ms(older_than))
+            .bind(DB::age_ms(older_than))
             .bind(limit(batch_size))
             .execute(conn)
             .await

@@ -30,26 +30,48 @@
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 mod common;
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+mod dialect;
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 mod driver;
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 mod error;
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+mod filtered;
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 mod inbox;
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+mod keyed;
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+mod migrate;
 #[cfg(feature = "mysql")]
 pub mod mysql;
 #[cfg(feature = "postgres")]
 pub mod postgres;
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+mod rows;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+mod store;
 
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+pub use dialect::SqlDialect;
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+#[doc(hidden)]
+pub use dialect::{AdminDialect, DeadChange, KeyedDialect, RelayDialect, Tables};
 #[cfg(feature = "mysql")]
 pub use driver::MYSQL;
 #[cfg(feature = "postgres")]
 pub use driver::POSTGRES;
 #[cfg(feature = "sqlite")]
 pub use driver::SQLITE;
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+#[doc(hidden)]
+pub use filtered::FilteredDialect;
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
-pub use inbox::{InboxDialect, SqlInbox};
+pub use inbox::SqlInbox;
 pub use outbox_sql::{Ident, IdentError, TableNames};
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+pub use store::SqlOutbox;
 
 pub use outbox_engine::{Delivery, Inbox, PublishedRows};

@@ -12,7 +12,7 @@ use outbox_engine::testkit::store_suite::Capabilities;
 use outbox_engine::testkit::{RecordingSink, StoreHarness, inbox_suite, store_suite};
 use outbox_engine::{
     ClaimRequest, Completion, DeadLetterFilter, DeadLetters, NewMessage, Relay, Store, StoreError,
-    StoreErrorKind, StoreStats,
+    StoreStats,
 };
 use outbox_sql::Dialect;
 use outbox_sqlx::mysql::{MySqlInbox, MySqlOutbox};
@@ -406,156 +406,22 @@ async fn hostile_identifiers_are_rejected_or_quoted_exactly() {
         .execute(&pool)
         .await
         .unwrap();
-    let mut rng = fastrand::Rng::with_seed(11);
     let drop_canary = format!("`; DROP TABLE {canary}; -- ");
-    let fragments = [
-        "\"",
-        "\"\"",
-        "'",
-        ";",
-        "--",
-        "#",
-        "/*",
-        "*/",
-        " ",
-        "DROP TABLE ",
-        &canary,
-        &drop_canary,
-        "\0",
-        "\\",
-        "`",
-        "``",
-        "?",
-        "$1",
-        "\n",
-        "é",
-        "ß",
-        "😀",
-        "outbox",
-        "\"; DROP TABLE ",
-        ")",
-        "(",
-        "{outbox}",
-        "VALUES ,",
-        "@0022",
-        "%s",
-        "/",
-        ".",
-        "x",
-        "X",
-    ];
-    let (mut rejected, mut used, mut canary_tries) = (0, 0, 0);
-    let mut seen = HashSet::new();
-    for i in 0..1200 {
-        let mut name = String::new();
-        for _ in 0..rng.usize(1..6) {
-            name.push_str(fragments[rng.usize(..fragments.len())]);
-        }
-        if i % 2 == 0 {
-            name = format!("\"{name}\"");
-        }
-        if i == 0 {
-            name = canary.clone();
-        }
-        let names = match TableNames::default().outbox(&name) {
-            Ok(names) => names,
-            Err(_) => {
-                rejected += 1;
-                continue;
-            }
-        };
-        let exact = names.outbox_name().name().to_owned();
-        let outbox = MySqlOutbox::with_names(pool.clone(), names.clone());
-        if exact == canary {
-            // Migrating onto an unrelated existing table fails cleanly and changes nothing.
-            let error = outbox.migrate().await.unwrap_err();
-            assert_eq!(error.kind(), StoreErrorKind::Schema, "{error}");
-            canary_tries += 1;
-            continue;
-        }
-        if !seen.insert(exact.clone()) {
-            continue;
-        }
-        outbox
-            .migrate()
-            .await
-            .unwrap_or_else(|e| panic!("valid name {name:?} failed to migrate: {e}"));
-        cleanup.tables.push(outbox_table(&names));
-        cleanup.tables.push(keys_table(&names));
-        let found: Vec<String> = sqlx::query_scalar(
-            "SELECT CAST(table_name AS CHAR) FROM information_schema.tables \
-             WHERE table_schema = DATABASE() AND table_name = ?",
-        )
-        .bind(&exact)
-        .fetch_all(&pool)
-        .await
-        .unwrap();
-        assert!(
-            found.contains(&exact),
-            "table created under exactly the name {exact:?}; found {found:?}"
-        );
-        // Every statement works under that name: enqueue (numbering keys), an ordered
-        // claim, complete, stats.
-        if used % 4 == 0 {
-            let keyed = |n: u64, key: &str| {
-                NewMessage::builder("orders", "test.event")
-                    .json(&n)
-                    .partition_key(key)
-                    .build()
-                    .unwrap()
-            };
-            let (one, two) = (keyed(i, "k1"), keyed(i + 1, "k2"));
-            let mut tx = pool.begin().await.unwrap();
-            outbox.enqueue(&mut tx, &one).await.unwrap();
-            tx.commit().await.unwrap();
-            let mut tx = pool.begin().await.unwrap();
-            outbox
-                .enqueue_all(&mut tx, std::slice::from_ref(&two))
-                .await
-                .unwrap();
-            outbox.enqueue_all(&mut tx, &[]).await.unwrap();
-            tx.commit().await.unwrap();
-            let claim = outbox
-                .claim(
-                    &ClaimRequest::new("r", 5, Duration::from_secs(30)).ordering(
-                        outbox_engine::MessageOrder::PerKey(outbox_engine::DeadHead::Halt),
-                    ),
-                )
-                .await
-                .unwrap();
-            assert_eq!(claim.messages.len(), 2, "{exact:?}");
-            let report = outbox
-                .complete(
-                    claim.lease.token,
-                    &[
-                        Completion::published(one.id()),
-                        Completion::dead(two.id(), "x"),
-                    ],
-                )
-                .await
-                .unwrap();
-            assert_eq!(report.applied, 2);
-            let stats = outbox.stats().await.unwrap();
-            assert_eq!(
-                stats.destination("orders").unwrap().published,
-                1,
-                "{exact:?} is its own table; earlier names: {:?}",
-                cleanup.tables.iter().map(|c| &c.1).collect::<Vec<_>>()
-            );
-        }
-        used += 1;
+    let created = common::hostile_identifiers(common::Hostile {
+        pool: &pool,
+        canary: &canary,
+        fragments: &["#", "``", "?", &drop_canary, "ß", "VALUES ,", "@0022", "/", ".", "X"],
+        tries: 900,
+        exists: "SELECT COUNT(*) FROM information_schema.tables \
+                 WHERE table_schema = DATABASE() AND CAST(table_name AS BINARY) = CAST(? AS BINARY)",
+        store: &|names| MySqlOutbox::with_names(pool.clone(), names),
+        enqueue: &|outbox, conn, message| Box::pin(async move { outbox.enqueue(conn, &message).await }),
+    })
+    .await;
+    for names in &created {
+        cleanup.tables.push(outbox_table(names));
+        cleanup.tables.push(keys_table(names));
     }
-    eprintln!("hostile names: rejected={rejected} used={used}");
-    assert!(canary_tries >= 1, "the canary's own name was tried");
-    assert!(
-        rejected > 100 && used > 100,
-        "both paths exercised: rejected={rejected} used={used}"
-    );
-    let canary_rows: i64 = sqlx::query_scalar(&format!("SELECT COUNT(*) FROM {canary}"))
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    assert_eq!(canary_rows, 1, "the canary table survived");
     let applied: i64 = sqlx::query_scalar(
         "SELECT COUNT(*) FROM outbox_migrations WHERE id = CONCAT(?, '/001_outbox')",
     )
@@ -1054,7 +920,7 @@ async fn ordered_statements_use_the_key_index() {
         ),
         (sql.heads(ids.len(), false), ids.clone()),
         (sql.heads(ids.len(), true), ids.clone()),
-        (sql.halted_keys.clone(), Vec::new()),
+        (sql.shared.halted_keys.clone(), Vec::new()),
     ] {
         let explain = format!("EXPLAIN {statement}");
         let mut query = sqlx::query(&explain).persistent(false);

@@ -3,7 +3,6 @@
 
 mod common;
 
-use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -299,89 +298,20 @@ async fn hostile_identifiers_are_rejected_or_quoted_exactly() {
         .execute(&pool)
         .await
         .unwrap();
-    let mut rng = fastrand::Rng::with_seed(11);
-    let fragments = [
-        "\"",
-        "\"\"",
-        "'",
-        ";",
-        "--",
-        "/*",
-        "*/",
-        " ",
-        "DROP TABLE ",
-        &canary,
-        "\0",
-        "\\",
-        "`",
-        "$1",
-        "$$",
-        "\n",
-        "é",
-        "😀",
-        "outbox",
-        "\"; DROP TABLE ",
-        ")",
-        "(",
-        "{outbox}",
-        "%s",
-        "x",
-    ];
-    let (mut rejected, mut used) = (0, 0);
-    let mut created = HashSet::new();
-    for i in 0..1000 {
-        let mut name = String::new();
-        for _ in 0..rng.usize(1..6) {
-            name.push_str(fragments[rng.usize(..fragments.len())]);
-        }
-        if i % 2 == 0 {
-            name = format!("\"{name}\"");
-        }
-        let names = match TableNames::default().outbox(&name) {
-            Ok(names) => names,
-            Err(_) => {
-                rejected += 1;
-                continue;
-            }
-        };
-        let outbox = PgOutbox::with_names(pool.clone(), names.clone());
-        if names.outbox_name().name() == canary {
-            // Migrating onto an unrelated existing table fails cleanly and changes nothing.
-            let error = outbox.migrate().await.unwrap_err();
-            assert_eq!(
-                error.kind(),
-                outbox_engine::StoreErrorKind::Schema,
-                "{error}"
-            );
-            continue;
-        }
-        outbox
-            .migrate()
-            .await
-            .unwrap_or_else(|e| panic!("valid name {name:?} failed to migrate: {e}"));
-        let exact = names.outbox_name().name().to_owned();
-        let exists: bool = sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM pg_class WHERE relname = $1 AND relkind = 'r')",
-        )
-        .bind(&exact)
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-        assert!(exists, "table created under exactly the name {exact:?}");
-        created.insert(names.render(outbox_sql::Dialect::Postgres, "{outbox}"));
-        used += 1;
-    }
-    assert!(
-        rejected > 100 && used > 100,
-        "both paths exercised: rejected={rejected} used={used}"
-    );
-    let canary_rows: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {canary}"))
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    assert_eq!(canary_rows, 1, "the canary table survived");
-    for table in created {
-        sqlx::query(&format!("DROP TABLE IF EXISTS {table}"))
+    let created = common::hostile_identifiers(common::Hostile {
+        pool: &pool,
+        canary: &canary,
+        fragments: &["$$", "$2"],
+        tries: 1000,
+        exists: "SELECT COUNT(*) FROM pg_class WHERE relname = $1 AND relkind IN ('r', 'p')",
+        store: &|names| PgOutbox::with_names(pool.clone(), names),
+        enqueue: &|outbox, conn, message| {
+            Box::pin(async move { outbox.enqueue(conn, &message).await })
+        },
+    })
+    .await;
+    for names in created {
+        sqlx::query(&names.render(Dialect::Postgres, "DROP TABLE IF EXISTS {outbox} CASCADE"))
             .execute(&pool)
             .await
             .unwrap();

@@ -481,109 +481,18 @@ async fn hostile_identifiers_are_rejected_or_quoted_exactly() {
         .execute(&pool)
         .await
         .unwrap();
-    let mut rng = fastrand::Rng::with_seed(11);
-    let fragments = [
-        "\"",
-        "\"\"",
-        "'",
-        ";",
-        "--",
-        "/*",
-        "*/",
-        " ",
-        "DROP TABLE ",
-        &canary,
-        "\0",
-        "\\",
-        "`",
-        "?1",
-        "$1",
-        "[",
-        "]",
-        "\n",
-        "é",
-        "😀",
-        "outbox",
-        "\"; DROP TABLE ",
-        ")",
-        "(",
-        "{outbox}",
-        "%s",
-        "x",
-    ];
-    let (mut rejected, mut used, mut canary_hits) = (0, 0, 0);
-    let lease = Duration::from_secs(30);
-    for i in 0..400 {
-        let mut name = String::new();
-        for _ in 0..rng.usize(1..6) {
-            name.push_str(fragments[rng.usize(..fragments.len())]);
-        }
-        if i % 2 == 0 {
-            name = format!("\"{name}\"");
-        }
-        let names = match TableNames::default().outbox(&name) {
-            Ok(names) => names,
-            Err(_) => {
-                rejected += 1;
-                continue;
-            }
-        };
-        let outbox = SqliteOutbox::with_names(pool.clone(), names.clone());
-        if names.outbox_name().name() == canary {
-            // Migrating onto an unrelated existing table fails cleanly and changes nothing.
-            let error = outbox.migrate().await.unwrap_err();
-            assert_eq!(error.kind(), StoreErrorKind::Schema, "{error}");
-            canary_hits += 1;
-            continue;
-        }
-        outbox
-            .migrate()
-            .await
-            .unwrap_or_else(|e| panic!("valid name {name:?} failed to migrate: {e}"));
-        let exact = names.outbox_name().name().to_owned();
-        let exists: bool = sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?1)",
-        )
-        .bind(&exact)
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-        assert!(exists, "table created under exactly the name {exact:?}");
-        // Every statement works on that name: enqueue (numbering the key), an ordered
-        // claim, complete, stats.
-        let message = NewMessage::builder("orders", "test.event")
-            .json(&i)
-            .partition_key("k")
-            .build()
-            .unwrap();
-        let mut conn = pool.acquire().await.unwrap();
-        outbox.enqueue(&mut conn, &message).await.unwrap();
-        drop(conn);
-        let claim = outbox
-            .claim(&ClaimRequest::new("t", 10, lease).ordering(
-                outbox_engine::MessageOrder::PerKey(outbox_engine::DeadHead::Halt),
-            ))
-            .await
-            .unwrap();
-        assert!(
-            claim.messages.iter().any(|m| m.id == message.id()),
-            "claimed from {exact:?}"
-        );
-        let done: Vec<_> = claim
-            .messages
-            .iter()
-            .map(|m| Completion::published(m.id))
-            .collect();
-        let report = outbox.complete(claim.lease.token, &done).await.unwrap();
-        assert_eq!(report.applied, done.len());
-        assert_eq!(outbox.stats().await.unwrap().total().halted_keys, 0);
-        used += 1;
-    }
-    assert!(
-        rejected > 100 && used > 100,
-        "both paths exercised: rejected={rejected} used={used}"
-    );
-    assert!(canary_hits > 0, "the canary's own name was tried");
+    common::hostile_identifiers(common::Hostile {
+        pool: &pool,
+        canary: &canary,
+        fragments: &["?1", "[", "]"],
+        tries: 700,
+        exists: "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = ?1",
+        store: &|names| SqliteOutbox::with_names(pool.clone(), names),
+        enqueue: &|outbox, conn, message| {
+            Box::pin(async move { outbox.enqueue(conn, &message).await })
+        },
+    })
+    .await;
 
     // Names SQLite reserves fail cleanly.
     for reserved in ["sqlite_master", "sqlite_schema", "\"sqlite_x\""] {

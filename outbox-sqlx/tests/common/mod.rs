@@ -383,3 +383,178 @@ pub async fn drain_orders<S: outbox_engine::Store + Clone>(
         .expect("drain");
     (report, sink)
 }
+
+/// Enqueues one message into the outbox `S` on a connection (a transaction).
+pub type EnqueueInto<'a, DB, S> = dyn for<'c> Fn(
+        &'c S,
+        &'c mut <DB as sqlx::Database>::Connection,
+        NewMessage,
+    ) -> outbox_engine::BoxFuture<'c, Result<(), outbox_engine::StoreError>>
+    + Send
+    + Sync
+    + 'a;
+
+/// A dialect's hostile-identifier run; see [`hostile_identifiers`].
+pub struct Hostile<'a, DB: sqlx::Database, S> {
+    pub pool: &'a sqlx::Pool<DB>,
+    /// A table the caller created with one row; its name comes up first, and migrating
+    /// onto it must fail with kind `Schema` and change nothing.
+    pub canary: &'a str,
+    /// Fragments this dialect treats specially, besides the common ones.
+    pub fragments: &'a [&'a str],
+    /// How many names to try.
+    pub tries: u64,
+    /// `SELECT COUNT(*) FROM <catalog> WHERE <table name> = <placeholder>`: 1 for a table
+    /// with exactly that name.
+    pub exists: &'a str,
+    /// The store on some table names.
+    pub store: &'a dyn Fn(outbox_sql::TableNames) -> S,
+    pub enqueue: &'a EnqueueInto<'a, DB, S>,
+}
+
+/// Hostile names, for any dialect: random concatenations of quotes, comments, statement
+/// separators, placeholders, template markers, NUL, emoji and the canary's name are
+/// either refused by [`TableNames`](outbox_sql::TableNames) or used exactly as quoted
+/// (the table exists under exactly that name, and every fourth one runs an enqueue of
+/// keyed messages, an ordered claim, a completion and stats); the canary keeps its row.
+/// Returns the names whose tables were created, for the caller to drop.
+pub async fn hostile_identifiers<DB, S>(h: Hostile<'_, DB, S>) -> Vec<outbox_sql::TableNames>
+where
+    DB: sqlx::Database,
+    S: outbox_engine::Backend + outbox_engine::Store + outbox_engine::StoreStats,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    for<'c> &'c sqlx::Pool<DB>: sqlx::Executor<'c, Database = DB>,
+    for<'q> i64: sqlx::Decode<'q, DB> + sqlx::Type<DB>,
+    for<'q> String: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'q> <DB as sqlx::Database>::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+    (i64,): for<'r> sqlx::FromRow<'r, DB::Row>,
+{
+    use std::collections::HashSet;
+    use std::time::Duration;
+
+    use outbox_engine::{ClaimRequest, Completion, DeadHead, MessageOrder, StoreErrorKind};
+
+    let drop_canary = format!("; DROP TABLE {}; -- ", h.canary);
+    let mut fragments = vec![
+        "\"",
+        "\"\"",
+        "'",
+        ";",
+        "--",
+        "/*",
+        "*/",
+        " ",
+        "DROP TABLE ",
+        h.canary,
+        &drop_canary,
+        "\0",
+        "\\",
+        "`",
+        "$1",
+        "\n",
+        "é",
+        "😀",
+        "outbox",
+        "\"; DROP TABLE ",
+        ")",
+        "(",
+        "{outbox}",
+        "%s",
+        "x",
+    ];
+    fragments.extend_from_slice(h.fragments);
+    let mut rng = fastrand::Rng::with_seed(11);
+    let (mut rejected, mut used, mut canary_tries) = (0, 0, 0);
+    let mut seen = HashSet::new();
+    let mut created = Vec::new();
+    for i in 0..h.tries {
+        let mut name = String::new();
+        for _ in 0..rng.usize(1..6) {
+            name.push_str(fragments[rng.usize(..fragments.len())]);
+        }
+        if i % 2 == 0 {
+            name = format!("\"{name}\"");
+        }
+        if i == 0 {
+            name = h.canary.to_owned();
+        }
+        let Ok(names) = outbox_sql::TableNames::default().outbox(&name) else {
+            rejected += 1;
+            continue;
+        };
+        let exact = names.outbox_name().name().to_owned();
+        let outbox = (h.store)(names.clone());
+        if exact == h.canary {
+            let error = outbox
+                .migrate()
+                .await
+                .expect_err("migrating onto the canary");
+            assert_eq!(error.kind(), StoreErrorKind::Schema, "{error}");
+            canary_tries += 1;
+            continue;
+        }
+        if !seen.insert(exact.clone()) {
+            continue;
+        }
+        outbox
+            .migrate()
+            .await
+            .unwrap_or_else(|e| panic!("valid name {name:?} failed to migrate: {e}"));
+        created.push(names);
+        let (found,): (i64,) = sqlx::query_as(h.exists)
+            .bind(exact.clone())
+            .fetch_one(h.pool)
+            .await
+            .expect("look the table up");
+        assert_eq!(found, 1, "table created under exactly the name {exact:?}");
+        if used % 4 == 0 {
+            let keyed = |key: &str| {
+                NewMessage::builder("orders", "test.event")
+                    .json(&i)
+                    .partition_key(key)
+                    .build()
+                    .expect("valid message")
+            };
+            let (one, two) = (keyed("k1"), keyed("k2"));
+            for message in [&one, &two] {
+                let mut tx = h.pool.begin().await.expect("begin");
+                (h.enqueue)(&outbox, &mut tx, message.clone())
+                    .await
+                    .unwrap_or_else(|e| panic!("enqueue into {exact:?}: {e}"));
+                tx.commit().await.expect("commit");
+            }
+            let ordered = MessageOrder::PerKey(DeadHead::Halt);
+            let claim = outbox
+                .claim(&ClaimRequest::new("r", 5, Duration::from_secs(30)).ordering(ordered))
+                .await
+                .unwrap_or_else(|e| panic!("claim from {exact:?}: {e}"));
+            assert_eq!(claim.messages.len(), 2, "claimed from {exact:?}");
+            let done = [
+                Completion::published(one.id()),
+                Completion::dead(two.id(), "x"),
+            ];
+            let report = outbox.complete(claim.lease.token, &done).await.unwrap();
+            assert_eq!(report.applied, 2, "completed in {exact:?}");
+            let stats = outbox.stats().await.unwrap();
+            let orders = stats.destination("orders").expect("orders counted");
+            assert_eq!(
+                (orders.published, orders.dead, orders.halted_keys),
+                (1, 1, 0),
+                "{exact:?} is its own table"
+            );
+        }
+        used += 1;
+    }
+    eprintln!("hostile names: rejected={rejected} used={used}");
+    assert!(canary_tries >= 1, "the canary's own name was tried");
+    assert!(
+        rejected > 100 && used > 100,
+        "both paths exercised: rejected={rejected} used={used}"
+    );
+    let (canary_rows,): (i64,) = sqlx::query_as(&format!("SELECT COUNT(*) FROM {}", h.canary))
+        .fetch_one(h.pool)
+        .await
+        .expect("count the canary");
+    assert_eq!(canary_rows, 1, "the canary table survived");
+    created
+}

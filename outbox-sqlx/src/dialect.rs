@@ -1,0 +1,215 @@
+//! What a SQL dialect supplies to the store, the inbox and the migrations, which are
+//! written once over it: its statements, its migration lock, how it reads the columns
+//! whose types differ ([`SqlDialect`]), and the operations whose SQL shape differs
+//! ([`RelayDialect`], [`AdminDialect`]).
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use outbox_engine::{
+    Claim, ClaimRequest, Completion, DeadLetterFilter, LeaseToken, Listener, MessageId, NewMessage,
+    PurgeRequest, StoreError,
+};
+use outbox_sql::{Migration, Shared, TableNames};
+
+use crate::common::millis;
+use crate::store::SqlOutbox;
+
+/// A SQL dialect the generic [`SqlOutbox`] and [`SqlInbox`](crate::SqlInbox) run on.
+/// Implemented for sqlx's `Postgres`, `Sqlite` and `MySql` (behind their features);
+/// sealed, and its items are the crate's internals.
+pub trait SqlDialect: sqlx::Database + sealed::Sealed {
+    /// The dialect's statements from `outbox-sql`.
+    #[doc(hidden)]
+    type Statements: std::fmt::Debug + Send + Sync + 'static;
+
+    /// The dialect, for rendering names and choosing migrations.
+    #[doc(hidden)]
+    const DIALECT: outbox_sql::Dialect;
+
+    /// Every statement, rendered for `names`.
+    #[doc(hidden)]
+    fn statements(names: &TableNames) -> Self::Statements;
+
+    /// The statements every dialect has.
+    #[doc(hidden)]
+    fn shared(sql: &Self::Statements) -> &Shared;
+
+    /// Runs `migrations` of `tables` under the dialect's lock (see [`crate::migrate`]).
+    #[doc(hidden)]
+    fn migrate(
+        pool: &sqlx::Pool<Self>,
+        sql: &Self::Statements,
+        migrations: &[Migration],
+        tables: Tables,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// A text column, `None` if NULL.
+    #[doc(hidden)]
+    fn text(row: &Self::Row, column: &str) -> Result<Option<String>, sqlx::Error>;
+
+    /// A count (a `COUNT(*)` or `SUM`).
+    #[doc(hidden)]
+    fn count(row: &Self::Row, column: &str) -> Result<i64, sqlx::Error>;
+
+    /// The `payload` column.
+    #[doc(hidden)]
+    fn payload(row: &Self::Row) -> Result<Vec<u8>, sqlx::Error>;
+
+    /// The `attempts` column.
+    #[doc(hidden)]
+    fn attempts(row: &Self::Row) -> Result<i64, sqlx::Error>;
+
+    /// A time column, `None` if NULL; the error is a reason naming the column.
+    #[doc(hidden)]
+    fn time(row: &Self::Row, column: &str) -> Result<Option<DateTime<Utc>>, String>;
+
+    /// The `id` column; the error is a reason naming the column.
+    #[doc(hidden)]
+    fn id(row: &Self::Row) -> Result<MessageId, String>;
+
+    /// The `id` column as far as it can be read, to name a row that cannot be decoded.
+    #[doc(hidden)]
+    fn raw_id(row: &Self::Row) -> String;
+
+    /// The store's wakeup for relays: by default the in-process signal that
+    /// [`notify`](Self::notify) raises.
+    #[doc(hidden)]
+    fn listen(
+        store: &SqlOutbox<Self>,
+    ) -> impl Future<Output = Result<Option<Listener>, StoreError>> + Send {
+        let wakeup = store.wakeup.clone();
+        async move { Ok(Some(Listener::new(wakeup, ()))) }
+    }
+
+    /// Wakes the relays that listen: by default those of this process.
+    #[doc(hidden)]
+    fn notify(store: &SqlOutbox<Self>) -> impl Future<Output = Result<(), StoreError>> + Send {
+        store.wakeup.notify();
+        async { Ok(()) }
+    }
+
+    /// How many rows a statement changed.
+    #[doc(hidden)]
+    fn rows_affected(result: &Self::QueryResult) -> u64;
+
+    /// An age bound as the milliseconds the statements take.
+    #[doc(hidden)]
+    fn age_ms(age: Duration) -> i64 {
+        millis(age)
+    }
+}
+
+/// The relay's operations on a dialect, whose SQL shape differs: leasing, completing and
+/// giving back rows (each dialect's `relay.rs`).
+#[doc(hidden)]
+pub trait RelayDialect: SqlDialect {
+    /// Leases a batch; rows that cannot be read are dead-lettered and reported.
+    #[doc(hidden)]
+    fn claim(
+        store: &SqlOutbox<Self>,
+        request: &ClaimRequest,
+    ) -> impl Future<Output = Result<Claim, StoreError>> + Send;
+
+    /// Applies the completions fenced by `token`; returns the ids applied.
+    #[doc(hidden)]
+    fn complete(
+        store: &SqlOutbox<Self>,
+        token: LeaseToken,
+        completions: &[Completion],
+    ) -> impl Future<Output = Result<HashSet<MessageId>, StoreError>> + Send;
+
+    /// Gives rows back, fenced by `token`; returns the ids given back.
+    #[doc(hidden)]
+    fn release(
+        store: &SqlOutbox<Self>,
+        token: LeaseToken,
+        ids: &[MessageId],
+    ) -> impl Future<Output = Result<HashSet<MessageId>, StoreError>> + Send;
+}
+
+/// The operator's operations on a dialect: dead letters and purge (each dialect's
+/// `admin.rs`).
+#[doc(hidden)]
+pub trait AdminDialect: SqlDialect {
+    /// The dead rows `filter` matches, at most `limit`, with the message columns,
+    /// `last_error` and `dead_at`.
+    #[doc(hidden)]
+    fn dead_rows(
+        store: &SqlOutbox<Self>,
+        filter: &DeadLetterFilter,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<Self::Row>, StoreError>> + Send;
+
+    /// Replays or discards the dead rows `filter` matches; returns how many changed.
+    #[doc(hidden)]
+    fn change_dead(
+        store: &SqlOutbox<Self>,
+        change: DeadChange,
+        filter: &DeadLetterFilter,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// Deletes one bounded batch of old finished rows.
+    #[doc(hidden)]
+    fn purge(
+        store: &SqlOutbox<Self>,
+        request: &PurgeRequest,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+}
+
+/// A dialect that numbers keyed messages when they are enqueued, with a counter row per
+/// key bumped in the writer's transaction (SQLite, MySQL; PostgreSQL numbers at commit).
+#[doc(hidden)]
+pub trait KeyedDialect: SqlDialect {
+    /// Bumps the counter of `key` by `count`; returns the last of the `count` numbers.
+    fn next_seq(
+        store: &SqlOutbox<Self>,
+        conn: &mut Self::Connection,
+        key: &str,
+        count: usize,
+    ) -> impl Future<Output = Result<i64, StoreError>> + Send;
+
+    /// Inserts one message with its number.
+    fn insert(
+        store: &SqlOutbox<Self>,
+        conn: &mut Self::Connection,
+        message: &NewMessage,
+        seq: Option<i64>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+}
+
+/// The tables a migration run creates.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tables {
+    /// The outbox and its key counters.
+    Outbox,
+    /// The inbox.
+    Inbox,
+}
+
+impl Tables {
+    /// The migrations of these tables for dialect `DB`.
+    pub(crate) fn migrations<DB: SqlDialect>(self, names: &TableNames) -> Vec<Migration> {
+        match self {
+            Self::Outbox => outbox_sql::outbox_migrations(DB::DIALECT, names),
+            Self::Inbox => outbox_sql::inbox_migrations(DB::DIALECT, names),
+        }
+    }
+}
+
+/// What an operator does with dead letters.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeadChange {
+    /// Makes them pending again, attempts reset.
+    Replay,
+    /// Deletes them.
+    Discard,
+}
+
+pub(crate) mod sealed {
+    pub trait Sealed {}
+}

@@ -1,0 +1,77 @@
+//! Dead letters and purge, written once for the dialects whose dead-letter statements
+//! take the whole filter as bound values and whose purge is one statement (PostgreSQL,
+//! SQLite). MySQL builds its statements for each filter's shape instead.
+
+use outbox_engine::{DeadLetterFilter, PurgeRequest, StoreError};
+use sqlx::query::Query;
+
+use crate::common::{limit, millis};
+use crate::dialect::{AdminDialect, DeadChange, SqlDialect};
+use crate::error::classify;
+use crate::store::SqlOutbox;
+
+/// A dialect whose dead-letter statements bind the whole filter.
+#[doc(hidden)]
+pub trait FilteredDialect: SqlDialect {
+    /// The statements that list, replay and discard dead letters, and the purge.
+    fn admin_statements(sql: &Self::Statements) -> [&str; 4];
+
+    /// `statement` with `filter` bound: ids, destinations, event types, created after,
+    /// created before, error text, each `NULL` when not filtered on.
+    fn dead_query<'q>(
+        statement: &'q str,
+        filter: &DeadLetterFilter,
+    ) -> Query<'q, Self, Self::Arguments<'q>>;
+}
+
+impl<DB> AdminDialect for DB
+where
+    DB: FilteredDialect,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+    for<'q> i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'q> Option<i64>: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+{
+    async fn dead_rows(
+        store: &SqlOutbox<DB>,
+        filter: &DeadLetterFilter,
+        limit_rows: usize,
+    ) -> Result<Vec<DB::Row>, StoreError> {
+        let [list, ..] = DB::admin_statements(&store.sql);
+        DB::dead_query(list, filter)
+            .bind(limit(limit_rows))
+            .fetch_all(&store.pool)
+            .await
+            .map_err(classify)
+    }
+
+    async fn change_dead(
+        store: &SqlOutbox<DB>,
+        change: DeadChange,
+        filter: &DeadLetterFilter,
+    ) -> Result<u64, StoreError> {
+        let [_, replay, discard, _] = DB::admin_statements(&store.sql);
+        let statement = match change {
+            DeadChange::Replay => replay,
+            DeadChange::Discard => discard,
+        };
+        let done = DB::dead_query(statement, filter)
+            .execute(&store.pool)
+            .await
+            .map_err(classify)?;
+        Ok(DB::rows_affected(&done))
+    }
+
+    /// One statement taking `(published age ms, dead age ms or NULL, limit)`.
+    async fn purge(store: &SqlOutbox<DB>, request: &PurgeRequest) -> Result<u64, StoreError> {
+        let [.., purge] = DB::admin_statements(&store.sql);
+        let done = sqlx::query(purge)
+            .bind(millis(request.published_older_than))
+            .bind(request.dead_older_than.map(millis))
+            .bind(limit(request.batch_size))
+            .execute(&store.pool)
+            .await
+            .map_err(classify)?;
+        Ok(DB::rows_affected(&done))
+    }
+}

@@ -1,0 +1,285 @@
+//! The relay on MySQL: short `READ COMMITTED` transactions. A claim selects with
+//! `FOR UPDATE SKIP LOCKED` and leases what it selected; a completion or release locks
+//! the rows still leased with its token and changes only those.
+
+use std::collections::HashSet;
+
+use outbox_engine::{
+    Claim, ClaimRequest, CompleteAction, Completion, DeadHead, LeaseToken, Message, MessageId,
+    MessageOrder, PublishedRows, StoreError, StoreErrorKind,
+};
+use outbox_sql::mysql::{MAX_ERROR_BYTES, MAX_OWNER_CHARS, Statements};
+use sqlx::mysql::{MySql, MySqlConnection};
+
+use super::{ID_CHUNK, MySqlOutbox, bind_ids, clip_bytes, clip_chars, interval_ms, padded};
+use crate::common::{lease, limit};
+use crate::dialect::RelayDialect;
+use crate::error::classify;
+use crate::rows;
+
+impl RelayDialect for MySql {
+    async fn claim(store: &MySqlOutbox, request: &ClaimRequest) -> Result<Claim, StoreError> {
+        let lease_ms = interval_ms(request.lease);
+        let (token, lease) = lease(request, lease_ms);
+        let destinations = request.destinations.as_deref().unwrap_or_default();
+        if request.batch_size == 0 || request.destinations.as_ref().is_some_and(Vec::is_empty) {
+            return Ok(Claim::new(lease, Vec::new()));
+        }
+        let sql = &store.sql;
+        let halt = match request.ordering {
+            MessageOrder::PerKey(policy) => Some(policy == DeadHead::Halt),
+            _ => None,
+        };
+        let select = match halt {
+            Some(halt) => sql.claim_select_ordered(destinations.len(), halt),
+            None => sql.claim_select(destinations.len()),
+        };
+        let mut tx = store.begin().await?;
+        let mut query = sqlx::query(&select);
+        for d in destinations {
+            query = query.bind(d.as_str());
+        }
+        let rows = query
+            .bind(limit(request.batch_size))
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(classify)?;
+        if rows.is_empty() {
+            tx.commit().await.map_err(classify)?;
+            return Ok(Claim::new(lease, Vec::new()));
+        }
+        let (mut messages, unreadable) = rows::claimed::<MySql>(&rows);
+        let mut rejected = Vec::with_capacity(unreadable.len());
+        for (_, r) in unreadable {
+            // The row is locked by this transaction: dead-letter it in place.
+            sqlx::query(&sql.reject)
+                .bind(clip_bytes(&r.reason, MAX_ERROR_BYTES))
+                .bind(&r.id)
+                .execute(&mut *tx)
+                .await
+                .map_err(classify)?;
+            rejected.push(r);
+        }
+        if let Some(halt) = halt {
+            store.keep_heads(&mut tx, &mut messages, halt).await?;
+            if messages.is_empty() {
+                tx.commit().await.map_err(classify)?;
+                return Ok(Claim {
+                    lease,
+                    messages,
+                    rejected,
+                });
+            }
+        }
+        let ids: Vec<MessageId> = messages.iter().map(|m| m.id).collect();
+        let owner = clip_chars(&request.owner, MAX_OWNER_CHARS);
+        let token_text = token.as_uuid().to_string();
+        for chunk in ids.chunks(ID_CHUNK) {
+            let n = padded(chunk.len());
+            let lease_sql = sql.claim_lease(n);
+            let query = sqlx::query(&lease_sql)
+                .bind(owner)
+                .bind(&token_text)
+                .bind(lease_ms)
+                .bind(lease_ms);
+            let done = bind_ids(query, chunk, n)
+                .execute(&mut *tx)
+                .await
+                .map_err(classify)?;
+            if done.rows_affected() != chunk.len() as u64 {
+                // Cannot happen while the rows are locked; refuse rather than hand out
+                // rows that are not leased.
+                return Err(StoreError::new(
+                    StoreErrorKind::Other,
+                    format!(
+                        "leased {} of {} locked rows",
+                        done.rows_affected(),
+                        chunk.len()
+                    ),
+                ));
+            }
+        }
+        tx.commit().await.map_err(classify)?;
+        for m in &mut messages {
+            m.attempts = m.attempts.saturating_add(1);
+        }
+        Ok(Claim {
+            lease,
+            messages,
+            rejected,
+        })
+    }
+
+    async fn complete(
+        store: &MySqlOutbox,
+        token: LeaseToken,
+        completions: &[Completion],
+    ) -> Result<HashSet<MessageId>, StoreError> {
+        let ids = unique(completions.iter().map(|c| c.id));
+        let mut tx = store.begin().await?;
+        let held = store.lock_leased(&mut tx, token, &ids).await?;
+        if held.is_empty() {
+            tx.rollback().await.map_err(classify)?;
+            return Ok(held);
+        }
+        let token_text = token.as_uuid().to_string();
+        let sql = &store.sql;
+        let mut published = Vec::new();
+        let mut done = HashSet::new();
+        for c in completions {
+            if !held.contains(&c.id) || !done.insert(c.id) {
+                continue;
+            }
+            match &c.action {
+                CompleteAction::Published => published.push(c.id),
+                CompleteAction::Retry { delay, error } | CompleteAction::Defer { delay, error } => {
+                    let statement = match c.action {
+                        CompleteAction::Defer { .. } => &sql.defer,
+                        _ => &sql.retry,
+                    };
+                    sqlx::query(statement)
+                        .bind(interval_ms(*delay))
+                        .bind(clip_bytes(error, MAX_ERROR_BYTES))
+                        .bind(c.id.to_string())
+                        .bind(&token_text)
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(classify)?;
+                }
+                CompleteAction::Dead { reason } => {
+                    sqlx::query(&sql.dead)
+                        .bind(clip_bytes(reason, MAX_ERROR_BYTES))
+                        .bind(c.id.to_string())
+                        .bind(&token_text)
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(classify)?;
+                }
+            }
+        }
+        if !published.is_empty() {
+            match store.published {
+                PublishedRows::Keep => {
+                    store
+                        .for_ids(&mut tx, Statements::publish, &published, token)
+                        .await?
+                }
+                PublishedRows::Delete => {
+                    store
+                        .for_ids(&mut tx, Statements::delete_published, &published, token)
+                        .await?
+                }
+            };
+        }
+        tx.commit().await.map_err(classify)?;
+        Ok(held)
+    }
+
+    async fn release(
+        store: &MySqlOutbox,
+        token: LeaseToken,
+        ids: &[MessageId],
+    ) -> Result<HashSet<MessageId>, StoreError> {
+        let unique_ids = unique(ids.iter().copied());
+        let mut tx = store.begin().await?;
+        let held = store.lock_leased(&mut tx, token, &unique_ids).await?;
+        if held.is_empty() {
+            tx.rollback().await.map_err(classify)?;
+        } else {
+            let held_ids: Vec<MessageId> = unique_ids
+                .iter()
+                .copied()
+                .filter(|id| held.contains(id))
+                .collect();
+            store
+                .for_ids(&mut tx, Statements::release, &held_ids, token)
+                .await?;
+            tx.commit().await.map_err(classify)?;
+        }
+        Ok(held)
+    }
+}
+
+impl MySqlOutbox {
+    /// The ids of `ids` still leased with `token`, locked until the transaction ends.
+    async fn lock_leased(
+        &self,
+        tx: &mut MySqlConnection,
+        token: LeaseToken,
+        ids: &[MessageId],
+    ) -> Result<HashSet<MessageId>, StoreError> {
+        let token = token.as_uuid().to_string();
+        let mut held = HashSet::with_capacity(ids.len());
+        for chunk in ids.chunks(ID_CHUNK) {
+            let n = padded(chunk.len());
+            let sql = self.sql.lock_leased(n);
+            let rows = bind_ids(sqlx::query(&sql), chunk, n)
+                .bind(&token)
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(classify)?;
+            held.extend(rows::ids::<MySql>(&rows)?);
+        }
+        Ok(held)
+    }
+
+    /// Drops the keyed candidates of an ordered claim that a fresh read shows are not the
+    /// heads of their keys (see `outbox_sql::mysql`, "Per-key ordering": the claim's own
+    /// check can miss a predecessor committed during its scan).
+    async fn keep_heads(
+        &self,
+        tx: &mut MySqlConnection,
+        messages: &mut Vec<Message>,
+        halt: bool,
+    ) -> Result<(), StoreError> {
+        let keyed: Vec<MessageId> = messages
+            .iter()
+            .filter(|m| m.partition_key.is_some())
+            .map(|m| m.id)
+            .collect();
+        if keyed.is_empty() {
+            return Ok(());
+        }
+        let mut heads = HashSet::with_capacity(keyed.len());
+        for chunk in keyed.chunks(ID_CHUNK) {
+            let n = padded(chunk.len());
+            let sql = self.sql.heads(n, halt);
+            let rows = bind_ids(sqlx::query(&sql), chunk, n)
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(classify)?;
+            heads.extend(rows::ids::<MySql>(&rows)?);
+        }
+        messages.retain(|m| m.partition_key.is_none() || heads.contains(&m.id));
+        Ok(())
+    }
+
+    /// Runs a list statement (`ids…, token`) over `ids` in padded chunks.
+    async fn for_ids(
+        &self,
+        tx: &mut MySqlConnection,
+        build: impl Fn(&Statements, usize) -> String,
+        ids: &[MessageId],
+        token: LeaseToken,
+    ) -> Result<u64, StoreError> {
+        let token = token.as_uuid().to_string();
+        let mut changed = 0;
+        for chunk in ids.chunks(ID_CHUNK) {
+            let n = padded(chunk.len());
+            let sql = build(&self.sql, n);
+            changed += bind_ids(sqlx::query(&sql), chunk, n)
+                .bind(&token)
+                .execute(&mut *tx)
+                .await
+                .map_err(classify)?
+                .rows_affected();
+        }
+        Ok(changed)
+    }
+}
+
+/// The ids in order, each once.
+fn unique(ids: impl Iterator<Item = MessageId>) -> Vec<MessageId> {
+    let mut seen = HashSet::new();
+    ids.filter(|id| seen.insert(*id)).collect()
+}

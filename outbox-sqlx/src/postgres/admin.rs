@@ -1,0 +1,35 @@
+//! Dead letters and purge on PostgreSQL: the filter bound as arrays, `NULL` for "any"
+//! (the operations themselves are written once, in `filtered.rs`).
+
+use outbox_engine::DeadLetterFilter;
+use outbox_sql::postgres::Statements;
+use sqlx::postgres::{PgArguments, Postgres};
+use sqlx::query::Query;
+use uuid::Uuid;
+
+use crate::filtered::FilteredDialect;
+
+impl FilteredDialect for Postgres {
+    fn admin_statements(sql: &Statements) -> [&str; 4] {
+        [
+            &sql.list_dead,
+            &sql.replay_dead,
+            &sql.discard_dead,
+            &sql.purge,
+        ]
+    }
+
+    fn dead_query<'q>(sql: &'q str, filter: &DeadLetterFilter) -> Query<'q, Postgres, PgArguments> {
+        let ids: Option<Vec<Uuid>> =
+            (!filter.ids.is_empty()).then(|| filter.ids.iter().map(|id| *id.as_uuid()).collect());
+        let destinations = (!filter.destinations.is_empty()).then(|| filter.destinations.clone());
+        let event_types = (!filter.event_types.is_empty()).then(|| filter.event_types.clone());
+        sqlx::query(sql)
+            .bind(ids)
+            .bind(destinations)
+            .bind(event_types)
+            .bind(filter.created_after)
+            .bind(filter.created_before)
+            .bind(filter.error_contains.clone())
+    }
+}

@@ -1,0 +1,124 @@
+//! Reading the rows every dialect returns — messages, dead letters, stats, returned ids —
+//! through the dialect's column readers.
+
+use std::collections::HashSet;
+
+use outbox_engine::{
+    DeadLetter, DestinationStats, Message, MessageId, Rejected, StoreError, StoreErrorKind,
+};
+
+use crate::common::{attempts, count, read_headers, undecodable};
+use crate::dialect::SqlDialect;
+use crate::error::classify;
+
+/// A required text column; the error is a reason naming the column.
+fn text<DB: SqlDialect>(row: &DB::Row, column: &str) -> Result<String, String> {
+    optional::<DB>(row, column)?.ok_or_else(|| undecodable(column, "is NULL"))
+}
+
+fn optional<DB: SqlDialect>(row: &DB::Row, column: &str) -> Result<Option<String>, String> {
+    DB::text(row, column).map_err(|e| undecodable(column, e))
+}
+
+/// Reads a claimed or dead row; the error names the column that could not be read. With
+/// `strict_headers` off, headers that cannot be read are left empty (for listing the dead
+/// letters such rows became).
+pub(crate) fn message<DB: SqlDialect>(
+    row: &DB::Row,
+    strict_headers: bool,
+) -> Result<Message, String> {
+    let mut m = Message::from_parts(
+        DB::id(row)?,
+        text::<DB>(row, "destination")?,
+        text::<DB>(row, "event_type")?,
+        DB::payload(row).map_err(|e| undecodable("payload", e))?,
+        text::<DB>(row, "content_type")?,
+        text::<DB>(row, "idempotency_key")?,
+        attempts(DB::attempts(row).map_err(|e| undecodable("attempts", e))?),
+        DB::time(row, "created_at")?.ok_or_else(|| undecodable("created_at", "is NULL"))?,
+    );
+    m.aggregate_type = optional::<DB>(row, "aggregate_type")?;
+    m.aggregate_id = optional::<DB>(row, "aggregate_id")?;
+    m.partition_key = optional::<DB>(row, "partition_key")?;
+    m.tenant_id = optional::<DB>(row, "tenant_id")?;
+    read_headers(&mut m, &text::<DB>(row, "headers")?, strict_headers)?;
+    Ok(m)
+}
+
+/// Splits claimed rows into the messages and the rows that cannot be read, each with its
+/// [`Rejected`] report (the dialect dead-letters those rows).
+pub(crate) fn claimed<DB: SqlDialect>(
+    rows: &[DB::Row],
+) -> (Vec<Message>, Vec<(&DB::Row, Rejected)>) {
+    let mut messages = Vec::with_capacity(rows.len());
+    let mut rejected = Vec::new();
+    for row in rows {
+        match message::<DB>(row, true) {
+            Ok(m) => messages.push(m),
+            Err(reason) => rejected.push((
+                row,
+                Rejected {
+                    id: DB::raw_id(row),
+                    destination: DB::text(row, "destination").ok().flatten(),
+                    reason,
+                },
+            )),
+        }
+    }
+    (messages, rejected)
+}
+
+/// A dead row as a dead letter: its message, `last_error` and `dead_at`.
+pub(crate) fn dead_letter<DB: SqlDialect>(row: &DB::Row) -> Result<DeadLetter, String> {
+    Ok(DeadLetter {
+        message: message::<DB>(row, false)?,
+        reason: optional::<DB>(row, "last_error")?.unwrap_or_default(),
+        dead_at: DB::time(row, "dead_at")?.ok_or_else(|| undecodable("dead_at", "is NULL"))?,
+    })
+}
+
+/// A row of the `stats` statement.
+pub(crate) fn destination_stats<DB: SqlDialect>(
+    row: &DB::Row,
+) -> Result<DestinationStats, StoreError> {
+    let mut d = DestinationStats::new(text::<DB>(row, "destination").map_err(schema)?);
+    let n = |column: &str| DB::count(row, column).map(count).map_err(classify);
+    d.pending = n("pending")?;
+    d.leased = n("leased")?;
+    d.dead = n("dead")?;
+    d.published = n("published")?;
+    d.oldest_pending_created_at = DB::time(row, "oldest").map_err(schema)?;
+    Ok(d)
+}
+
+/// A row of the `halted_keys` statement: the destination and its halted keys.
+pub(crate) fn halted_keys<DB: SqlDialect>(row: &DB::Row) -> Result<(String, u64), StoreError> {
+    Ok((
+        text::<DB>(row, "destination").map_err(schema)?,
+        count(DB::count(row, "halted").map_err(classify)?),
+    ))
+}
+
+/// The ids a statement returned (`RETURNING id`, or a locking `SELECT id`).
+pub(crate) fn ids<DB: SqlDialect>(rows: &[DB::Row]) -> Result<HashSet<MessageId>, StoreError> {
+    rows.iter().map(|row| DB::id(row).map_err(schema)).collect()
+}
+
+/// Runs a statement that returns the ids it changed (`RETURNING id`).
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub(crate) async fn returned_ids<'q, DB>(
+    pool: &sqlx::Pool<DB>,
+    query: sqlx::query::Query<'q, DB, DB::Arguments<'q>>,
+) -> Result<HashSet<MessageId>, StoreError>
+where
+    DB: SqlDialect,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    DB::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+{
+    ids::<DB>(&query.fetch_all(pool).await.map_err(classify)?)
+}
+
+/// A stored value the schema does not allow.
+pub(crate) fn schema(reason: String) -> StoreError {
+    StoreError::new(StoreErrorKind::Schema, reason)
+}

@@ -1,0 +1,237 @@
+//! The outbox store, written once over a [`SqlDialect`]: construction, migrations, the
+//! relay's [`Store`], stats, dead letters and purge. Each dialect module adds its enqueue.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::sync::Arc;
+
+use outbox_engine::{
+    Backend, Claim, ClaimRequest, CompleteReport, Completion, DeadLetter, DeadLetterFilter,
+    DeadLetters, DestinationStats, LeaseToken, Listener, MessageId, Purge, PurgeRequest, Stats,
+    Store, StoreError, StoreStats, Wakeup,
+};
+use outbox_sql::TableNames;
+use tracing::warn;
+
+use crate::PublishedRows;
+use crate::dialect::{AdminDialect, DeadChange, RelayDialect, SqlDialect, Tables};
+use crate::error::classify;
+use crate::rows;
+
+/// The outbox on one SQL dialect: enqueue in your transaction, and the relay's [`Store`].
+/// Use it through its dialect's name: [`PgOutbox`](crate::postgres::PgOutbox),
+/// [`SqliteOutbox`](crate::sqlite::SqliteOutbox), [`MySqlOutbox`](crate::mysql::MySqlOutbox).
+///
+/// Cheap to clone; clones share the pool, the rendered statements and the in-process
+/// wakeup.
+pub struct SqlOutbox<DB: SqlDialect> {
+    pub(crate) pool: sqlx::Pool<DB>,
+    pub(crate) sql: Arc<DB::Statements>,
+    pub(crate) names: Arc<TableNames>,
+    pub(crate) published: PublishedRows,
+    /// Raised by [`Backend::notify`] where the dialect has no wakeup of its own: relays
+    /// of this process that listen wake up at once; others find the rows at their next
+    /// poll.
+    pub(crate) wakeup: Wakeup,
+}
+
+impl<DB: SqlDialect> SqlOutbox<DB> {
+    /// The outbox in table `outbox` (in the connection's default schema or database).
+    pub fn new(pool: sqlx::Pool<DB>) -> Self {
+        Self::with_names(pool, TableNames::default())
+    }
+
+    /// The outbox in the tables `names` gives (a schema in `names` is a PostgreSQL schema,
+    /// a MySQL database, or a SQLite database attached on every connection of the pool).
+    pub fn with_names(pool: sqlx::Pool<DB>, names: TableNames) -> Self {
+        Self {
+            pool,
+            sql: Arc::new(DB::statements(&names)),
+            names: Arc::new(names),
+            published: PublishedRows::Keep,
+            wakeup: Wakeup::new(),
+        }
+    }
+
+    /// Keeps or deletes rows once published (default: keep, purge later).
+    pub fn published_rows(mut self, mode: PublishedRows) -> Self {
+        self.published = mode;
+        self
+    }
+
+    /// The pool the relay side uses.
+    pub fn pool(&self) -> &sqlx::Pool<DB> {
+        &self.pool
+    }
+
+    /// The table names.
+    pub fn names(&self) -> &TableNames {
+        &self.names
+    }
+
+    /// Creates the outbox table, its key counters and indexes if missing, and records
+    /// the migrations applied. Idempotent and safe to run from several processes at
+    /// once: PostgreSQL serialises on an advisory lock, SQLite on its write lock
+    /// (`BEGIN IMMEDIATE`), MySQL on the named lock `outbox-sqlx.migrate`.
+    ///
+    /// # Errors
+    ///
+    /// A [`StoreError`] if a statement fails (for example, no permission to create
+    /// tables); of kind `Schema` if a table of that name exists but is not an outbox
+    /// (MySQL, SQLite), `Timeout` if another MySQL migration held the lock for two minutes.
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        let migrations = Tables::Outbox.migrations::<DB>(&self.names);
+        DB::migrate(&self.pool, &self.sql, &migrations, Tables::Outbox).await
+    }
+}
+
+impl<DB: SqlDialect> Clone for SqlOutbox<DB> {
+    fn clone(&self) -> Self {
+        Self {
+            pool: self.pool.clone(),
+            sql: Arc::clone(&self.sql),
+            names: Arc::clone(&self.names),
+            published: self.published,
+            wakeup: self.wakeup.clone(),
+        }
+    }
+}
+
+impl<DB: SqlDialect> fmt::Debug for SqlOutbox<DB> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqlOutbox")
+            .field("dialect", &DB::DIALECT)
+            .field("names", &self.names)
+            .field("published", &self.published)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<DB: SqlDialect> Backend for SqlOutbox<DB> {
+    async fn migrate(&self) -> Result<(), StoreError> {
+        SqlOutbox::migrate(self).await
+    }
+
+    async fn listen(&self) -> Result<Option<Listener>, StoreError> {
+        DB::listen(self).await
+    }
+
+    async fn notify(&self) -> Result<(), StoreError> {
+        DB::notify(self).await
+    }
+}
+
+impl<DB: RelayDialect> Store for SqlOutbox<DB> {
+    async fn claim(&self, request: &ClaimRequest) -> Result<Claim, StoreError> {
+        let mut claim = DB::claim(self, request).await?;
+        claim.messages.sort_by_key(|m| m.id);
+        Ok(claim)
+    }
+
+    async fn complete(
+        &self,
+        token: LeaseToken,
+        completions: &[Completion],
+    ) -> Result<CompleteReport, StoreError> {
+        if completions.is_empty() {
+            return Ok(CompleteReport::default());
+        }
+        let applied = DB::complete(self, token, completions).await?;
+        Ok(report(completions.iter().map(|c| c.id), &applied))
+    }
+
+    async fn release(
+        &self,
+        token: LeaseToken,
+        ids: &[MessageId],
+    ) -> Result<CompleteReport, StoreError> {
+        if ids.is_empty() {
+            return Ok(CompleteReport::default());
+        }
+        let released = DB::release(self, token, ids).await?;
+        Ok(report(ids.iter().copied(), &released))
+    }
+}
+
+/// One entry per requested id: applied if it is the first for its id and the row was
+/// changed, stale otherwise (so a repeated id is stale, as it is for the memory store).
+fn report(
+    requested: impl Iterator<Item = MessageId>,
+    applied: &HashSet<MessageId>,
+) -> CompleteReport {
+    let mut report = CompleteReport::default();
+    let mut counted = HashSet::new();
+    for id in requested {
+        if applied.contains(&id) && counted.insert(id) {
+            report.applied += 1;
+        } else {
+            report.stale.push(id);
+        }
+    }
+    report
+}
+
+impl<DB> StoreStats for SqlOutbox<DB>
+where
+    DB: SqlDialect,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+{
+    async fn stats(&self) -> Result<Stats, StoreError> {
+        let shared = DB::shared(&self.sql);
+        let rows = sqlx::query(&shared.stats)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(classify)?;
+        let mut destinations = rows
+            .iter()
+            .map(rows::destination_stats::<DB>)
+            .collect::<Result<Vec<DestinationStats>, StoreError>>()?;
+        let halted = sqlx::query(&shared.halted_keys)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(classify)?;
+        for row in &halted {
+            let (destination, keys) = rows::halted_keys::<DB>(row)?;
+            if let Some(d) = destinations
+                .iter_mut()
+                .find(|d| d.destination == destination)
+            {
+                d.halted_keys = keys;
+            }
+        }
+        Ok(Stats { destinations })
+    }
+}
+
+impl<DB: AdminDialect> DeadLetters for SqlOutbox<DB> {
+    async fn list_dead(
+        &self,
+        filter: &DeadLetterFilter,
+        limit: usize,
+    ) -> Result<Vec<DeadLetter>, StoreError> {
+        let rows = DB::dead_rows(self, filter, limit).await?;
+        let mut dead = Vec::with_capacity(rows.len());
+        for row in &rows {
+            match rows::dead_letter::<DB>(row) {
+                Ok(letter) => dead.push(letter),
+                Err(reason) => warn!(%reason, "a dead letter cannot be listed"),
+            }
+        }
+        Ok(dead)
+    }
+
+    async fn replay_dead(&self, filter: &DeadLetterFilter) -> Result<u64, StoreError> {
+        DB::change_dead(self, DeadChange::Replay, filter).await
+    }
+
+    async fn discard_dead(&self, filter: &DeadLetterFilter) -> Result<u64, StoreError> {
+        DB::change_dead(self, DeadChange::Discard, filter).await
+    }
+}
+
+impl<DB: AdminDialect> Purge for SqlOutbox<DB> {
+    async fn purge(&self, request: &PurgeRequest) -> Result<u64, StoreError> {
+        DB::purge(self, request).await
+    }
+}
