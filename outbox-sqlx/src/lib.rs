@@ -18,6 +18,10 @@
 //! The SQL comes from `outbox-sql`, the one source of the schema that every backend runs.
 //! Table and schema names are validated identifiers, so no name can inject SQL.
 //!
+//! The store and the inbox are written once, as [`SqlOutbox`] and [`SqlInbox`] over a
+//! sealed [`SqlDialect`]; `PgOutbox`, `SqliteOutbox` and `MySqlOutbox` (and the inboxes)
+//! are their aliases, documented in each dialect's module.
+//!
 //! Run [`postgres::PgOutbox::migrate`] (or the SQLite/MySQL equivalent) once at start-up;
 //! migrations are idempotent and safe to run from several processes at once.
 //!
