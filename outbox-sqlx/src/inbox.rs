@@ -17,6 +17,21 @@ use crate::error::classify;
 /// transaction. Use it through its dialect's name: `postgres::PgInbox`,
 /// `sqlite::SqliteInbox`, `mysql::MySqlInbox`, and record with the [`Inbox`] trait.
 ///
+/// ```no_run
+/// # async fn handle(pool: sqlx::PgPool, message_id: &str) -> Result<(), Box<dyn std::error::Error>> {
+/// use outbox_sqlx::Inbox;
+/// use outbox_sqlx::postgres::PgInbox;
+///
+/// let inbox = PgInbox::new();
+/// let mut tx = pool.begin().await?;
+/// if inbox.record(&mut tx, "billing-service", message_id).await?.is_new() {
+///     // apply the side effect with `&mut *tx`
+/// }
+/// tx.commit().await?;
+/// # Ok(())
+/// # }
+/// ```
+///
 /// Cheap to clone; clones share the rendered statements.
 pub struct SqlInbox<DB> {
     names: TableNames,

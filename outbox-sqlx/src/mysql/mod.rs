@@ -121,21 +121,6 @@ pub type MySqlOutbox = SqlOutbox<MySql>;
 /// that error has kind `Conflict`
 /// ([`is_retryable`](outbox_engine::StoreErrorKind::is_retryable)); run the whole
 /// delivery transaction again.
-///
-/// ```no_run
-/// # async fn handle(pool: sqlx::MySqlPool, message_id: &str) -> Result<(), Box<dyn std::error::Error>> {
-/// use outbox_sqlx::Inbox;
-/// use outbox_sqlx::mysql::MySqlInbox;
-///
-/// let inbox = MySqlInbox::new();
-/// let mut tx = pool.begin().await?;
-/// if inbox.record(&mut tx, "billing-service", message_id).await?.is_new() {
-///     // apply the side effect with `&mut *tx`
-/// }
-/// tx.commit().await?;
-/// # Ok(())
-/// # }
-/// ```
 pub type MySqlInbox = SqlInbox<MySql>;
 
 impl sealed::Sealed for MySql {}

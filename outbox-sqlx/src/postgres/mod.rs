@@ -49,21 +49,6 @@ pub type PgOutbox = SqlOutbox<Postgres>;
 
 /// The receiver-side inbox on PostgreSQL: deduplicates deliveries inside the receiver's
 /// own transaction.
-///
-/// ```no_run
-/// # async fn handle(pool: sqlx::PgPool, message_id: &str) -> Result<(), Box<dyn std::error::Error>> {
-/// use outbox_sqlx::Inbox;
-/// use outbox_sqlx::postgres::PgInbox;
-///
-/// let inbox = PgInbox::new();
-/// let mut tx = pool.begin().await?;
-/// if inbox.record(&mut tx, "billing-service", message_id).await?.is_new() {
-///     // apply the side effect with `&mut *tx`
-/// }
-/// tx.commit().await?;
-/// # Ok(())
-/// # }
-/// ```
 pub type PgInbox = SqlInbox<Postgres>;
 
 impl sealed::Sealed for Postgres {}

@@ -126,21 +126,6 @@ pub type SqliteOutbox = SqlOutbox<Sqlite>;
 /// Open the transaction with `BEGIN IMMEDIATE` (or make [`record`](outbox_engine::Inbox::record)
 /// its first statement) so it holds SQLite's write lock from the start; see the
 /// [module documentation](self#write-transactions).
-///
-/// ```no_run
-/// # async fn handle(pool: sqlx::SqlitePool, message_id: &str) -> Result<(), Box<dyn std::error::Error>> {
-/// use outbox_sqlx::Inbox;
-/// use outbox_sqlx::sqlite::SqliteInbox;
-///
-/// let inbox = SqliteInbox::new();
-/// let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
-/// if inbox.record(&mut tx, "billing-service", message_id).await?.is_new() {
-///     // apply the side effect with `&mut *tx`
-/// }
-/// tx.commit().await?;
-/// # Ok(())
-/// # }
-/// ```
 pub type SqliteInbox = SqlInbox<Sqlite>;
 
 impl sealed::Sealed for Sqlite {}
