@@ -184,70 +184,104 @@ async fn sink_suite_catches_a_sink_that_changes_payloads() {
     sink_suite::delivers_identity_payload_and_headers(&Broken::Corrupt(RecordingSink::new())).await;
 }
 
-/// The store suite is able to fail: a store that ignores lease tokens is caught.
-#[tokio::test]
-#[should_panic(expected = "a fenced completion changes no row")]
-async fn store_suite_catches_a_store_without_fencing() {
+mod tampered {
+    //! A memory store with one fault, for showing that the store suites can fail.
+
     use std::sync::{Arc, Mutex};
     use std::time::Duration;
 
-    use outbox_engine::testkit::StoreHarness;
+    use outbox_engine::testkit::{MemoryHarness, StoreHarness};
     use outbox_engine::*;
 
-    /// Completes with the newest token it handed out, whatever token the caller presents.
+    #[derive(Clone, Copy)]
+    pub enum Fault {
+        /// Completes with the newest token it handed out, whatever token the caller
+        /// presents.
+        IgnoresTokens,
+        /// Claims unordered whatever the request asks.
+        IgnoresOrder,
+    }
+
     #[derive(Clone)]
-    struct Unfenced(MemoryStore, Arc<Mutex<Option<LeaseToken>>>);
-    impl Store for Unfenced {
+    pub struct Tampered {
+        store: MemoryStore,
+        newest: Arc<Mutex<Option<LeaseToken>>>,
+        fault: Fault,
+    }
+
+    impl Store for Tampered {
         async fn claim(&self, r: &ClaimRequest) -> Result<Claim, StoreError> {
-            let claim = self.0.claim(r).await?;
-            *self.1.lock().unwrap() = Some(claim.lease.token);
+            let request = match self.fault {
+                Fault::IgnoresOrder => r.clone().ordering(MessageOrder::Unordered),
+                Fault::IgnoresTokens => r.clone(),
+            };
+            let claim = self.store.claim(&request).await?;
+            *self.newest.lock().unwrap() = Some(claim.lease.token);
             Ok(claim)
         }
         async fn complete(
             &self,
-            _: LeaseToken,
+            token: LeaseToken,
             c: &[Completion],
         ) -> Result<CompleteReport, StoreError> {
-            let newest = self.1.lock().unwrap().unwrap();
-            self.0.complete(newest, c).await
+            let token = match self.fault {
+                Fault::IgnoresTokens => self.newest.lock().unwrap().unwrap_or(token),
+                Fault::IgnoresOrder => token,
+            };
+            self.store.complete(token, c).await
         }
         async fn release(
             &self,
             t: LeaseToken,
             ids: &[MessageId],
         ) -> Result<CompleteReport, StoreError> {
-            self.0.release(t, ids).await
+            self.store.release(t, ids).await
         }
     }
-    impl StoreStats for Unfenced {
+    impl StoreStats for Tampered {
         async fn stats(&self) -> Result<Stats, StoreError> {
-            self.0.stats().await
+            self.store.stats().await
         }
     }
-    impl DeadLetters for Unfenced {
+    impl DeadLetters for Tampered {
         async fn list_dead(
             &self,
             f: &DeadLetterFilter,
             n: usize,
         ) -> Result<Vec<DeadLetter>, StoreError> {
-            self.0.list_dead(f, n).await
+            self.store.list_dead(f, n).await
         }
         async fn replay_dead(&self, f: &DeadLetterFilter) -> Result<u64, StoreError> {
-            self.0.replay_dead(f).await
+            self.store.replay_dead(f).await
         }
         async fn discard_dead(&self, f: &DeadLetterFilter) -> Result<u64, StoreError> {
-            self.0.discard_dead(f).await
+            self.store.discard_dead(f).await
         }
     }
-    impl Purge for Unfenced {
+    impl Purge for Tampered {
         async fn purge(&self, r: &PurgeRequest) -> Result<u64, StoreError> {
-            self.0.purge(r).await
+            self.store.purge(r).await
         }
     }
-    struct H(MemoryHarness, Unfenced);
+
+    /// A memory harness whose store has `fault`.
+    pub struct H(MemoryHarness, Tampered);
+
+    impl H {
+        pub fn new(fault: Fault) -> Self {
+            let inner = MemoryHarness::new();
+            let store = Tampered {
+                store: inner.store().clone(),
+                newest: Arc::default(),
+                fault,
+            };
+            Self(inner, store)
+        }
+    }
+
     impl StoreHarness for H {
-        type Store = Unfenced;
-        fn store(&self) -> &Unfenced {
+        type Store = Tampered;
+        fn store(&self) -> &Tampered {
             &self.1
         }
         async fn enqueue(&self, m: Vec<NewMessage>) -> Result<(), StoreError> {
@@ -257,9 +291,23 @@ async fn store_suite_catches_a_store_without_fencing() {
             self.0.advance(by).await
         }
     }
-    let inner = MemoryHarness::new();
-    let store = Unfenced(inner.store().clone(), Arc::default());
-    store_suite::stale_token_is_fenced(&H(inner, store)).await;
+}
+
+/// The store suite is able to fail: a store that ignores lease tokens is caught.
+#[tokio::test]
+#[should_panic(expected = "a fenced completion changes no row")]
+async fn store_suite_catches_a_store_without_fencing() {
+    let h = tampered::H::new(tampered::Fault::IgnoresTokens);
+    store_suite::stale_token_is_fenced(&h).await;
+}
+
+/// The ordering suite is able to fail: a store that declares per-key ordering but claims
+/// unordered is caught.
+#[tokio::test]
+#[should_panic(expected = "heads and unkeyed only")]
+async fn ordering_suite_catches_a_store_that_ignores_order() {
+    let h = tampered::H::new(tampered::Fault::IgnoresOrder);
+    store_suite::per_key_claims_only_heads(&h).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
