@@ -194,7 +194,7 @@ mod tampered {
     use outbox_engine::*;
 
     #[derive(Clone, Copy)]
-    pub enum Fault {
+    pub(crate) enum Fault {
         /// Completes with the newest token it handed out, whatever token the caller
         /// presents.
         IgnoresTokens,
@@ -203,7 +203,7 @@ mod tampered {
     }
 
     #[derive(Clone)]
-    pub struct Tampered {
+    pub(crate) struct Tampered {
         store: MemoryStore,
         newest: Arc<Mutex<Option<LeaseToken>>>,
         fault: Fault,
@@ -265,10 +265,10 @@ mod tampered {
     }
 
     /// A memory harness whose store has `fault`.
-    pub struct H(MemoryHarness, Tampered);
+    pub(crate) struct H(MemoryHarness, Tampered);
 
     impl H {
-        pub fn new(fault: Fault) -> Self {
+        pub(crate) fn new(fault: Fault) -> Self {
             let inner = MemoryHarness::new();
             let store = Tampered {
                 store: inner.store().clone(),
