@@ -94,6 +94,9 @@ enum DeadAction {
         /// Count what would be replayed, change nothing.
         #[arg(long)]
         dry_run: bool,
+        /// Replay every dead letter (required when no filter is given).
+        #[arg(long)]
+        all: bool,
     },
     /// Delete matching dead letters.
     Discard {
@@ -102,6 +105,9 @@ enum DeadAction {
         /// Count what would be deleted, change nothing.
         #[arg(long)]
         dry_run: bool,
+        /// Delete every dead letter (required when no filter is given).
+        #[arg(long)]
+        all: bool,
     },
 }
 
@@ -128,6 +134,16 @@ struct FilterArgs {
 }
 
 impl FilterArgs {
+    /// Whether no filter was given, so the filter matches every dead letter.
+    fn is_empty(&self) -> bool {
+        self.destinations.is_empty()
+            && self.event_types.is_empty()
+            && self.ids.is_empty()
+            && self.error_contains.is_none()
+            && self.since.is_none()
+            && self.until.is_none()
+    }
+
     fn filter(&self) -> DeadLetterFilter {
         let mut filter = DeadLetterFilter::all()
             .ids(self.ids.iter().copied().map(MessageId::from_uuid))
@@ -294,21 +310,20 @@ async fn status(store: &AnyStore, json: bool) -> Result<()> {
     Ok(())
 }
 
-/// Dry runs stop counting at this many, so a huge dead-letter table is never loaded whole.
-const DRY_RUN_CAP: usize = 100_000;
-
-/// "N dead letter(s)", or "more than 100000 dead letters".
+/// How many dead letters `filter` matches, as a dry run prints it.
 async fn count_dead(store: &AnyStore, filter: &DeadLetterFilter) -> Result<String> {
-    let n = store
-        .list_dead(filter, DRY_RUN_CAP + 1)
-        .await
-        .map_err(|e| e.to_string())?
-        .len();
-    Ok(if n > DRY_RUN_CAP {
-        format!("more than {DRY_RUN_CAP} dead letters")
-    } else {
-        format!("{n} dead letter(s)")
-    })
+    let n = store.count_dead(filter).await.map_err(|e| e.to_string())?;
+    Ok(format!("{n} dead letter(s)"))
+}
+
+/// Refuses a change to every dead letter unless `--all` asked for it.
+fn check_scope(verb: &str, filter: &FilterArgs, all: bool) -> Result<()> {
+    if filter.is_empty() && !all {
+        return Err(format!(
+            "refusing to {verb} every dead letter: give a filter (--destination, --event-type, --id, --error-contains, --since, --until) or --all; --dry-run counts them first"
+        ));
+    }
+    Ok(())
 }
 
 async fn dead(store: &AnyStore, action: &DeadAction) -> Result<()> {
@@ -346,11 +361,16 @@ async fn dead(store: &AnyStore, action: &DeadAction) -> Result<()> {
                 eprintln!("{} dead letter(s)", letters.len());
             }
         }
-        DeadAction::Replay { filter, dry_run } => {
-            let filter = filter.filter();
+        DeadAction::Replay {
+            filter: args,
+            dry_run,
+            all,
+        } => {
+            let filter = args.filter();
             if *dry_run {
                 println!("would replay {}", count_dead(store, &filter).await?);
             } else {
+                check_scope("replay", args, *all)?;
                 let n = store
                     .replay_dead(&filter)
                     .await
@@ -363,11 +383,16 @@ async fn dead(store: &AnyStore, action: &DeadAction) -> Result<()> {
                 println!("replayed {n} dead letter(s)");
             }
         }
-        DeadAction::Discard { filter, dry_run } => {
-            let filter = filter.filter();
+        DeadAction::Discard {
+            filter: args,
+            dry_run,
+            all,
+        } => {
+            let filter = args.filter();
             if *dry_run {
                 println!("would discard {}", count_dead(store, &filter).await?);
             } else {
+                check_scope("discard", args, *all)?;
                 let n = store
                     .discard_dead(&filter)
                     .await

@@ -182,13 +182,33 @@ async fn dead_letter_replay_by_filter_moves_exactly_the_matching_rows() {
 
     let by_id = run(&["discard", "--id", &ids[3].to_string()]);
     assert_eq!(stdout(&by_id).trim(), "discarded 1 dead letter(s)");
-    let remaining: i64 = sqlx::query_scalar(&format!(
-        "SELECT count(*) FROM {table} WHERE status = 'dead'"
-    ))
-    .fetch_one(outbox.pool())
-    .await
-    .unwrap();
-    assert_eq!(remaining, 1);
+    let dead_left = || async {
+        sqlx::query_scalar::<_, i64>(&format!(
+            "SELECT count(*) FROM {table} WHERE status = 'dead'"
+        ))
+        .fetch_one(outbox.pool())
+        .await
+        .unwrap()
+    };
+    assert_eq!(dead_left().await, 1);
+
+    // Every dead letter only with --all; counting them needs no flag.
+    for verb in ["replay", "discard"] {
+        let refused = run(&[verb]);
+        assert!(!refused.status.success(), "{verb} with no filter refused");
+        assert!(stderr(&refused).contains("--all"), "{}", stderr(&refused));
+        assert_eq!(dead_left().await, 1, "a refused {verb} changes nothing");
+    }
+    let count_all = run(&["discard", "--dry-run"]);
+    assert_eq!(stdout(&count_all).trim(), "would discard 1 dead letter(s)");
+    let all = run(&["discard", "--all"]);
+    assert_eq!(
+        stdout(&all).trim(),
+        "discarded 1 dead letter(s)",
+        "{}",
+        stderr(&all)
+    );
+    assert_eq!(dead_left().await, 0);
 }
 
 #[test]

@@ -95,6 +95,11 @@ pub trait DynStore: Send + Sync + 'static {
         filter: &'a DeadLetterFilter,
         limit: usize,
     ) -> BoxFuture<'a, Result<Vec<DeadLetter>, StoreError>>;
+    /// See [`DeadLetters::count_dead`].
+    fn count_dead_dyn<'a>(
+        &'a self,
+        filter: &'a DeadLetterFilter,
+    ) -> BoxFuture<'a, Result<u64, StoreError>>;
     /// See [`DeadLetters::replay_dead`].
     fn replay_dead_dyn<'a>(
         &'a self,
@@ -152,6 +157,12 @@ where
         limit: usize,
     ) -> BoxFuture<'a, Result<Vec<DeadLetter>, StoreError>> {
         Box::pin(self.list_dead(filter, limit))
+    }
+    fn count_dead_dyn<'a>(
+        &'a self,
+        filter: &'a DeadLetterFilter,
+    ) -> BoxFuture<'a, Result<u64, StoreError>> {
+        Box::pin(self.count_dead(filter))
     }
     fn replay_dead_dyn<'a>(
         &'a self,
@@ -255,6 +266,9 @@ impl DeadLetters for AnyStore {
         limit: usize,
     ) -> Result<Vec<DeadLetter>, StoreError> {
         self.0.list_dead_dyn(filter, limit).await
+    }
+    async fn count_dead(&self, filter: &DeadLetterFilter) -> Result<u64, StoreError> {
+        self.0.count_dead_dyn(filter).await
     }
     async fn replay_dead(&self, filter: &DeadLetterFilter) -> Result<u64, StoreError> {
         self.0.replay_dead_dyn(filter).await

@@ -411,6 +411,18 @@ impl DeadLetters for MemoryStore {
             .collect())
     }
 
+    async fn count_dead(&self, filter: &DeadLetterFilter) -> Result<u64, StoreError> {
+        let inner = self.lock();
+        let n = inner
+            .rows
+            .values()
+            .filter(|e| {
+                matches!(&e.row.state, RowState::Dead { reason, .. } if filter.matches(&e.message, reason))
+            })
+            .count();
+        Ok(n as u64)
+    }
+
     async fn replay_dead(&self, filter: &DeadLetterFilter) -> Result<u64, StoreError> {
         let now = self.clock.now();
         let mut inner = self.lock();

@@ -423,6 +423,13 @@ pub trait DeadLetters: Send + Sync {
         limit: usize,
     ) -> impl Future<Output = Result<Vec<DeadLetter>, StoreError>> + Send;
 
+    /// How many dead letters match, counted by the store without reading them (what a
+    /// replay or discard with the same filter would touch, barring concurrent changes).
+    fn count_dead(
+        &self,
+        filter: &DeadLetterFilter,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
     /// Makes matching dead letters pending again, due now, with zero attempts.
     fn replay_dead(
         &self,

@@ -251,6 +251,9 @@ mod tampered {
         ) -> Result<Vec<DeadLetter>, StoreError> {
             self.store.list_dead(f, n).await
         }
+        async fn count_dead(&self, f: &DeadLetterFilter) -> Result<u64, StoreError> {
+            self.store.count_dead(f).await
+        }
         async fn replay_dead(&self, f: &DeadLetterFilter) -> Result<u64, StoreError> {
             self.store.replay_dead(f).await
         }

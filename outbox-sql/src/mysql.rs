@@ -408,6 +408,15 @@ impl Statements {
             self.dead_filter(shape)
         )
     }
+
+    /// Counts matching dead letters.
+    pub fn count_dead(&self, shape: DeadFilterShape) -> String {
+        format!(
+            "SELECT COUNT(*) AS dead FROM {} WHERE {}",
+            self.outbox,
+            self.dead_filter(shape)
+        )
+    }
 }
 
 /// [`MESSAGE_COLUMNS`] qualified with the alias `d`.

@@ -14,7 +14,7 @@
 //! | `delete_published` | 1 token, 2 ids uuid[] → returns deleted ids |
 //! | `release` | 1 token, 2 ids uuid[] → returns released ids |
 //! | `stats` | none → destination, pending, leased, dead, published, oldest created_at |
-//! | dead-letter filter (`list_dead`, `replay_dead`, `discard_dead`) | 1 ids uuid[]?, 2 destinations text[]?, 3 event types text[]?, 4 created after?, 5 created before?, 6 error text?; `list_dead` adds 7 limit |
+//! | dead-letter filter (`list_dead`, `count_dead`, `replay_dead`, `discard_dead`) | 1 ids uuid[]?, 2 destinations text[]?, 3 event types text[]?, 4 created after?, 5 created before?, 6 error text?; `list_dead` adds 7 limit |
 //! | `purge` | 1 published age ms, 2 dead age ms (NULL keeps dead letters), 3 limit |
 //! | `inbox_record` | 1 consumer, 2 message id |
 //! | `inbox_purge` | 1 age ms, 2 limit |
@@ -85,6 +85,8 @@ pub struct Statements {
     pub replay_dead: String,
     /// Deletes matching dead letters.
     pub discard_dead: String,
+    /// Counts matching dead letters.
+    pub count_dead: String,
     /// Deletes one bounded batch of old finished rows.
     pub purge: String,
     /// Sends a wakeup after commit: `(channel payload text)`.
@@ -123,6 +125,7 @@ impl Statements {
                 "UPDATE {outbox} SET status = 'pending', available_at = now(), attempts = 0, dead_at = NULL WHERE {dead_filter}",
             ),
             discard_dead: dead("DELETE FROM {outbox} WHERE {dead_filter}"),
+            count_dead: dead("SELECT COUNT(*) AS dead FROM {outbox} WHERE {dead_filter}"),
             purge: r(PURGE),
             shared: Shared {
                 create_migrations: r(

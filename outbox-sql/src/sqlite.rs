@@ -18,7 +18,7 @@
 //! | `reject` | 1 token, 2 rowid (from the claim), 3 reason: dead-letters a claimed row that cannot be read as a message |
 //! | `delete_published`, `release` | 1 token, 2 ids JSON array → returns affected ids |
 //! | `stats` | none → destination, pending, leased, dead, published, oldest created_at ms |
-//! | dead-letter filter (`list_dead`, `replay_dead`, `discard_dead`) | 1 ids JSON?, 2 destinations JSON?, 3 event types JSON?, 4 created after ms?, 5 created before ms?, 6 error text?; `list_dead` adds 7 limit |
+//! | dead-letter filter (`list_dead`, `count_dead`, `replay_dead`, `discard_dead`) | 1 ids JSON?, 2 destinations JSON?, 3 event types JSON?, 4 created after ms?, 5 created before ms?, 6 error text?; `list_dead` adds 7 limit |
 //! | `purge` | 1 published age ms, 2 dead age ms (NULL keeps dead letters), 3 limit |
 //! | `inbox_record` | 1 consumer, 2 message id |
 //! | `inbox_purge` | 1 age ms, 2 limit |
@@ -101,6 +101,8 @@ pub struct Statements {
     pub replay_dead: String,
     /// Deletes matching dead letters.
     pub discard_dead: String,
+    /// Counts matching dead letters.
+    pub count_dead: String,
     /// Deletes one bounded batch of old finished rows.
     pub purge: String,
     /// The statements every dialect has, with the same parameters.
@@ -134,6 +136,7 @@ impl Statements {
                 "UPDATE {outbox} SET status = 'pending', available_at = {now}, attempts = 0, dead_at = NULL WHERE {dead_filter}",
             ),
             discard_dead: dead("DELETE FROM {outbox} WHERE {dead_filter}"),
+            count_dead: dead("SELECT COUNT(*) AS dead FROM {outbox} WHERE {dead_filter}"),
             purge: r(PURGE),
             shared: Shared {
                 create_migrations: r(

@@ -143,6 +143,13 @@ pub trait AdminDialect: SqlDialect {
         limit: usize,
     ) -> impl Future<Output = Result<Vec<Self::Row>, StoreError>> + Send;
 
+    /// How many dead rows `filter` matches.
+    #[doc(hidden)]
+    fn count_dead(
+        store: &SqlOutbox<Self>,
+        filter: &DeadLetterFilter,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
     /// Replays or discards the dead rows `filter` matches; returns how many changed.
     #[doc(hidden)]
     fn change_dead(

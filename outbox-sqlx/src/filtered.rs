@@ -13,8 +13,8 @@ use crate::store::SqlOutbox;
 /// A dialect whose dead-letter statements bind the whole filter.
 #[doc(hidden)]
 pub trait FilteredDialect: SqlDialect {
-    /// The statements that list, replay and discard dead letters, and the purge.
-    fn admin_statements(sql: &Self::Statements) -> [&str; 4];
+    /// The statements that list, count, replay and discard dead letters, and the purge.
+    fn admin_statements(sql: &Self::Statements) -> [&str; 5];
 
     /// `statement` with `filter` bound: ids, destinations, event types, created after,
     /// created before, error text, each `NULL` when not filtered on.
@@ -45,12 +45,26 @@ where
             .map_err(classify)
     }
 
+    async fn count_dead(
+        store: &SqlOutbox<DB>,
+        filter: &DeadLetterFilter,
+    ) -> Result<u64, StoreError> {
+        let [_, count, ..] = DB::admin_statements(&store.sql);
+        let row = DB::dead_query(count, filter)
+            .fetch_one(&store.pool)
+            .await
+            .map_err(classify)?;
+        DB::count(&row, "dead")
+            .map(crate::common::count)
+            .map_err(classify)
+    }
+
     async fn change_dead(
         store: &SqlOutbox<DB>,
         change: DeadChange,
         filter: &DeadLetterFilter,
     ) -> Result<u64, StoreError> {
-        let [_, replay, discard, _] = DB::admin_statements(&store.sql);
+        let [_, _, replay, discard, _] = DB::admin_statements(&store.sql);
         let statement = match change {
             DeadChange::Replay => replay,
             DeadChange::Discard => discard,

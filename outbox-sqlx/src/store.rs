@@ -221,6 +221,10 @@ impl<DB: AdminDialect> DeadLetters for SqlOutbox<DB> {
         Ok(dead)
     }
 
+    async fn count_dead(&self, filter: &DeadLetterFilter) -> Result<u64, StoreError> {
+        DB::count_dead(self, filter).await
+    }
+
     async fn replay_dead(&self, filter: &DeadLetterFilter) -> Result<u64, StoreError> {
         DB::change_dead(self, DeadChange::Replay, filter).await
     }

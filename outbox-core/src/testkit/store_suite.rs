@@ -703,7 +703,7 @@ pub async fn max_attempts_dead_letters<H: StoreHarness>(h: &H) {
     );
 }
 
-/// Dead letters can be listed, replayed and discarded by filter; only matches are touched.
+/// Dead letters can be listed, counted, replayed and discarded by filter; only matches are touched.
 pub async fn dead_letters_list_replay_discard<H: StoreHarness>(h: &H) {
     let specs = [
         ("sms", "order.paid", "400 bad phone"),
@@ -767,6 +767,20 @@ pub async fn dead_letters_list_replay_discard<H: StoreHarness>(h: &H) {
         store.list_dead(&future, 10).await.expect("list").is_empty(),
         "time range applies"
     );
+    let everything = DeadLetterFilter::all();
+    for (filter, listed) in [
+        (&everything, 4),
+        (&sms, 2),
+        (&paid_email, 1),
+        (&by_id, 1),
+        (&future, 0),
+    ] {
+        assert_eq!(
+            store.count_dead(filter).await.expect("count"),
+            listed,
+            "count_dead counts what list_dead lists: {filter:?}"
+        );
+    }
 
     assert_eq!(
         store.replay_dead(&sms).await.expect("replay"),
@@ -785,6 +799,11 @@ pub async fn dead_letters_list_replay_discard<H: StoreHarness>(h: &H) {
         "replay starts the attempts over"
     );
 
+    assert_eq!(
+        store.count_dead(&everything).await.expect("count"),
+        2,
+        "replayed rows are no longer counted"
+    );
     let discard = DeadLetterFilter::all().error_contains("550");
     assert_eq!(store.discard_dead(&discard).await.expect("discard"), 1);
     assert_eq!(counts(h, "email").await, (0, 0, 0, 1));

@@ -7,7 +7,8 @@ use sqlx::mysql::{MySql, MySqlArguments, MySqlRow};
 use sqlx::query::Query;
 
 use super::{MAX_FILTER_VALUES, MySqlOutbox, db_time, interval_ms};
-use crate::common::limit;
+use crate::common::{count, limit};
+use crate::dialect::SqlDialect;
 use crate::dialect::{AdminDialect, DeadChange};
 use crate::error::classify;
 
@@ -23,6 +24,15 @@ impl AdminDialect for MySql {
             .fetch_all(&store.pool)
             .await
             .map_err(classify)
+    }
+
+    async fn count_dead(store: &MySqlOutbox, filter: &DeadLetterFilter) -> Result<u64, StoreError> {
+        let sql = store.sql.count_dead(dead_shape(filter)?);
+        let row = bind_dead_filter(sqlx::query(&sql).persistent(false), filter)
+            .fetch_one(&store.pool)
+            .await
+            .map_err(classify)?;
+        MySql::count(&row, "dead").map(count).map_err(classify)
     }
 
     async fn change_dead(

@@ -10,13 +10,16 @@ use uuid::Uuid;
 use crate::filtered::FilteredDialect;
 
 impl FilteredDialect for Postgres {
-    fn admin_statements(sql: &Statements) -> [&str; 4] {
-        [
-            &sql.list_dead,
-            &sql.replay_dead,
-            &sql.discard_dead,
-            &sql.purge,
-        ]
+    fn admin_statements(sql: &Statements) -> [&str; 5] {
+        let Statements {
+            list_dead,
+            count_dead,
+            replay_dead,
+            discard_dead,
+            purge,
+            ..
+        } = sql;
+        [list_dead, count_dead, replay_dead, discard_dead, purge]
     }
 
     fn dead_query<'q>(sql: &'q str, filter: &DeadLetterFilter) -> Query<'q, Postgres, PgArguments> {

@@ -11,13 +11,16 @@ use super::{ceil_ms, json_list};
 use crate::filtered::FilteredDialect;
 
 impl FilteredDialect for Sqlite {
-    fn admin_statements(sql: &Statements) -> [&str; 4] {
-        [
-            &sql.list_dead,
-            &sql.replay_dead,
-            &sql.discard_dead,
-            &sql.purge,
-        ]
+    fn admin_statements(sql: &Statements) -> [&str; 5] {
+        let Statements {
+            list_dead,
+            count_dead,
+            replay_dead,
+            discard_dead,
+            purge,
+            ..
+        } = sql;
+        [list_dead, count_dead, replay_dead, discard_dead, purge]
     }
 
     fn dead_query<'q>(
