@@ -257,20 +257,24 @@ async fn run(cli: Cli) -> Result<()> {
             if let Some(age) = dead_older_than {
                 request = request.dead_older_than(*age);
             }
-            let mut total = 0;
+            // A spinner on a terminal (stderr); nothing but the summary line otherwise.
+            let progress = indicatif::ProgressBar::new_spinner().with_style(
+                indicatif::ProgressStyle::with_template(
+                    "{spinner} purged {human_pos} rows ({per_sec})",
+                )
+                .expect("a valid template"),
+            );
             loop {
                 let n = outbox::Purge::purge(&store, &request)
                     .await
                     .map_err(|e| e.to_string())?;
-                total += n;
-                if n > 0 {
-                    eprintln!("purged {total} rows…");
-                }
+                progress.inc(n);
                 if n < request.batch_size as u64 {
                     break;
                 }
             }
-            println!("purged {total} rows");
+            progress.finish_and_clear();
+            println!("purged {} rows", progress.position());
         }
     }
     Ok(())

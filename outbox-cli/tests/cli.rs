@@ -453,3 +453,79 @@ async fn the_printed_schema_applies_with_the_database_clients() {
     pool.close().await;
     migrate_then_one_pending_row(&sqlite, "outbox");
 }
+
+/// A purge of many batches prints one summary line and, off a terminal, no progress.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purge_deletes_in_batches_and_prints_one_line() {
+    let (outbox, table) = outbox_table().await;
+    outbox.migrate().await.unwrap();
+    let messages: Vec<NewMessage> = (0..2500)
+        .map(|n| {
+            NewMessage::builder("sms", "order.paid")
+                .json(&n)
+                .build()
+                .unwrap()
+        })
+        .collect();
+    let mut tx = outbox.pool().begin().await.unwrap();
+    outbox.enqueue_all(&mut tx, &messages).await.unwrap();
+    outbox
+        .enqueue_all(
+            &mut tx,
+            &[NewMessage::builder("sms", "kept").json(&0).build().unwrap()],
+        )
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let claim = outbox
+        .claim(&ClaimRequest::new("seed", 2500, Duration::from_secs(60)))
+        .await
+        .unwrap();
+    let published: Vec<Completion> = claim
+        .messages
+        .iter()
+        .filter(|m| m.event_type == "order.paid")
+        .map(|m| Completion::published(m.id))
+        .collect();
+    assert_eq!(published.len(), 2500);
+    outbox
+        .complete(claim.lease.token, &published)
+        .await
+        .unwrap();
+    outbox
+        .release(
+            claim.lease.token,
+            &claim
+                .messages
+                .iter()
+                .filter(|m| m.event_type == "kept")
+                .map(|m| m.id)
+                .collect::<Vec<_>>(),
+        )
+        .await
+        .unwrap();
+
+    let out = outbox_cmd(&[
+        "--store",
+        &url(),
+        "--table",
+        &table,
+        "purge",
+        "--published-older-than",
+        "0s",
+        "--batch",
+        "100",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "purged 2500 rows\n");
+    assert_eq!(stderr(&out), "", "no progress lines off a terminal");
+    let left: Vec<String> = sqlx::query_scalar(&format!("SELECT status::text FROM {table}"))
+        .fetch_all(outbox.pool())
+        .await
+        .unwrap();
+    assert_eq!(
+        left,
+        vec!["pending".to_owned()],
+        "only the unfinished row is left"
+    );
+}
