@@ -53,43 +53,68 @@ const QUICK: Scale = Scale {
     finished_rows: 1_000_000,
 };
 
+/// Benchmarks of the outbox, each reported as a ratio against a baseline measured in
+/// the same run. Needs the servers `scripts/services.sh` starts.
+#[derive(Debug, clap::Parser)]
+#[command(name = "outbox-bench")]
+struct Cli {
+    /// The scenarios to run, in order (all of them by default).
+    #[arg(value_enum)]
+    scenarios: Vec<Scenario>,
+    /// Smaller sizes and shorter runs (figures are noisier).
+    #[arg(long)]
+    quick: bool,
+    /// Rewrite the generated part of this file (BENCHMARKS.md) and its latency plot.
+    #[arg(long, value_name = "FILE")]
+    write: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Scenario {
+    /// Every scenario below.
+    All,
+    /// Enqueue cost against the business transaction alone and a raw INSERT.
+    Enqueue,
+    /// Relay drain against the raw SQL ceiling and pgmq.
+    Drain,
+    /// Drain with several relays.
+    Scale,
+    /// Per-key ordered drain against unordered.
+    Ordered,
+    /// Commit-to-publish latency at a fixed offered rate, wakeups against polling.
+    Latency,
+    /// Drain with millions of finished rows in the table.
+    Backlog,
+    /// RabbitMQ sink against a raw lapin publishing loop.
+    Amqp,
+    /// Kafka sink against a raw rdkafka producer loop.
+    Kafka,
+    /// SQS sink against a raw `SendMessageBatch` loop (moto).
+    Sqs,
+}
+
+const EVERY_SCENARIO: [Scenario; 9] = [
+    Scenario::Enqueue,
+    Scenario::Drain,
+    Scenario::Scale,
+    Scenario::Ordered,
+    Scenario::Latency,
+    Scenario::Backlog,
+    Scenario::Amqp,
+    Scenario::Kafka,
+    Scenario::Sqs,
+];
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let scale = if args.iter().any(|a| a == "--quick") {
-        QUICK
+    let cli = <Cli as clap::Parser>::parse();
+    let scale = if cli.quick { QUICK } else { FULL };
+    let write = cli.write;
+    let scenarios = if cli.scenarios.is_empty() || cli.scenarios.contains(&Scenario::All) {
+        EVERY_SCENARIO.to_vec()
     } else {
-        FULL
+        cli.scenarios
     };
-    let write = args.iter().position(|a| a == "--write").map(|i| {
-        args.get(i + 1).cloned().unwrap_or_else(|| {
-            eprintln!("error: --write needs a file name");
-            std::process::exit(2)
-        })
-    });
-    let scenarios: Vec<&str> = args
-        .iter()
-        .filter(|a| !a.starts_with("--") && Some(*a) != write.as_ref())
-        .map(String::as_str)
-        .collect();
-    let scenarios = if scenarios.is_empty() || scenarios == ["all"] {
-        vec![
-            "enqueue", "drain", "scale", "ordered", "latency", "backlog", "amqp", "kafka", "sqs",
-        ]
-    } else {
-        scenarios
-    };
-    for s in &scenarios {
-        if ![
-            "enqueue", "drain", "scale", "ordered", "latency", "backlog", "amqp", "kafka", "sqs",
-        ]
-        .contains(s)
-        {
-            eprintln!(
-                "error: unknown scenario {s:?} (enqueue, drain, scale, ordered, latency, backlog, amqp, kafka, sqs, all)"
-            );
-            std::process::exit(2);
-        }
-    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -100,16 +125,16 @@ fn main() {
         let mut report = Report::new(&bench, &args).await?;
         for scenario in scenarios {
             match scenario {
-                "enqueue" => enqueue::run(&bench, scale, &mut report).await?,
-                "drain" => drain::run(&bench, scale, &mut report, false).await?,
-                "ordered" => drain::run(&bench, scale, &mut report, true).await?,
-                "scale" => drain::scale(&bench, scale, &mut report).await?,
-                "latency" => latency::run(&bench, scale, &mut report).await?,
-                "backlog" => backlog::run(&bench, scale, &mut report).await?,
-                "amqp" => sinks::amqp(&bench, scale, &mut report).await?,
-                "kafka" => kafka::run(&bench, scale, &mut report).await?,
-                "sqs" => sqs::run(&bench, scale, &mut report).await?,
-                _ => unreachable!("checked above"),
+                Scenario::All => unreachable!("expanded above"),
+                Scenario::Enqueue => enqueue::run(&bench, scale, &mut report).await?,
+                Scenario::Drain => drain::run(&bench, scale, &mut report, false).await?,
+                Scenario::Ordered => drain::run(&bench, scale, &mut report, true).await?,
+                Scenario::Scale => drain::scale(&bench, scale, &mut report).await?,
+                Scenario::Latency => latency::run(&bench, scale, &mut report).await?,
+                Scenario::Backlog => backlog::run(&bench, scale, &mut report).await?,
+                Scenario::Amqp => sinks::amqp(&bench, scale, &mut report).await?,
+                Scenario::Kafka => kafka::run(&bench, scale, &mut report).await?,
+                Scenario::Sqs => sqs::run(&bench, scale, &mut report).await?,
             }
         }
         if let Some(path) = write {
