@@ -34,8 +34,18 @@ struct Cli {
     /// The outbox table, instead of the config file's `store.table`.
     #[arg(long, global = true)]
     table: Option<String>,
+    /// Log lines on stderr as text or as JSON objects; `RUST_LOG` picks what is logged
+    /// (default `warn`, e.g. `RUST_LOG=outbox=debug`).
+    #[arg(long, global = true, env = "OUTBOX_LOG_FORMAT", value_enum, default_value_t = LogFormat::Plain)]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    Plain,
+    Json,
 }
 
 #[derive(Debug, Subcommand)]
@@ -169,6 +179,9 @@ type Result<T, E = String> = std::result::Result<T, E>;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Err(message) = install_logging(cli.log_format) {
+        return fail(message);
+    }
     // TLS routes (`amqps://`, `rediss://`) need one process-wide rustls provider; more than
     // one is compiled in (the HTTP sink's and the broker sinks'), so choose it here.
     #[cfg(feature = "tls")]
@@ -184,6 +197,27 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => fail(message),
     }
+}
+
+/// Logs to stderr what `RUST_LOG` selects (warnings and errors by default).
+fn install_logging(format: LogFormat) -> Result<()> {
+    use tracing_subscriber::EnvFilter;
+    use tracing_subscriber::filter::LevelFilter;
+
+    let filter = EnvFilter::builder()
+        .with_default_directive(LevelFilter::WARN.into())
+        .from_env()
+        .map_err(|e| format!("RUST_LOG: {e}"))?;
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let installed = match format {
+        LogFormat::Plain => logs
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .try_init(),
+        LogFormat::Json => logs.json().try_init(),
+    };
+    installed.map_err(|e| format!("logging: {e}"))
 }
 
 fn fail(message: String) -> ExitCode {

@@ -20,7 +20,9 @@ fn outbox_cmd(args: &[&str]) -> Output {
         Duration::from_secs(60),
         Command::new(env!("CARGO_BIN_EXE_outbox"))
             .args(args)
-            .env_remove("OUTBOX_CONFIG"),
+            .env_remove("OUTBOX_CONFIG")
+            .env_remove("RUST_LOG")
+            .env_remove("OUTBOX_LOG_FORMAT"),
     )
 }
 
@@ -528,4 +530,52 @@ async fn purge_deletes_in_batches_and_prints_one_line() {
         vec!["pending".to_owned()],
         "only the unfinished row is left"
     );
+}
+
+/// `RUST_LOG` selects log lines on stderr, as text or JSON; a bad `RUST_LOG` is a one-line
+/// error; without it nothing but warnings is logged.
+#[test]
+fn rust_log_selects_what_is_logged() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite:{}", dir.path().join("log.db").display());
+    let with_env = |vars: &[(&str, &str)]| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_outbox"));
+        command
+            .args(["--store", &store, "migrate"])
+            .env_remove("OUTBOX_CONFIG")
+            .env_remove("RUST_LOG")
+            .env_remove("OUTBOX_LOG_FORMAT")
+            .envs(vars.iter().copied());
+        outbox_test_support::output_within("outbox migrate", Duration::from_secs(60), &mut command)
+    };
+
+    let quiet = with_env(&[]);
+    assert!(quiet.status.success(), "{}", stderr(&quiet));
+    assert_eq!(stderr(&quiet), "", "nothing below a warning by default");
+
+    let plain = with_env(&[("RUST_LOG", "debug")]);
+    assert!(plain.status.success(), "{}", stderr(&plain));
+    assert!(
+        stderr(&plain).lines().any(|l| l.contains("DEBUG")),
+        "debug lines: {}",
+        stderr(&plain)
+    );
+
+    let json = with_env(&[("RUST_LOG", "debug"), ("OUTBOX_LOG_FORMAT", "json")]);
+    assert!(json.status.success(), "{}", stderr(&json));
+    let lines: Vec<serde_json::Value> = stderr(&json)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?} is not JSON: {e}")))
+        .collect();
+    assert!(!lines.is_empty(), "JSON log lines");
+    assert!(lines.iter().all(|l| l["level"].is_string()), "{lines:?}");
+
+    let bad = with_env(&[("RUST_LOG", "outbox=loud")]);
+    assert!(!bad.status.success());
+    assert!(
+        stderr(&bad).starts_with("error: RUST_LOG:"),
+        "{}",
+        stderr(&bad)
+    );
+    assert_eq!(stderr(&bad).lines().count(), 1, "{}", stderr(&bad));
 }
