@@ -2,10 +2,15 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use outbox::{Config, Outbox};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// How long a `/metrics` or `/healthz` client may take to send its request and to take
+/// the answer; a connection that sends nothing is closed after that.
+const IO_TIMEOUT: Duration = Duration::from_secs(5);
 
 pub(crate) async fn relay(config: &Config) -> Result<(), String> {
     let metrics = PrometheusBuilder::new()
@@ -64,7 +69,7 @@ async fn serve(
         let (metrics, alive) = (metrics.clone(), alive.clone());
         tokio::spawn(async move {
             let mut buffer = [0u8; 1024];
-            let Ok(n) = socket.read(&mut buffer).await else {
+            let Ok(Ok(n)) = tokio::time::timeout(IO_TIMEOUT, socket.read(&mut buffer)).await else {
                 return;
             };
             let request = String::from_utf8_lossy(&buffer[..n]);
@@ -79,7 +84,7 @@ async fn serve(
                 "HTTP/1.1 {status}\r\ncontent-type: text/plain; version=0.0.4\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
                 body.len()
             );
-            let _ = socket.write_all(response.as_bytes()).await;
+            let _ = tokio::time::timeout(IO_TIMEOUT, socket.write_all(response.as_bytes())).await;
         });
     }
 }

@@ -137,6 +137,20 @@ async fn one_relay_binary_publishes_to_http_then_redis_by_config_only() {
             .await
             .starts_with("HTTP/1.1 200")
     );
+    // A client that connects and sends nothing is dropped, not kept forever.
+    let closed = async {
+        use tokio::io::AsyncReadExt;
+        let mut idle = tokio::net::TcpStream::connect(&metrics_addr).await.unwrap();
+        let mut byte = [0u8; 1];
+        idle.read(&mut byte).await
+    };
+    let read = tokio::time::timeout(Duration::from_secs(20), closed)
+        .await
+        .expect("the metrics server closes an idle connection within 20 s");
+    assert!(
+        matches!(read, Ok(0) | Err(_)),
+        "closed without an answer: {read:?}"
+    );
     stop_gracefully(relay);
     let mut http_ids = got.lock().unwrap().clone();
     http_ids.sort();
