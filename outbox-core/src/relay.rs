@@ -9,7 +9,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
-use tracing::{Instrument, debug, info_span, warn};
+use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::clock::{Clock, SystemClock};
 use crate::error::{ConfigError, StoreError};
@@ -499,6 +499,7 @@ impl<S: Store> Inner<S> {
                 .increment(completed.stale.len() as u64);
             warn!(
                 stale = completed.stale.len(),
+                ids = ?completed.stale,
                 token = %token.as_uuid(),
                 "lease lost before completion: another relay owns these rows now, nothing changed"
             );
@@ -524,13 +525,19 @@ impl<S: Store> Inner<S> {
                     *count += 1;
                     lag_histogram.record(lag.as_secs_f64());
                 }
-                CompleteAction::Retry { .. } | CompleteAction::Defer { .. } => {
+                CompleteAction::Retry { delay, error } => {
                     report.retried += 1;
+                    info!(id = %message.id, destination, attempt = message.attempts, class, retry_in = ?delay, %error, "publish failed; retrying");
+                    metrics::counter!("outbox_messages_retried_total", "destination" => destination.to_owned(), "class" => class).increment(1);
+                }
+                CompleteAction::Defer { delay, error } => {
+                    report.retried += 1;
+                    debug!(id = %message.id, destination, attempt = message.attempts, class, retry_in = ?delay, %error, "not sent; deferred");
                     metrics::counter!("outbox_messages_retried_total", "destination" => destination.to_owned(), "class" => class).increment(1);
                 }
                 CompleteAction::Dead { reason } => {
                     report.dead += 1;
-                    warn!(id = %message.id, destination, %reason, "dead-lettered");
+                    warn!(id = %message.id, destination, attempt = message.attempts, class, %reason, "dead-lettered");
                     metrics::counter!("outbox_messages_dead_total", "destination" => destination.to_owned(), "class" => class).increment(1);
                 }
             }

@@ -610,3 +610,71 @@ async fn deferred_failures_wait_without_using_up_attempts_until_max_age() {
             .contains("max age")
     );
 }
+
+/// Log lines captured in memory.
+#[derive(Clone, Default)]
+struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Captured {
+    fn line(&self, containing: &str) -> String {
+        let text = String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned();
+        text.lines()
+            .find(|l| l.contains(containing))
+            .unwrap_or_else(|| panic!("no log line with {containing:?} in:\n{text}"))
+            .to_owned()
+    }
+}
+
+/// A retry and a dead letter each log the message id, destination, attempt, failure class
+/// and the sink's error.
+#[tokio::test]
+async fn retries_and_dead_letters_log_the_message_and_the_cause() {
+    let logs = Captured::default();
+    let writer = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_max_level(tracing::Level::DEBUG)
+        .with_ansi(false)
+        .finish();
+    let _logging = tracing::subscriber::set_default(subscriber);
+
+    let clock = ManualClock::new();
+    let store = MemoryStore::with_clock(clock.clone());
+    let id = store.enqueue(msg("api", "x")).unwrap();
+    let relay = Relay::builder(store.clone())
+        .route(
+            "api",
+            FlakySink::new(RecordingSink::new()).retryable_rate(1.0),
+        )
+        .clock(clock.clone())
+        .retry(RetryPolicy::default().max_attempts(2))
+        .build()
+        .unwrap();
+    assert_eq!(relay.run_once().await.unwrap().retried, 1);
+    let retry = logs.line("publish failed; retrying");
+    for part in [
+        &id.to_string(),
+        "api",
+        "attempt=1",
+        "retryable unavailable",
+        "retry_in=",
+    ] {
+        assert!(retry.contains(part), "{part:?} in {retry}");
+    }
+    clock.advance(Duration::from_secs(3600));
+    assert_eq!(relay.run_once().await.unwrap().dead, 1);
+    let dead = logs.line("dead-lettered");
+    for part in [&id.to_string(), "api", "attempt=2", "retryable unavailable"] {
+        assert!(dead.contains(part), "{part:?} in {dead}");
+    }
+}
