@@ -135,6 +135,14 @@ async fn circuit_opens_after_failures_stops_the_call_and_probes_after_the_cool_d
         .unwrap();
     assert_eq!(sent.load(Ordering::SeqCst), 3, "open: nothing is sent");
     assert!(outcomes.iter().all(deferred));
+    // The refusal, which becomes the row's `last_error`, keeps the receiver's answer.
+    match &outcomes[0] {
+        Outcome::Failed(f) => assert!(
+            f.message.contains("circuit breaker is open") && f.message.contains("503"),
+            "{f}"
+        ),
+        other => panic!("{other:?}"),
+    }
 
     tokio::time::sleep(cool_down + Duration::from_millis(50)).await;
     let outcomes = sink

@@ -123,6 +123,8 @@ struct Inner {
     state: State,
     consecutive: u32,
     paused_until: Option<Instant>,
+    /// The last failure the receiver answered with, so a refusal names the real cause.
+    last_failure: Option<String>,
 }
 
 /// Why a message may not be sent now.
@@ -157,6 +159,7 @@ impl Breaker {
                 state: State::Closed,
                 consecutive: 0,
                 paused_until: None,
+                last_failure: None,
             })),
         }
     }
@@ -206,6 +209,16 @@ impl Breaker {
             probe,
             done: false,
         })
+    }
+
+    /// Remembers the receiver's failure, for the refusals that follow it.
+    fn remember(&self, failure: &Failure) {
+        self.lock().last_failure = Some(failure.to_string());
+    }
+
+    /// The receiver's last failure, if any.
+    fn last_failure(&self) -> Option<String> {
+        self.lock().last_failure.clone()
     }
 
     /// Pauses the route for `delay`, unless already paused longer.
@@ -350,8 +363,9 @@ impl<S> CircuitBreaker<S> {
             Refusal::Open { retry_after } => Failure::retryable(
                 FailureClass::Unavailable,
                 format!(
-                    "not sent: the circuit breaker is open after {} consecutive failures; next probe in {retry_after:?}",
-                    self.breaker.config.failures
+                    "not sent: the circuit breaker is open after {} consecutive failures (the last: {}); next probe in {retry_after:?}",
+                    self.breaker.config.failures,
+                    self.breaker.last_failure().as_deref().unwrap_or("unknown"),
                 ),
             )
             .with_retry_after(retry_after),
@@ -420,12 +434,13 @@ impl<S: Sink> Sink for CircuitBreaker<S> {
                         }
                     }
                     Outcome::Failed(f) if f.retryable => {
+                        breaker.remember(f);
                         if let Some(delay) = f.retry_after.filter(|d| !d.is_zero()) {
                             breaker.pause(now, delay);
                             stop.stop(format!("the receiver asked to wait {delay:?}"));
                         }
                         if admission.record(false, now) == Some(CircuitState::Open) {
-                            warn!(route = %name, failures = breaker.config.failures, "circuit opened");
+                            warn!(route = %name, failures = breaker.config.failures, last_failure = %f, "circuit opened");
                             stop.stop("the circuit breaker opened");
                         }
                     }
