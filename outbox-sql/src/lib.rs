@@ -323,6 +323,24 @@ pub struct Shared {
     pub inbox_purge: String,
 }
 
+/// The operator's statements of the dialects that bind a whole dead-letter filter
+/// (PostgreSQL, SQLite; see each dialect's parameter table). MySQL builds them per filter
+/// shape instead.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Admin {
+    /// Lists matching dead letters.
+    pub list_dead: String,
+    /// Counts matching dead letters (column `dead`).
+    pub count_dead: String,
+    /// Replays matching dead letters.
+    pub replay_dead: String,
+    /// Deletes matching dead letters.
+    pub discard_dead: String,
+    /// Deletes one bounded batch of old finished rows.
+    pub purge: String,
+}
+
 /// One migration: an id recorded in the migrations table, and its statements.
 ///
 /// Every statement must be idempotent (`IF NOT EXISTS`, `ADD COLUMN IF NOT EXISTS`, …):

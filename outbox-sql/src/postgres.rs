@@ -24,7 +24,7 @@
 //! Rows read back (claim, `list_dead`) have the columns of [`MESSAGE_COLUMNS`] in order,
 //! `list_dead` followed by `last_error` and `dead_at`.
 
-use crate::{Dialect, Shared, TableNames};
+use crate::{Admin, Dialect, Shared, TableNames};
 
 /// Migration files of the outbox table.
 pub const OUTBOX_MIGRATIONS: &[(&str, &str)] = &[
@@ -79,20 +79,12 @@ pub struct Statements {
     pub delete_published: String,
     /// Gives leased rows back.
     pub release: String,
-    /// Lists matching dead letters.
-    pub list_dead: String,
-    /// Replays matching dead letters.
-    pub replay_dead: String,
-    /// Deletes matching dead letters.
-    pub discard_dead: String,
-    /// Counts matching dead letters.
-    pub count_dead: String,
-    /// Deletes one bounded batch of old finished rows.
-    pub purge: String,
     /// Sends a wakeup after commit: `(channel payload text)`.
     pub notify: String,
     /// The statements every dialect has, with the same parameters.
     pub shared: Shared,
+    /// Dead letters and purge.
+    pub admin: Admin,
 }
 
 /// The LISTEN/NOTIFY channel every outbox table signals on; the payload names the table.
@@ -120,13 +112,15 @@ impl Statements {
                 "DELETE FROM {outbox} WHERE id = ANY($2) AND status = 'leased' AND lease_token = $1 RETURNING id",
             ),
             release: r(RELEASE),
-            list_dead: dead(LIST_DEAD),
-            replay_dead: dead(
-                "UPDATE {outbox} SET status = 'pending', available_at = now(), attempts = 0, dead_at = NULL WHERE {dead_filter}",
-            ),
-            discard_dead: dead("DELETE FROM {outbox} WHERE {dead_filter}"),
-            count_dead: dead("SELECT COUNT(*) AS dead FROM {outbox} WHERE {dead_filter}"),
-            purge: r(PURGE),
+            admin: Admin {
+                list_dead: dead(LIST_DEAD),
+                count_dead: dead("SELECT COUNT(*) AS dead FROM {outbox} WHERE {dead_filter}"),
+                replay_dead: dead(
+                    "UPDATE {outbox} SET status = 'pending', available_at = now(), attempts = 0, dead_at = NULL WHERE {dead_filter}",
+                ),
+                discard_dead: dead("DELETE FROM {outbox} WHERE {dead_filter}"),
+                purge: r(PURGE),
+            },
             shared: Shared {
                 create_migrations: r(
                     "CREATE TABLE IF NOT EXISTS {migrations} (id text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())",

@@ -44,7 +44,7 @@
 //! `seq` is pending or leased (or dead, under [`DeadHead::Halt`](outbox_engine::DeadHead)).
 //! The claim is one statement, so it sees one consistent state of the table.
 
-use crate::{Dialect, Shared, TableNames};
+use crate::{Admin, Dialect, Shared, TableNames};
 
 /// Migration files of the outbox table.
 pub const OUTBOX_MIGRATIONS: &[(&str, &str)] = &[
@@ -95,18 +95,10 @@ pub struct Statements {
     pub delete_published: String,
     /// Gives leased rows back.
     pub release: String,
-    /// Lists matching dead letters.
-    pub list_dead: String,
-    /// Replays matching dead letters.
-    pub replay_dead: String,
-    /// Deletes matching dead letters.
-    pub discard_dead: String,
-    /// Counts matching dead letters.
-    pub count_dead: String,
-    /// Deletes one bounded batch of old finished rows.
-    pub purge: String,
     /// The statements every dialect has, with the same parameters.
     pub shared: Shared,
+    /// Dead letters and purge.
+    pub admin: Admin,
 }
 
 impl Statements {
@@ -131,13 +123,15 @@ impl Statements {
                 "DELETE FROM {outbox} WHERE id IN (SELECT value FROM json_each(?2)) AND status = 'leased' AND lease_token = ?1 RETURNING id",
             ),
             release: r(RELEASE),
-            list_dead: dead(LIST_DEAD),
-            replay_dead: dead(
-                "UPDATE {outbox} SET status = 'pending', available_at = {now}, attempts = 0, dead_at = NULL WHERE {dead_filter}",
-            ),
-            discard_dead: dead("DELETE FROM {outbox} WHERE {dead_filter}"),
-            count_dead: dead("SELECT COUNT(*) AS dead FROM {outbox} WHERE {dead_filter}"),
-            purge: r(PURGE),
+            admin: Admin {
+                list_dead: dead(LIST_DEAD),
+                count_dead: dead("SELECT COUNT(*) AS dead FROM {outbox} WHERE {dead_filter}"),
+                replay_dead: dead(
+                    "UPDATE {outbox} SET status = 'pending', available_at = {now}, attempts = 0, dead_at = NULL WHERE {dead_filter}",
+                ),
+                discard_dead: dead("DELETE FROM {outbox} WHERE {dead_filter}"),
+                purge: r(PURGE),
+            },
             shared: Shared {
                 create_migrations: r(
                     "CREATE TABLE IF NOT EXISTS {migrations} (id TEXT PRIMARY KEY NOT NULL, applied_at INTEGER NOT NULL)",

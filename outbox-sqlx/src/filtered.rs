@@ -3,6 +3,7 @@
 //! SQLite). MySQL builds its statements for each filter's shape instead.
 
 use outbox_engine::{DeadLetterFilter, PurgeRequest, StoreError};
+use outbox_sql::Admin;
 use sqlx::query::Query;
 
 use crate::common::{limit, millis};
@@ -14,7 +15,7 @@ use crate::store::SqlOutbox;
 #[doc(hidden)]
 pub trait FilteredDialect: SqlDialect {
     /// The statements that list, count, replay and discard dead letters, and the purge.
-    fn admin_statements(sql: &Self::Statements) -> [&str; 5];
+    fn admin(sql: &Self::Statements) -> &Admin;
 
     /// `statement` with `filter` bound: ids, destinations, event types, created after,
     /// created before, error text, each `NULL` when not filtered on.
@@ -37,8 +38,7 @@ where
         filter: &DeadLetterFilter,
         limit_rows: usize,
     ) -> Result<Vec<DB::Row>, StoreError> {
-        let [list, ..] = DB::admin_statements(&store.sql);
-        DB::dead_query(list, filter)
+        DB::dead_query(&DB::admin(&store.sql).list_dead, filter)
             .bind(limit(limit_rows))
             .fetch_all(&store.pool)
             .await
@@ -49,8 +49,7 @@ where
         store: &SqlOutbox<DB>,
         filter: &DeadLetterFilter,
     ) -> Result<u64, StoreError> {
-        let [_, count, ..] = DB::admin_statements(&store.sql);
-        let row = DB::dead_query(count, filter)
+        let row = DB::dead_query(&DB::admin(&store.sql).count_dead, filter)
             .fetch_one(&store.pool)
             .await
             .map_err(classify)?;
@@ -64,10 +63,10 @@ where
         change: DeadChange,
         filter: &DeadLetterFilter,
     ) -> Result<u64, StoreError> {
-        let [_, _, replay, discard, _] = DB::admin_statements(&store.sql);
+        let admin = DB::admin(&store.sql);
         let statement = match change {
-            DeadChange::Replay => replay,
-            DeadChange::Discard => discard,
+            DeadChange::Replay => &admin.replay_dead,
+            DeadChange::Discard => &admin.discard_dead,
         };
         let done = DB::dead_query(statement, filter)
             .execute(&store.pool)
@@ -78,8 +77,7 @@ where
 
     /// One statement taking `(published age ms, dead age ms or NULL, limit)`.
     async fn purge(store: &SqlOutbox<DB>, request: &PurgeRequest) -> Result<u64, StoreError> {
-        let [.., purge] = DB::admin_statements(&store.sql);
-        let done = sqlx::query(purge)
+        let done = sqlx::query(&DB::admin(&store.sql).purge)
             .bind(millis(request.published_older_than))
             .bind(request.dead_older_than.map(millis))
             .bind(limit(request.batch_size))

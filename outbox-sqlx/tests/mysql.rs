@@ -398,18 +398,11 @@ async fn hostile_identifiers_are_rejected_or_quoted_exactly() {
     let canary = common::fresh_table("canary");
     let mut cleanup = Cleanup::new(&pool);
     cleanup.table(&canary);
-    sqlx::query(&format!("CREATE TABLE {canary} (x INT) ENGINE = InnoDB"))
-        .execute(&pool)
-        .await
-        .unwrap();
-    sqlx::query(&format!("INSERT INTO {canary} VALUES (1)"))
-        .execute(&pool)
-        .await
-        .unwrap();
     let drop_canary = format!("`; DROP TABLE {canary}; -- ");
     let created = common::hostile_identifiers(common::Hostile {
         pool: &pool,
         canary: &canary,
+        create_canary: "CREATE TABLE {canary} (x INT) ENGINE = InnoDB",
         fragments: &["#", "``", "?", &drop_canary, "ß", "VALUES ,", "@0022", "/", ".", "X"],
         tries: 900,
         exists: "SELECT COUNT(*) FROM information_schema.tables \

@@ -290,17 +290,10 @@ async fn notify_wakes_a_listening_relay_and_survives_backend_termination() {
 async fn hostile_identifiers_are_rejected_or_quoted_exactly() {
     let pool = pool().await;
     let canary = common::fresh_table("canary");
-    sqlx::query(&format!("CREATE TABLE {canary} (x int)"))
-        .execute(&pool)
-        .await
-        .unwrap();
-    sqlx::query(&format!("INSERT INTO {canary} VALUES (1)"))
-        .execute(&pool)
-        .await
-        .unwrap();
     let created = common::hostile_identifiers(common::Hostile {
         pool: &pool,
         canary: &canary,
+        create_canary: "CREATE TABLE {canary} (x int)",
         fragments: &["$$", "$2"],
         tries: 1000,
         exists: "SELECT COUNT(*) FROM pg_class WHERE relname = $1 AND relkind IN ('r', 'p')",

@@ -473,17 +473,10 @@ async fn hostile_identifiers_are_rejected_or_quoted_exactly() {
     let db = TestDb::new().await;
     let pool = db.pool.clone();
     let canary = common::fresh_table("canary");
-    sqlx::query(&format!("CREATE TABLE {canary} (x INTEGER)"))
-        .execute(&pool)
-        .await
-        .unwrap();
-    sqlx::query(&format!("INSERT INTO {canary} VALUES (1)"))
-        .execute(&pool)
-        .await
-        .unwrap();
     common::hostile_identifiers(common::Hostile {
         pool: &pool,
         canary: &canary,
+        create_canary: "CREATE TABLE {canary} (x INTEGER)",
         fragments: &["?1", "[", "]"],
         tries: 700,
         exists: "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = ?1",

@@ -2,6 +2,7 @@
 //! (the operations themselves are written once, in `filtered.rs`).
 
 use outbox_engine::DeadLetterFilter;
+use outbox_sql::Admin;
 use outbox_sql::postgres::Statements;
 use sqlx::postgres::{PgArguments, Postgres};
 use sqlx::query::Query;
@@ -10,16 +11,8 @@ use uuid::Uuid;
 use crate::filtered::FilteredDialect;
 
 impl FilteredDialect for Postgres {
-    fn admin_statements(sql: &Statements) -> [&str; 5] {
-        let Statements {
-            list_dead,
-            count_dead,
-            replay_dead,
-            discard_dead,
-            purge,
-            ..
-        } = sql;
-        [list_dead, count_dead, replay_dead, discard_dead, purge]
+    fn admin(sql: &Statements) -> &Admin {
+        &sql.admin
     }
 
     fn dead_query<'q>(sql: &'q str, filter: &DeadLetterFilter) -> Query<'q, Postgres, PgArguments> {

@@ -3,6 +3,7 @@
 //! once, in `filtered.rs`).
 
 use outbox_engine::DeadLetterFilter;
+use outbox_sql::Admin;
 use outbox_sql::sqlite::Statements;
 use sqlx::query::Query;
 use sqlx::sqlite::{Sqlite, SqliteArguments};
@@ -11,16 +12,8 @@ use super::{ceil_ms, json_list};
 use crate::filtered::FilteredDialect;
 
 impl FilteredDialect for Sqlite {
-    fn admin_statements(sql: &Statements) -> [&str; 5] {
-        let Statements {
-            list_dead,
-            count_dead,
-            replay_dead,
-            discard_dead,
-            purge,
-            ..
-        } = sql;
-        [list_dead, count_dead, replay_dead, discard_dead, purge]
+    fn admin(sql: &Statements) -> &Admin {
+        &sql.admin
     }
 
     fn dead_query<'q>(

@@ -397,9 +397,11 @@ pub type EnqueueInto<'a, DB, S> = dyn for<'c> Fn(
 /// A dialect's hostile-identifier run; see [`hostile_identifiers`].
 pub struct Hostile<'a, DB: sqlx::Database, S> {
     pub pool: &'a sqlx::Pool<DB>,
-    /// A table the caller created with one row; its name comes up first, and migrating
-    /// onto it must fail with kind `Schema` and change nothing.
+    /// A table that is not an outbox, created with one row by `create_canary` (which has
+    /// `{canary}`); its name comes up first, and migrating onto it must fail with kind
+    /// `Schema` and change nothing.
     pub canary: &'a str,
+    pub create_canary: &'a str,
     /// Fragments this dialect treats specially, besides the common ones.
     pub fragments: &'a [&'a str],
     /// How many names to try.
@@ -434,6 +436,12 @@ where
 
     use outbox_engine::{ClaimRequest, Completion, DeadHead, MessageOrder, StoreErrorKind};
 
+    for statement in [h.create_canary, "INSERT INTO {canary} VALUES (1)"] {
+        sqlx::query(&statement.replace("{canary}", h.canary))
+            .execute(h.pool)
+            .await
+            .expect("create the canary");
+    }
     let drop_canary = format!("; DROP TABLE {}; -- ", h.canary);
     let mut fragments = vec![
         "\"",
