@@ -1,7 +1,7 @@
 //! What a SQL dialect supplies to the store, the inbox and the migrations, which are
 //! written once over it: its statements, its migration lock, how it reads the columns
 //! whose types differ ([`SqlDialect`]), and the operations whose SQL shape differs
-//! ([`RelayDialect`], [`AdminDialect`]).
+//! ([`RelayDialect`], [`AdminDialect`], [`KeyedDialect`]).
 
 use std::collections::HashSet;
 use std::future::Future;
