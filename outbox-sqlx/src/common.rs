@@ -23,9 +23,9 @@ pub(crate) fn lease(request: &ClaimRequest, lease_ms: i64) -> (LeaseToken, Lease
     (token, lease)
 }
 
-#[cfg(any(feature = "postgres", feature = "sqlite"))]
 /// Splits completions into those that delete their row (published, in delete mode) and
 /// those that update it.
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
 pub(crate) fn split_deleted(
     published: PublishedRows,
     completions: &[Completion],
@@ -35,8 +35,8 @@ pub(crate) fn split_deleted(
         .partition(|c| published == PublishedRows::Delete && c.action == CompleteAction::Published)
 }
 
-#[cfg(any(feature = "postgres", feature = "sqlite"))]
 /// A completion's delay in milliseconds and the error it records.
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
 pub(crate) fn completion_parts(action: &CompleteAction) -> (i64, Option<&str>) {
     match action {
         CompleteAction::Published => (0, None),
