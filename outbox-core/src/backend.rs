@@ -17,7 +17,7 @@ use crate::sink::BoxFuture;
 use crate::state::LeaseToken;
 use crate::store::{
     Claim, ClaimRequest, CompleteReport, Completion, DeadLetter, DeadLetterFilter, DeadLetters,
-    Purge, PurgeRequest, Stats, Store, StoreStats,
+    Gauges, Purge, PurgeRequest, Stats, Store, StoreStats,
 };
 use crate::wakeup::Wakeup;
 
@@ -89,6 +89,8 @@ pub trait DynStore: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<CompleteReport, StoreError>>;
     /// See [`StoreStats::stats`].
     fn stats_dyn(&self) -> BoxFuture<'_, Result<Stats, StoreError>>;
+    /// See [`Store::gauges`].
+    fn gauges_dyn(&self, limit: usize) -> BoxFuture<'_, Result<Option<Gauges>, StoreError>>;
     /// See [`DeadLetters::list_dead`].
     fn list_dead_dyn<'a>(
         &'a self,
@@ -150,6 +152,9 @@ where
     }
     fn stats_dyn(&self) -> BoxFuture<'_, Result<Stats, StoreError>> {
         Box::pin(self.stats())
+    }
+    fn gauges_dyn(&self, limit: usize) -> BoxFuture<'_, Result<Option<Gauges>, StoreError>> {
+        Box::pin(self.gauges(limit))
     }
     fn list_dead_dyn<'a>(
         &'a self,
@@ -250,6 +255,9 @@ impl Store for AnyStore {
         ids: &[MessageId],
     ) -> Result<CompleteReport, StoreError> {
         self.0.release_dyn(token, ids).await
+    }
+    async fn gauges(&self, limit: usize) -> Result<Option<Gauges>, StoreError> {
+        self.0.gauges_dyn(limit).await
     }
 }
 

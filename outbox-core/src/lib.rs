@@ -42,6 +42,7 @@ pub mod backend;
 mod clock;
 pub mod duration;
 mod error;
+mod health;
 pub mod layers;
 mod memory;
 mod message;
@@ -64,6 +65,7 @@ pub mod testkit;
 pub use backend::{AnyStore, Backend, DynStore, Listener};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{ConfigError, MessageError, StoreError, StoreErrorKind};
+pub use health::{LagObjective, RelayHealth, Unhealthy};
 pub use memory::{MemoryStore, RowSnapshot};
 pub use message::{
     Availability, Headers, Limits, Message, MessageId, NewMessage, NewMessageBuilder,
@@ -80,7 +82,7 @@ pub use sink::{
 pub use state::{Lease, LeaseToken, Status};
 pub use store::{
     Claim, ClaimRequest, CompleteAction, CompleteReport, Completion, DeadHead, DeadLetter,
-    DeadLetterFilter, DeadLetters, DestinationStats, MessageOrder, Purge, PurgeRequest, Rejected,
-    Stats, Store, StoreStats, Wakeups, purge_all,
+    DeadLetterFilter, DeadLetters, DestinationGauges, DestinationStats, Gauges, MessageOrder,
+    Purge, PurgeRequest, Rejected, Stats, Store, StoreStats, Wakeups, purge_all,
 };
 pub use wakeup::{Wakeup, WakeupListener};

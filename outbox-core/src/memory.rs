@@ -11,8 +11,8 @@ use crate::message::{Message, MessageId, NewMessage, chrono_duration};
 use crate::state::{Lease, LeaseToken, Row, RowState, Status};
 use crate::store::{
     Claim, ClaimRequest, CompleteReport, Completion, DeadHead, DeadLetter, DeadLetterFilter,
-    DeadLetters, DestinationStats, MessageOrder, Purge, PurgeRequest, Stats, Store, StoreStats,
-    Wakeups,
+    DeadLetters, DestinationStats, Gauges, MessageOrder, Purge, PurgeRequest, Stats, Store,
+    StoreStats, Wakeups,
 };
 use crate::wakeup::Wakeup;
 
@@ -322,6 +322,11 @@ impl Entry {
 impl Store for MemoryStore {
     async fn claim(&self, request: &ClaimRequest) -> Result<Claim, StoreError> {
         Ok(self.claim_now(request))
+    }
+
+    async fn gauges(&self, limit: usize) -> Result<Option<Gauges>, StoreError> {
+        let stats = self.stats().await?;
+        Ok(Some(Gauges::from_stats(&stats, self.clock.now(), limit)))
     }
 
     async fn complete(

@@ -13,6 +13,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::clock::{Clock, SystemClock};
 use crate::error::{ConfigError, StoreError};
+use crate::health::{GaugeSettings, RelayHealth};
 use crate::message::{Message, MessageId};
 use crate::retry::{Decision, RetryPolicy};
 use crate::sink::{DynSink, Failure, FailureClass, Outcome, Outcomes, PublishContext, Sink};
@@ -54,6 +55,7 @@ pub struct RelayBuilder<S> {
     retry: RetryPolicy,
     ordering: MessageOrder,
     clock: Arc<dyn Clock>,
+    gauges: Option<GaugeSettings>,
 }
 
 impl<S: Store> RelayBuilder<S> {
@@ -73,6 +75,7 @@ impl<S: Store> RelayBuilder<S> {
             retry: RetryPolicy::default(),
             ordering: MessageOrder::Unordered,
             clock: Arc::new(SystemClock),
+            gauges: Some(GaugeSettings::default()),
         }
     }
 
@@ -197,6 +200,42 @@ impl<S: Store> RelayBuilder<S> {
         if let Some(order) = settings.order() {
             self.ordering = order;
         }
+        if let Some(enabled) = settings.gauges {
+            self = self.gauges(enabled);
+        }
+        if let Some(interval) = settings.gauge_interval {
+            self = self.gauge_interval(interval);
+        }
+        if let Some(limit) = settings.gauge_limit {
+            self = self.gauge_limit(limit);
+        }
+        self
+    }
+
+    /// Whether the running relay reads the store's gauges and exports them as metrics
+    /// (default on): `outbox_backlog`, `outbox_leased`, `outbox_dead_letters`,
+    /// `outbox_halted_keys` and `outbox_oldest_pending_age_seconds` per destination, and
+    /// `outbox_gauges_truncated`. They describe the whole table, so with several relays on
+    /// one table, one exporting them is enough: turn it off on the others.
+    pub fn gauges(mut self, enabled: bool) -> Self {
+        self.gauges = enabled.then(|| self.gauges.unwrap_or_default());
+        self
+    }
+
+    /// How often the gauges are read (default 10 s).
+    pub fn gauge_interval(mut self, interval: Duration) -> Self {
+        if let Some(gauges) = &mut self.gauges {
+            gauges.interval = interval;
+        }
+        self
+    }
+
+    /// How many unfinished (and dead) rows a gauge read counts at most (default 50,000);
+    /// past it the counts are lower bounds and `outbox_gauges_truncated` is 1.
+    pub fn gauge_limit(mut self, limit: usize) -> Self {
+        if let Some(gauges) = &mut self.gauges {
+            gauges.limit = limit;
+        }
         self
     }
 
@@ -238,6 +277,14 @@ impl<S: Store> RelayBuilder<S> {
         if self.poll_interval.is_zero() {
             return Err(invalid("poll_interval", "must be above zero"));
         }
+        if let Some(gauges) = self.gauges {
+            if gauges.interval < Duration::from_millis(10) {
+                return Err(invalid("gauge_interval", "must be at least 10 ms"));
+            }
+            if gauges.limit == 0 {
+                return Err(invalid("gauge_limit", "must be above zero"));
+            }
+        }
         if self.owner.is_empty() || self.owner.len() > 255 {
             return Err(invalid("owner", "must be 1 to 255 bytes"));
         }
@@ -248,6 +295,7 @@ impl<S: Store> RelayBuilder<S> {
         if !self.dead_letter_unrouted {
             claim = claim.destinations(destinations);
         }
+        let health = RelayHealth::new(self.lease, self.gauges.unwrap_or_default());
         Ok(Relay {
             inner: Arc::new(Inner {
                 store: self.store,
@@ -257,7 +305,9 @@ impl<S: Store> RelayBuilder<S> {
                 retry: self.retry,
                 clock: self.clock,
                 in_flight: Mutex::default(),
+                health,
             }),
+            gauges: self.gauges,
             concurrency: self.concurrency,
             poll_interval: self.poll_interval,
             shutdown_grace: self.shutdown_grace,
@@ -278,6 +328,7 @@ pub struct Relay<S> {
     shutdown_grace: Duration,
     wakeup: Wakeup,
     ordering: MessageOrder,
+    gauges: Option<GaugeSettings>,
 }
 
 struct Inner<S> {
@@ -289,6 +340,7 @@ struct Inner<S> {
     clock: Arc<dyn Clock>,
     /// Leases held by batches in progress, released on a forced shutdown.
     in_flight: Mutex<HashMap<LeaseToken, HashSet<MessageId>>>,
+    health: RelayHealth,
 }
 
 /// What one batch did.
@@ -330,6 +382,23 @@ impl<S: Store> Relay<S> {
     /// The ordering mode.
     pub fn ordering(&self) -> MessageOrder {
         self.ordering
+    }
+
+    /// A handle on the relay's liveness, readiness and latest gauges, to serve from
+    /// health endpoints while [`run`](Self::run) runs.
+    ///
+    /// ```
+    /// use outbox_engine::{LagObjective, MemoryStore, Relay, testkit::RecordingSink};
+    ///
+    /// let relay = Relay::builder(MemoryStore::new()).route("billing", RecordingSink::new()).build()?;
+    /// let health = relay.health();
+    /// // A relay counts as alive for one heartbeat limit after it is built; once it runs,
+    /// // its workers' beats keep it alive.
+    /// assert!(health.alive(&LagObjective::new()).is_ok());
+    /// # Ok::<(), outbox_engine::ConfigError>(())
+    /// ```
+    pub fn health(&self) -> RelayHealth {
+        self.inner.health.clone()
     }
 
     /// Claims one batch, publishes it and records the outcomes.
@@ -374,8 +443,30 @@ impl<S: Store> Relay<S> {
             let span = info_span!("outbox_relay_worker", owner = %inner.claim.owner, worker);
             workers.spawn(inner.work(listener, stop, poll).instrument(span));
         }
+        let gauges = self.gauges.map(|settings| {
+            let inner = Arc::clone(&self.inner);
+            let routes = inner.routes.keys().cloned().collect();
+            let stop = stop_rx.clone();
+            tokio::spawn(
+                async move {
+                    crate::health::export_gauges(
+                        &inner.store,
+                        settings,
+                        inner.health.clone(),
+                        routes,
+                        stop,
+                    )
+                    .await;
+                }
+                .instrument(info_span!("outbox_gauges")),
+            )
+        });
         shutdown.await;
+        self.inner.health.stop();
         let _ = stop_tx.send(true);
+        if let Some(gauges) = gauges {
+            gauges.abort();
+        }
         let finished = tokio::time::timeout(self.shutdown_grace, async {
             while workers.join_next().await.is_some() {}
         })
@@ -398,6 +489,7 @@ impl<S: Store> Inner<S> {
         let mut failures = 0u32;
         while !*stop.borrow() {
             metrics::gauge!("outbox_relay_heartbeat_seconds").set(unix_seconds(self.clock.now()));
+            self.health.beat();
             listener.mark_seen();
             let wait = match self.process_batch().await {
                 Ok(report) => {

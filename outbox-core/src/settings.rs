@@ -56,6 +56,13 @@ pub struct RelaySettings {
     pub dead_head: Option<DeadHead>,
     /// Listen for wakeups where the store has them (default on).
     pub wakeups: Option<bool>,
+    /// Read and export the store's gauges (default on).
+    pub gauges: Option<bool>,
+    /// How often the gauges are read.
+    #[serde(with = "crate::duration::optional")]
+    pub gauge_interval: Option<Duration>,
+    /// Most rows a gauge read counts.
+    pub gauge_limit: Option<usize>,
 }
 
 /// The ordering mode's name in a configuration file.

@@ -250,6 +250,108 @@ pub trait Store: Send + Sync + 'static {
         token: LeaseToken,
         ids: &[MessageId],
     ) -> impl Future<Output = Result<CompleteReport, StoreError>> + Send;
+
+    /// The unfinished and dead rows per destination, read so that the cost follows the
+    /// backlog and the dead letters, never the finished rows: each count stops after
+    /// `limit` rows (then [`Gauges::truncated`] says the figures are lower bounds). The
+    /// relay exports them as metrics and checks its lag objective with them. `None`: the
+    /// store has no gauges (the default).
+    fn gauges(
+        &self,
+        limit: usize,
+    ) -> impl Future<Output = Result<Option<Gauges>, StoreError>> + Send {
+        let _ = limit;
+        std::future::ready(Ok(None))
+    }
+}
+
+/// The figures an operator alerts on, per destination, as [`Store::gauges`] reads them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Gauges {
+    /// One entry per destination with unfinished or dead rows, sorted by destination.
+    pub destinations: Vec<DestinationGauges>,
+    /// A count reached the limit: the figures are lower bounds, and the oldest age is
+    /// that of the earliest due rows read.
+    pub truncated: bool,
+}
+
+impl Gauges {
+    /// The gauges that full `stats` give at `now` (the store's clock), counting at most
+    /// `limit` unfinished and `limit` dead rows in all, as a store reading rows would:
+    /// for a store whose stats are cheap, such as [`MemoryStore`].
+    ///
+    /// [`MemoryStore`]: crate::MemoryStore
+    pub fn from_stats(stats: &Stats, now: DateTime<Utc>, limit: usize) -> Self {
+        let limit = u64::try_from(limit).unwrap_or(u64::MAX);
+        let (mut unfinished, mut dead) = (limit, limit);
+        let mut take = |budget: &mut u64, n: u64| {
+            let taken = n.min(*budget);
+            *budget -= taken;
+            taken
+        };
+        let mut gauges = Gauges::default();
+        for d in &stats.destinations {
+            if d.backlog() + d.dead == 0 {
+                continue;
+            }
+            let pending = take(&mut unfinished, d.pending);
+            let leased = take(&mut unfinished, d.leased);
+            let dead_letters = take(&mut dead, d.dead);
+            gauges.truncated |= pending + leased < d.backlog() || dead_letters < d.dead;
+            gauges.destinations.push(DestinationGauges {
+                destination: d.destination.clone(),
+                pending,
+                leased,
+                dead: dead_letters,
+                halted_keys: d.halted_keys,
+                oldest_pending_age: d.oldest_pending_age(now),
+            });
+        }
+        gauges.truncated |= unfinished == 0 || dead == 0;
+        gauges
+    }
+
+    /// The entry for `destination`, if it has unfinished or dead rows.
+    pub fn destination(&self, destination: &str) -> Option<&DestinationGauges> {
+        self.destinations
+            .iter()
+            .find(|d| d.destination == destination)
+    }
+}
+
+/// The gauges of one destination.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DestinationGauges {
+    /// The route name.
+    pub destination: String,
+    /// Pending rows, due or scheduled.
+    pub pending: u64,
+    /// Leased rows.
+    pub leased: u64,
+    /// Dead letters.
+    pub dead: u64,
+    /// Keys that a dead head holds back (see [`DestinationStats::halted_keys`]).
+    pub halted_keys: u64,
+    /// How long the oldest pending or leased row has been in the table, by the store's
+    /// clock.
+    pub oldest_pending_age: Option<Duration>,
+}
+
+impl DestinationGauges {
+    /// An all-zero entry for `destination`.
+    pub fn new(destination: impl Into<String>) -> Self {
+        Self {
+            destination: destination.into(),
+            ..Self::default()
+        }
+    }
+
+    /// Rows not yet finished: pending plus leased.
+    pub fn backlog(&self) -> u64 {
+        self.pending + self.leased
+    }
 }
 
 /// Counts for one destination.

@@ -200,6 +200,8 @@ mod tampered {
         IgnoresTokens,
         /// Claims unordered whatever the request asks.
         IgnoresOrder,
+        /// Reads gauges that miss the dead letters.
+        GaugesMissDead,
     }
 
     #[derive(Clone)]
@@ -213,7 +215,7 @@ mod tampered {
         async fn claim(&self, r: &ClaimRequest) -> Result<Claim, StoreError> {
             let request = match self.fault {
                 Fault::IgnoresOrder => r.clone().ordering(MessageOrder::Unordered),
-                Fault::IgnoresTokens => r.clone(),
+                Fault::IgnoresTokens | Fault::GaugesMissDead => r.clone(),
             };
             let claim = self.store.claim(&request).await?;
             *self.newest.lock().unwrap() = Some(claim.lease.token);
@@ -226,7 +228,7 @@ mod tampered {
         ) -> Result<CompleteReport, StoreError> {
             let token = match self.fault {
                 Fault::IgnoresTokens => self.newest.lock().unwrap().unwrap_or(token),
-                Fault::IgnoresOrder => token,
+                Fault::IgnoresOrder | Fault::GaugesMissDead => token,
             };
             self.store.complete(token, c).await
         }
@@ -236,6 +238,16 @@ mod tampered {
             ids: &[MessageId],
         ) -> Result<CompleteReport, StoreError> {
             self.store.release(t, ids).await
+        }
+        async fn gauges(&self, limit: usize) -> Result<Option<Gauges>, StoreError> {
+            let mut gauges = self.store.gauges(limit).await?;
+            if let (Fault::GaugesMissDead, Some(gauges)) = (self.fault, &mut gauges) {
+                gauges.destinations.retain_mut(|g| {
+                    g.dead = 0;
+                    g.backlog() > 0
+                });
+            }
+            Ok(gauges)
         }
     }
     impl StoreStats for Tampered {
@@ -311,6 +323,14 @@ async fn store_suite_catches_a_store_without_fencing() {
 async fn ordering_suite_catches_a_store_that_ignores_order() {
     let h = tampered::H::new(tampered::Fault::IgnoresOrder);
     store_suite::per_key_claims_only_heads(&h).await;
+}
+
+/// The gauge check is able to fail: a store whose gauges miss the dead letters is caught.
+#[tokio::test]
+#[should_panic(expected = "a: pending, leased, dead")]
+async fn store_suite_catches_gauges_that_miss_dead_letters() {
+    let h = tampered::H::new(tampered::Fault::GaugesMissDead);
+    store_suite::gauges_match_the_table(&h).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

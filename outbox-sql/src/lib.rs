@@ -316,6 +316,13 @@ pub struct Shared {
     /// Counts halted keys per destination (keys with a dead row followed by unfinished
     /// ones, counted under the dead row's destination): → destination, halted.
     pub halted_keys: String,
+    /// The pending and leased rows per destination, the earliest due first, at most
+    /// `(limit)` rows, read through the due index: → destination, pending, leased,
+    /// oldest_ms (age of the oldest by the database clock).
+    pub gauges_unfinished: String,
+    /// The dead letters per destination, at most `(limit)` rows, read through the dead
+    /// index: → destination, dead.
+    pub gauges_dead: String,
     /// Records a delivery in the inbox: `(consumer, message id)` → one row affected if
     /// new, zero if a duplicate.
     pub inbox_record: String,

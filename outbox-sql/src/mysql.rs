@@ -33,6 +33,7 @@
 //! | `dead` | reason, id, token |
 //! | `reject` | reason, id: dead-letters a row the claim has locked but cannot read as a message |
 //! | `stats` | none → destination, pending, leased, dead, published, oldest |
+//! | `gauges_unfinished`, `gauges_dead` | limit |
 //! | `halted_keys` | none → destination, halted |
 //! | [`Statements::dead_filter`] users | ids…, destinations…, event types…, after?, before?, error? (each only when set in the [`DeadFilterShape`]); `list_dead` adds limit and yields [`MESSAGE_COLUMNS`], `last_error`, `dead_at` |
 //! | `purge_published` | age ms, limit |
@@ -227,6 +228,8 @@ impl Statements {
                     "INSERT IGNORE INTO {migrations} (id, applied_at) VALUES (?, {now})",
                 ),
                 stats: r(STATS),
+                gauges_unfinished: r(GAUGES_UNFINISHED),
+                gauges_dead: r(GAUGES_DEAD),
                 halted_keys: r(&HALTED_KEYS
                     .replace("{key_seq_pending}", &key_seq("pending", "DESC"))
                     .replace("{key_seq_leased}", &key_seq("leased", "DESC"))),
@@ -460,6 +463,20 @@ const STATS: &str = "SELECT destination,
     CAST(SUM(status = 'published') AS SIGNED) AS published,
     MIN(CASE WHEN status IN ('pending', 'leased') THEN created_at END) AS oldest
 FROM {outbox} GROUP BY destination ORDER BY destination";
+
+/// Finished rows have `available_at` NULL, so the due index holds exactly the
+/// unfinished ones.
+const GAUGES_UNFINISHED: &str = "SELECT destination,
+    CAST(SUM(status = 'pending') AS SIGNED) AS pending,
+    CAST(SUM(status = 'leased') AS SIGNED) AS leased,
+    CAST(TIMESTAMPDIFF(MICROSECOND, MIN(created_at), UTC_TIMESTAMP(6)) DIV 1000 AS SIGNED) AS oldest_ms
+FROM (SELECT destination, status, created_at FROM {outbox}
+      WHERE available_at IS NOT NULL ORDER BY available_at, id LIMIT ?) AS unfinished
+GROUP BY destination";
+
+const GAUGES_DEAD: &str = "SELECT destination, CAST(COUNT(*) AS SIGNED) AS dead
+FROM (SELECT destination FROM {outbox} WHERE status = 'dead' LIMIT ?) AS dead
+GROUP BY destination";
 
 #[cfg(test)]
 mod tests {

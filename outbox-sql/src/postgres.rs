@@ -14,6 +14,7 @@
 //! | `delete_published` | 1 token, 2 ids uuid[] → returns deleted ids |
 //! | `release` | 1 token, 2 ids uuid[] → returns released ids |
 //! | `stats` | none → destination, pending, leased, dead, published, oldest created_at |
+//! | `gauges_unfinished`, `gauges_dead` | 1 limit |
 //! | dead-letter filter (`list_dead`, `count_dead`, `replay_dead`, `discard_dead`) | 1 ids uuid[]?, 2 destinations text[]?, 3 event types text[]?, 4 created after?, 5 created before?, 6 error text?; `list_dead` adds 7 limit |
 //! | `purge` | 1 published age ms, 2 dead age ms (NULL keeps dead letters), 3 limit |
 //! | `inbox_record` | 1 consumer, 2 message id |
@@ -131,6 +132,8 @@ impl Statements {
                 ),
                 stats: r(STATS),
                 halted_keys: r(HALTED_KEYS),
+                gauges_unfinished: r(GAUGES_UNFINISHED),
+                gauges_dead: r(GAUGES_DEAD),
                 inbox_record: r(
                     "INSERT INTO {inbox} (consumer, message_id) VALUES ($1, $2) ON CONFLICT DO NOTHING",
                 ),
@@ -231,6 +234,18 @@ const STATS: &str = "SELECT destination,
     count(*) FILTER (WHERE status = 'published') AS published,
     min(created_at) FILTER (WHERE status IN ('pending', 'leased')) AS oldest
 FROM {outbox} GROUP BY destination ORDER BY destination";
+
+const GAUGES_UNFINISHED: &str = "SELECT destination,
+    count(*) FILTER (WHERE status = 'pending') AS pending,
+    count(*) FILTER (WHERE status = 'leased') AS leased,
+    CAST(EXTRACT(EPOCH FROM now() - min(created_at)) * 1000 AS bigint) AS oldest_ms
+FROM (SELECT destination, status, created_at FROM {outbox}
+      WHERE status IN ('pending', 'leased') ORDER BY available_at, id LIMIT $1) AS unfinished
+GROUP BY destination";
+
+const GAUGES_DEAD: &str = "SELECT destination, count(*) AS dead
+FROM (SELECT destination FROM {outbox} WHERE status = 'dead' LIMIT $1) AS dead
+GROUP BY destination";
 
 const LIST_DEAD: &str = "SELECT id, destination, event_type, aggregate_type, aggregate_id, partition_key, tenant_id, idempotency_key, payload, content_type, headers::text AS headers, attempts, created_at, last_error, dead_at
 FROM {outbox} WHERE {dead_filter} ORDER BY id LIMIT $7";

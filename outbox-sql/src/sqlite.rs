@@ -142,6 +142,8 @@ impl Statements {
                 ),
                 stats: r(STATS),
                 halted_keys: r(HALTED_KEYS),
+                gauges_unfinished: r(GAUGES_UNFINISHED),
+                gauges_dead: r(GAUGES_DEAD),
                 inbox_record: r(
                     "INSERT INTO {inbox} (consumer, message_id, received_at) VALUES (?1, ?2, {now}) ON CONFLICT DO NOTHING",
                 ),
@@ -251,6 +253,18 @@ const STATS: &str = "SELECT destination,
     count(*) FILTER (WHERE status = 'published') AS published,
     min(created_at) FILTER (WHERE status IN ('pending', 'leased')) AS oldest
 FROM {outbox} GROUP BY destination ORDER BY destination";
+
+const GAUGES_UNFINISHED: &str = "SELECT destination,
+    count(*) FILTER (WHERE status = 'pending') AS pending,
+    count(*) FILTER (WHERE status = 'leased') AS leased,
+    {now} - min(created_at) AS oldest_ms
+FROM (SELECT destination, status, created_at FROM {outbox}
+      WHERE status IN ('pending', 'leased') ORDER BY available_at, id LIMIT ?1) AS unfinished
+GROUP BY destination";
+
+const GAUGES_DEAD: &str = "SELECT destination, count(*) AS dead
+FROM (SELECT destination FROM {outbox} WHERE status = 'dead' LIMIT ?1) AS dead
+GROUP BY destination";
 
 const DEAD_FILTER: &str = "status = 'dead'
   AND (?1 IS NULL OR id IN (SELECT value FROM json_each(?1)))

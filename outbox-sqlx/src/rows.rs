@@ -2,9 +2,11 @@
 //! through the dialect's column readers.
 
 use std::collections::HashSet;
+use std::time::Duration;
 
 use outbox_engine::{
-    DeadLetter, DestinationStats, Message, MessageId, Rejected, StoreError, StoreErrorKind,
+    DeadLetter, DestinationGauges, DestinationStats, Message, MessageId, Rejected, StoreError,
+    StoreErrorKind,
 };
 
 use crate::common::{attempts, count, read_headers, undecodable};
@@ -89,6 +91,26 @@ pub(crate) fn destination_stats<DB: SqlDialect>(
     d.published = n("published")?;
     d.oldest_pending_created_at = DB::time(row, "oldest").map_err(schema)?;
     Ok(d)
+}
+
+/// A row of the `gauges_unfinished` statement.
+pub(crate) fn unfinished_gauges<DB: SqlDialect>(
+    row: &DB::Row,
+) -> Result<DestinationGauges, StoreError> {
+    let mut d = DestinationGauges::new(text::<DB>(row, "destination").map_err(schema)?);
+    let n = |column: &str| DB::count(row, column).map(count).map_err(classify);
+    d.pending = n("pending")?;
+    d.leased = n("leased")?;
+    d.oldest_pending_age = Some(Duration::from_millis(n("oldest_ms")?));
+    Ok(d)
+}
+
+/// A row of the `gauges_dead` statement: the destination and its dead letters.
+pub(crate) fn dead_gauge<DB: SqlDialect>(row: &DB::Row) -> Result<(String, u64), StoreError> {
+    Ok((
+        text::<DB>(row, "destination").map_err(schema)?,
+        count(DB::count(row, "dead").map_err(classify)?),
+    ))
 }
 
 /// A row of the `halted_keys` statement: the destination and its halted keys.

@@ -1,14 +1,14 @@
 //! The outbox store, written once over a [`SqlDialect`]: construction, migrations, the
 //! relay's [`Store`], stats, dead letters and purge. Each dialect module adds its enqueue.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::fmt;
 use std::sync::Arc;
 
 use outbox_engine::{
     Backend, Claim, ClaimRequest, CompleteReport, Completion, DeadLetter, DeadLetterFilter,
-    DeadLetters, DestinationStats, LeaseToken, Listener, MessageId, Purge, PurgeRequest, Stats,
-    Store, StoreError, StoreStats, Wakeup,
+    DeadLetters, DestinationGauges, DestinationStats, Gauges, LeaseToken, Listener, MessageId,
+    Purge, PurgeRequest, Stats, Store, StoreError, StoreStats, Wakeup,
 };
 use outbox_sql::TableNames;
 use tracing::warn;
@@ -121,11 +121,65 @@ impl<DB: SqlDialect> Backend for SqlOutbox<DB> {
     }
 }
 
-impl<DB: RelayDialect> Store for SqlOutbox<DB> {
+impl<DB> Store for SqlOutbox<DB>
+where
+    DB: RelayDialect,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    for<'q> i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'q> DB::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+{
     async fn claim(&self, request: &ClaimRequest) -> Result<Claim, StoreError> {
         let mut claim = DB::claim(self, request).await?;
         claim.messages.sort_by_key(|m| m.id);
         Ok(claim)
+    }
+
+    /// Three reads whose cost follows the backlog and the dead letters: the unfinished
+    /// rows through the due index, the dead ones through the dead index, and the halted
+    /// keys from the dead keyed rows.
+    async fn gauges(&self, limit: usize) -> Result<Option<Gauges>, StoreError> {
+        let shared = DB::shared(&self.sql);
+        let bound = crate::common::limit(limit);
+        let mut by_destination: BTreeMap<String, DestinationGauges> = BTreeMap::new();
+        let (mut unfinished, mut dead) = (0, 0);
+        let rows = sqlx::query(&shared.gauges_unfinished)
+            .bind(bound)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(classify)?;
+        for row in &rows {
+            let d = rows::unfinished_gauges::<DB>(row)?;
+            unfinished += d.backlog();
+            by_destination.insert(d.destination.clone(), d);
+        }
+        let rows = sqlx::query(&shared.gauges_dead)
+            .bind(bound)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(classify)?;
+        for row in &rows {
+            let (destination, n) = rows::dead_gauge::<DB>(row)?;
+            dead += n;
+            by_destination
+                .entry(destination.clone())
+                .or_insert_with(|| DestinationGauges::new(destination))
+                .dead = n;
+        }
+        let rows = sqlx::query(&shared.halted_keys)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(classify)?;
+        for row in &rows {
+            let (destination, keys) = rows::halted_keys::<DB>(row)?;
+            if let Some(d) = by_destination.get_mut(&destination) {
+                d.halted_keys = keys;
+            }
+        }
+        let limit = u64::try_from(limit).unwrap_or(u64::MAX);
+        let mut gauges = Gauges::default();
+        gauges.truncated = unfinished >= limit || dead >= limit;
+        gauges.destinations = by_destination.into_values().collect();
+        Ok(Some(gauges))
     }
 
     async fn complete(

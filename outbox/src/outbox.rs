@@ -2,11 +2,10 @@
 //! shutdown, owned together.
 
 use std::future::Future;
-use std::time::Duration;
 
 use outbox_engine::{
-    AnyStore, Backend, BatchReport, DynStore, Listener, Relay, RelayBuilder, Sink, StoreError,
-    StoreStats,
+    AnyStore, Backend, BatchReport, DynStore, Listener, Relay, RelayBuilder, RelayHealth, Sink,
+    StoreError,
 };
 
 use crate::config::{Config, RouteTable};
@@ -121,14 +120,16 @@ impl Outbox {
         self.relay.drain().await
     }
 
+    /// The relay's liveness, readiness and latest gauges; see [`Relay::health`].
+    pub fn health(&self) -> RelayHealth {
+        self.relay.health()
+    }
+
     /// Runs the relay until `shutdown` completes, then shuts down gracefully (see
-    /// [`Relay::run`]). Meanwhile it sets the store gauges every 10 s (backlog, oldest
-    /// pending age, dead letters and halted keys per destination). The wakeup listener
-    /// lives until it returns.
+    /// [`Relay::run`]); the relay exports the store's gauges meanwhile (see
+    /// [`RelayBuilder::gauges`]). The wakeup listener lives until it returns.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send) {
-        let gauges = tokio::spawn(store_gauges(self.store.clone()));
         self.relay.run(shutdown).await;
-        gauges.abort();
         drop(self.listener);
     }
 }
@@ -207,27 +208,5 @@ impl OutboxBuilder {
             routes,
             listener,
         })
-    }
-}
-
-/// Every 10 s: backlog, oldest pending age, dead letters and halted keys per destination.
-async fn store_gauges(store: AnyStore) {
-    loop {
-        if let Ok(stats) = store.stats().await {
-            let now = chrono::Utc::now();
-            for d in &stats.destinations {
-                let destination = d.destination.clone();
-                metrics::gauge!("outbox_backlog", "destination" => destination.clone())
-                    .set(d.backlog() as f64);
-                metrics::gauge!("outbox_dead_letters", "destination" => destination.clone())
-                    .set(d.dead as f64);
-                metrics::gauge!("outbox_halted_keys", "destination" => destination.clone())
-                    .set(d.halted_keys as f64);
-                let age = d.oldest_pending_age(now).map_or(0.0, |a| a.as_secs_f64());
-                metrics::gauge!("outbox_oldest_pending_age_seconds", "destination" => destination)
-                    .set(age);
-            }
-        }
-        tokio::time::sleep(Duration::from_secs(10)).await;
     }
 }

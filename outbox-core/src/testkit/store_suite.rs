@@ -41,7 +41,7 @@ use crate::testkit::{FlakySink, RecordingSink};
 /// use outbox_engine::testkit::store_suite::Capabilities;
 ///
 /// let delete = Capabilities::new().published_rows(PublishedRows::Delete);
-/// assert_eq!(delete.to_string(), "published rows: delete, per-key ordering: yes");
+/// assert_eq!(delete.to_string(), "published rows: delete, per-key ordering: yes, gauges: yes");
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -50,6 +50,8 @@ pub struct Capabilities {
     pub published_rows: PublishedRows,
     /// Whether claims honour [`MessageOrder::PerKey`].
     pub per_key_ordering: bool,
+    /// Whether [`Store::gauges`] reads gauges (rather than `None`).
+    pub gauges: bool,
 }
 
 impl Capabilities {
@@ -59,6 +61,7 @@ impl Capabilities {
         Self {
             published_rows: PublishedRows::Keep,
             per_key_ordering: true,
+            gauges: true,
         }
     }
 
@@ -73,6 +76,13 @@ impl Capabilities {
     #[must_use]
     pub fn per_key_ordering(mut self, supported: bool) -> Self {
         self.per_key_ordering = supported;
+        self
+    }
+
+    /// Sets whether the store reads gauges.
+    #[must_use]
+    pub fn gauges(mut self, supported: bool) -> Self {
+        self.gauges = supported;
         self
     }
 
@@ -93,8 +103,13 @@ impl std::fmt::Display for Capabilities {
             PublishedRows::Keep => "keep",
             PublishedRows::Delete => "delete",
         };
-        let ordering = if self.per_key_ordering { "yes" } else { "no" };
-        write!(f, "published rows: {rows}, per-key ordering: {ordering}")
+        let yes = |b: bool| if b { "yes" } else { "no" };
+        write!(
+            f,
+            "published rows: {rows}, per-key ordering: {}, gauges: {}",
+            yes(self.per_key_ordering),
+            yes(self.gauges)
+        )
     }
 }
 
@@ -225,6 +240,13 @@ where
         stats_count_each_state,
         purge_is_bounded_and_keeps_unfinished,
     );
+    let h = factory().await;
+    if h.capabilities().gauges {
+        matrix_line(&h, "gauges_match_the_table", None);
+        gauges_match_the_table(&h).await;
+    } else {
+        matrix_line(&h, "gauges_match_the_table", Some("declares no gauges"));
+    }
 }
 
 /// Prints `store | capabilities | check | ran or why not`.
@@ -852,6 +874,78 @@ pub async fn stats_count_each_state<H: StoreHarness>(h: &H) {
     assert!(oa < ob, "a's rows are older than b's");
     assert_eq!(stats.total().backlog(), 4);
     assert_eq!(stats.total().oldest_pending_created_at, Some(oa));
+}
+
+/// The gauges count what the table holds per destination — pending, leased, dead, the
+/// oldest unfinished row's age — leave out destinations with only published rows, and
+/// say so when a count stopped at the limit.
+pub async fn gauges_match_the_table<H: StoreHarness>(h: &H) {
+    let a = enqueue_n(h, "a", 5).await;
+    let c = enqueue_n(h, "c", 1).await;
+    let d = enqueue_n(h, "d", 1).await;
+    h.advance(Duration::from_secs(600)).await;
+    enqueue_n(h, "b", 2).await;
+    let store = h.store();
+    let claim = store
+        .claim(&request(10).destinations(vec!["a".into(), "c".into(), "d".into()]))
+        .await
+        .expect("claim");
+    assert_eq!(claim.messages.len(), 7, "claimed a, c and d");
+    store
+        .complete(
+            claim.lease.token,
+            &[
+                Completion::published(a[0]),
+                Completion::dead(a[1], "bad"),
+                Completion::retry(a[2], LEASE, "e"),
+                Completion::retry(a[3], LEASE, "e"),
+                Completion::dead(c[0], "bad"),
+                Completion::published(d[0]),
+            ],
+        )
+        .await
+        .expect("complete"); // a[4] stays leased
+    let gauges = store
+        .gauges(1000)
+        .await
+        .expect("gauges")
+        .expect("the store declares gauges");
+    assert!(!gauges.truncated, "nothing reached the limit: {gauges:?}");
+    let figures = |name: &str| {
+        gauges
+            .destination(name)
+            .map(|g| (g.pending, g.leased, g.dead))
+    };
+    assert_eq!(figures("a"), Some((2, 1, 1)), "a: pending, leased, dead");
+    assert_eq!(figures("b"), Some((2, 0, 0)), "b: pending, leased, dead");
+    assert_eq!(figures("c"), Some((0, 0, 1)), "c: pending, leased, dead");
+    assert_eq!(figures("d"), None, "d has only a published row");
+    let stats = store.stats().await.expect("stats");
+    for g in &gauges.destinations {
+        let s = stats.destination(&g.destination).expect("in the stats");
+        assert_eq!(
+            (g.pending, g.leased, g.dead),
+            (s.pending, s.leased, s.dead),
+            "gauges and stats of {} agree",
+            g.destination
+        );
+    }
+    let age = |name: &str| gauges.destination(name).and_then(|g| g.oldest_pending_age);
+    let (age_a, age_b) = (age("a").expect("a's age"), age("b").expect("b's age"));
+    assert!(
+        (Duration::from_secs(600)..Duration::from_secs(3600)).contains(&age_a),
+        "a's oldest row was enqueued 10 minutes ago, the gauge says {age_a:?}"
+    );
+    assert!(
+        age_b < Duration::from_secs(600),
+        "b's rows are new: {age_b:?}"
+    );
+    assert_eq!(age("c"), None, "c has no unfinished row");
+
+    let bounded = store.gauges(2).await.expect("gauges").expect("gauges");
+    assert!(bounded.truncated, "5 unfinished rows, limit 2: {bounded:?}");
+    let read: u64 = bounded.destinations.iter().map(|g| g.backlog()).sum();
+    assert!(read <= 2, "at most the limit is counted: {bounded:?}");
 }
 
 /// Purge deletes only old finished rows, at most a batch per call.

@@ -1,0 +1,299 @@
+//! What a running relay tells its operators: the store's gauges as metrics, and health —
+//! alive while its workers beat, ready while every destination's oldest pending row is
+//! younger than its lag objective.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tracing::warn;
+
+use crate::store::{Gauges, Store};
+
+/// How often and how far the relay reads the store's gauges.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct GaugeSettings {
+    pub(crate) interval: Duration,
+    pub(crate) limit: usize,
+}
+
+impl Default for GaugeSettings {
+    fn default() -> Self {
+        Self {
+            interval: Duration::from_secs(10),
+            limit: 50_000,
+        }
+    }
+}
+
+/// A lag objective: how old a pending row may get before the relay stops being ready, in
+/// general and per destination, and how long the workers may go without a beat.
+///
+/// ```
+/// use std::time::Duration;
+/// use outbox_engine::LagObjective;
+///
+/// let objective = LagObjective::new()
+///     .max_pending_age(Duration::from_secs(300))
+///     .destination("billing", Duration::from_secs(30));
+/// assert_eq!(objective.threshold("billing"), Some(Duration::from_secs(30)));
+/// assert_eq!(objective.threshold("audit"), Some(Duration::from_secs(300)));
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LagObjective {
+    max_pending_age: Option<Duration>,
+    destinations: BTreeMap<String, Duration>,
+    max_heartbeat_age: Option<Duration>,
+}
+
+impl LagObjective {
+    /// No age limit; the heartbeat limit is the relay's default.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The oldest pending age every destination must stay under.
+    pub fn max_pending_age(mut self, age: Duration) -> Self {
+        self.max_pending_age = Some(age);
+        self
+    }
+
+    /// The oldest pending age `destination` must stay under, in place of the general one.
+    pub fn destination(mut self, destination: impl Into<String>, age: Duration) -> Self {
+        self.destinations.insert(destination.into(), age);
+        self
+    }
+
+    /// How long the workers may go without a beat before the relay is not alive (default:
+    /// three leases, at least two minutes: a worker beats before each claim, and a batch
+    /// ends within its lease).
+    pub fn max_heartbeat_age(mut self, age: Duration) -> Self {
+        self.max_heartbeat_age = Some(age);
+        self
+    }
+
+    /// The threshold that applies to `destination`, if any.
+    pub fn threshold(&self, destination: &str) -> Option<Duration> {
+        self.destinations
+            .get(destination)
+            .copied()
+            .or(self.max_pending_age)
+    }
+}
+
+/// Why a relay is not alive or not ready; its `Display` lists every reason, one per line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unhealthy {
+    /// One sentence per failed check.
+    pub reasons: Vec<String>,
+}
+
+impl fmt::Display for Unhealthy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.reasons.join("\n"))
+    }
+}
+
+impl std::error::Error for Unhealthy {}
+
+#[derive(Debug)]
+struct State {
+    started: Instant,
+    lease: Duration,
+    interval: Duration,
+    heartbeat: Option<Instant>,
+    stopped: bool,
+    gauges: Option<(Instant, Gauges)>,
+}
+
+/// A handle on a relay's health, cheap to clone; take it with
+/// [`Relay::health`](crate::Relay::health) before running the relay, and serve
+/// [`alive`](Self::alive) and [`ready`](Self::ready) from your health endpoints.
+#[derive(Debug, Clone)]
+pub struct RelayHealth(Arc<Mutex<State>>);
+
+impl RelayHealth {
+    pub(crate) fn new(lease: Duration, gauges: GaugeSettings) -> Self {
+        Self(Arc::new(Mutex::new(State {
+            started: Instant::now(),
+            lease,
+            interval: gauges.interval,
+            heartbeat: None,
+            stopped: false,
+            gauges: None,
+        })))
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(crate) fn beat(&self) {
+        self.state().heartbeat = Some(Instant::now());
+    }
+
+    pub(crate) fn stop(&self) {
+        self.state().stopped = true;
+    }
+
+    fn record(&self, gauges: Gauges) {
+        self.state().gauges = Some((Instant::now(), gauges));
+    }
+
+    /// How long ago a worker last beat; `None` before the first beat.
+    pub fn heartbeat_age(&self) -> Option<Duration> {
+        self.state().heartbeat.map(|beat| beat.elapsed())
+    }
+
+    /// The latest gauges read and how long ago; `None` until the first read, or when the
+    /// store has none.
+    pub fn gauges(&self) -> Option<(Duration, Gauges)> {
+        self.state()
+            .gauges
+            .as_ref()
+            .map(|(at, gauges)| (at.elapsed(), gauges.clone()))
+    }
+
+    /// Liveness: the relay runs and a worker beat within the objective's heartbeat limit.
+    ///
+    /// # Errors
+    ///
+    /// [`Unhealthy`] saying which.
+    pub fn alive(&self, objective: &LagObjective) -> Result<(), Unhealthy> {
+        let state = self.state();
+        let limit = objective
+            .max_heartbeat_age
+            .unwrap_or((state.lease * 3).max(Duration::from_secs(120)));
+        let reason = if state.stopped {
+            Some("the relay is stopping".to_owned())
+        } else {
+            let since = state.heartbeat.unwrap_or(state.started).elapsed();
+            (since > limit).then(|| {
+                format!(
+                    "no worker beat for {} (limit {})",
+                    humantime::format_duration(round(since)),
+                    humantime::format_duration(limit)
+                )
+            })
+        };
+        match reason {
+            Some(reason) => Err(Unhealthy {
+                reasons: vec![reason],
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Readiness: alive, the gauges are fresh (read within three intervals), and each
+    /// destination's oldest pending age is within its threshold.
+    ///
+    /// # Errors
+    ///
+    /// [`Unhealthy`] listing every failed check.
+    pub fn ready(&self, objective: &LagObjective) -> Result<(), Unhealthy> {
+        let mut reasons = self
+            .alive(objective)
+            .err()
+            .map(|u| u.reasons)
+            .unwrap_or_default();
+        let wants_ages = objective.max_pending_age.is_some() || !objective.destinations.is_empty();
+        let state = self.state();
+        match &state.gauges {
+            Some((at, gauges)) if at.elapsed() <= state.interval * 3 => {
+                for d in &gauges.destinations {
+                    if let (Some(age), Some(limit)) =
+                        (d.oldest_pending_age, objective.threshold(&d.destination))
+                        && age > limit
+                    {
+                        reasons.push(format!(
+                            "destination {}: oldest pending row is {} old (limit {})",
+                            d.destination,
+                            humantime::format_duration(round(age)),
+                            humantime::format_duration(limit)
+                        ));
+                    }
+                }
+            }
+            Some((at, _)) if wants_ages => reasons.push(format!(
+                "the store's gauges were last read {} ago",
+                humantime::format_duration(round(at.elapsed()))
+            )),
+            None if wants_ages && state.started.elapsed() > state.interval * 3 => {
+                reasons.push("the store's gauges could not be read".to_owned())
+            }
+            _ => {}
+        }
+        if reasons.is_empty() {
+            Ok(())
+        } else {
+            Err(Unhealthy { reasons })
+        }
+    }
+}
+
+fn round(d: Duration) -> Duration {
+    Duration::from_secs(d.as_secs())
+}
+
+/// Reads the store's gauges every interval, exports them as metrics and keeps them for
+/// [`RelayHealth::ready`], until `stop` turns true. Ends at once if the store has none.
+pub(crate) async fn export_gauges<S: Store>(
+    store: &S,
+    settings: GaugeSettings,
+    health: RelayHealth,
+    routes: Vec<String>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    // Destinations exported before are set back to zero when their rows are gone.
+    let mut exported: BTreeSet<String> = routes.into_iter().collect();
+    while !*stop.borrow() {
+        match store.gauges(settings.limit).await {
+            Ok(None) => return,
+            Ok(Some(gauges)) => {
+                export(&gauges, &mut exported);
+                health.record(gauges);
+            }
+            Err(error) => {
+                warn!(%error, "could not read the store's gauges");
+                metrics::counter!("outbox_store_errors_total").increment(1);
+            }
+        }
+        tokio::select! {
+            () = tokio::time::sleep(settings.interval) => {}
+            _ = stop.changed() => {}
+        }
+    }
+}
+
+fn export(gauges: &Gauges, exported: &mut BTreeSet<String>) {
+    metrics::gauge!("outbox_gauges_truncated").set(if gauges.truncated { 1.0 } else { 0.0 });
+    let mut seen = BTreeSet::new();
+    for d in &gauges.destinations {
+        let destination = d.destination.clone();
+        metrics::gauge!("outbox_backlog", "destination" => destination.clone())
+            .set(d.backlog() as f64);
+        metrics::gauge!("outbox_leased", "destination" => destination.clone()).set(d.leased as f64);
+        metrics::gauge!("outbox_dead_letters", "destination" => destination.clone())
+            .set(d.dead as f64);
+        metrics::gauge!("outbox_halted_keys", "destination" => destination.clone())
+            .set(d.halted_keys as f64);
+        let age = d.oldest_pending_age.map_or(0.0, |a| a.as_secs_f64());
+        metrics::gauge!("outbox_oldest_pending_age_seconds", "destination" => destination.clone())
+            .set(age);
+        seen.insert(destination);
+    }
+    for destination in exported.difference(&seen) {
+        for name in [
+            "outbox_backlog",
+            "outbox_leased",
+            "outbox_dead_letters",
+            "outbox_halted_keys",
+            "outbox_oldest_pending_age_seconds",
+        ] {
+            metrics::gauge!(name, "destination" => destination.clone()).set(0.0);
+        }
+    }
+    exported.extend(seen);
+}
