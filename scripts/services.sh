@@ -66,6 +66,14 @@ ensure_postgres() {
         as_root pg_ctlcluster --skip-systemctl-redirect "$version" main start || true
         wait_for PostgreSQL 30 pg_isready -q -h 127.0.0.1 -p 5432
     fi
+    # Commit timestamps: the relay measures commit-to-publish latency from the commit with
+    # them (docs/operations.md); the setting needs a restart.
+    if [[ $(psql -h 127.0.0.1 -U postgres -d postgres -Atc "SHOW track_commit_timestamp") != on ]]; then
+        log "turning on track_commit_timestamp and restarting PostgreSQL"
+        psql -h 127.0.0.1 -U postgres -d postgres -qc "ALTER SYSTEM SET track_commit_timestamp = on"
+        as_root pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | sort -V | tail -1)" main restart
+        wait_for PostgreSQL 30 pg_isready -q -h 127.0.0.1 -p 5432
+    fi
     if [[ -z $(psql -h 127.0.0.1 -U postgres -d postgres -Atc "SELECT 1 FROM pg_database WHERE datname = 'test'") ]]; then
         log "creating database test"
         psql -h 127.0.0.1 -U postgres -d postgres -qc "CREATE DATABASE test"

@@ -1,31 +1,58 @@
-//! `outbox relay`: the relay, store gauges, and a tiny `/metrics` + `/healthz` endpoint.
+//! `outbox relay`: the relay, and a small axum app serving `/metrics`, `/healthz` and
+//! `/readyz`.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
-use outbox::{Config, Outbox};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use axum::Router;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::http::header::CONTENT_TYPE;
+use axum::response::IntoResponse;
+use axum::routing::get;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use outbox::{Config, LagObjective, Outbox, RelayHealth};
 
-/// How long a `/metrics` or `/healthz` client may take to send its request and to take
-/// the answer; a connection that sends nothing is closed after that.
+/// How long a client may take to send its request headers; and, doubled, the longest a
+/// connection stays open. A connection that sends nothing is closed after that.
 const IO_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Buckets of the `_seconds` histograms: 1 ms to 4 hours, so a relay publishing in
+/// milliseconds and one hours behind are both measured.
+const SECONDS_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+    300.0, 900.0, 3600.0, 14400.0,
+];
+
+/// Buckets of `outbox_batch_size`.
+const BATCH_BUCKETS: &[f64] = &[
+    1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 10000.0,
+];
 
 pub(crate) async fn relay(config: &Config) -> Result<(), String> {
     let metrics = PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), SECONDS_BUCKETS)
+        .and_then(|b| {
+            b.set_buckets_for_metric(Matcher::Full("outbox_batch_size".into()), BATCH_BUCKETS)
+        })
+        .map_err(|e| format!("metrics: {e}"))?
         .install_recorder()
         .map_err(|e| format!("metrics: {e}"))?;
     let outbox = Outbox::from_config(config)
         .await
         .map_err(|e| e.to_string())?;
-    let alive = Arc::new(AtomicBool::new(true));
     if let Some(addr) = &config.metrics.listen {
-        let server = tokio::net::TcpListener::bind(addr)
+        let listener = tokio::net::TcpListener::bind(addr)
             .await
             .map_err(|e| format!("metrics.listen {addr}: {e}"))?;
-        tokio::spawn(serve(server, metrics.clone(), alive.clone()));
-        eprintln!("serving /metrics and /healthz on {addr}");
+        let app = app(Endpoints {
+            metrics,
+            health: outbox.health(),
+            objective: config.health.objective(),
+        });
+        tokio::spawn(serve(listener, app));
+        eprintln!("serving /metrics, /healthz and /readyz on {addr}");
     }
     eprintln!(
         "relay running with {} route(s){}; Ctrl-C or SIGTERM stops it",
@@ -37,7 +64,6 @@ pub(crate) async fn relay(config: &Config) -> Result<(), String> {
         }
     );
     outbox.run(shutdown_signal()).await;
-    alive.store(false, Ordering::SeqCst);
     eprintln!("relay stopped");
     Ok(())
 }
@@ -57,34 +83,60 @@ async fn shutdown_signal() {
     }
 }
 
-async fn serve(
-    listener: tokio::net::TcpListener,
+#[derive(Clone)]
+struct Endpoints {
     metrics: PrometheusHandle,
-    alive: Arc<AtomicBool>,
-) {
+    health: RelayHealth,
+    objective: LagObjective,
+}
+
+fn app(endpoints: Endpoints) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .with_state(endpoints)
+}
+
+async fn metrics(State(e): State<Endpoints>) -> impl IntoResponse {
+    (
+        [(CONTENT_TYPE, "text/plain; version=0.0.4")],
+        e.metrics.render(),
+    )
+}
+
+async fn healthz(State(e): State<Endpoints>) -> impl IntoResponse {
+    verdict(e.health.alive(&e.objective))
+}
+
+async fn readyz(State(e): State<Endpoints>) -> impl IntoResponse {
+    verdict(e.health.ready(&e.objective))
+}
+
+fn verdict(check: Result<(), outbox::Unhealthy>) -> (StatusCode, String) {
+    match check {
+        Ok(()) => (StatusCode::OK, "ok\n".to_owned()),
+        Err(unhealthy) => (StatusCode::SERVICE_UNAVAILABLE, format!("{unhealthy}\n")),
+    }
+}
+
+/// Serves `app` one HTTP/1 connection per task, each closed after [`IO_TIMEOUT`] without
+/// request headers and after twice that in any case: an idle or slow client never holds a
+/// task for long.
+async fn serve(listener: tokio::net::TcpListener, app: Router) {
     loop {
-        let Ok((mut socket, _)) = listener.accept().await else {
+        let Ok((socket, _)) = listener.accept().await else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
             continue;
         };
-        let (metrics, alive) = (metrics.clone(), alive.clone());
+        let service = TowerToHyperService::new(app.clone());
         tokio::spawn(async move {
-            let mut buffer = [0u8; 1024];
-            let Ok(Ok(n)) = tokio::time::timeout(IO_TIMEOUT, socket.read(&mut buffer)).await else {
-                return;
-            };
-            let request = String::from_utf8_lossy(&buffer[..n]);
-            let path = request.split_whitespace().nth(1).unwrap_or("/");
-            let (status, body) = match path {
-                "/metrics" => ("200 OK", metrics.render()),
-                "/healthz" if alive.load(Ordering::SeqCst) => ("200 OK", "ok\n".to_owned()),
-                "/healthz" => ("503 Service Unavailable", "stopping\n".to_owned()),
-                _ => ("404 Not Found", "not found\n".to_owned()),
-            };
-            let response = format!(
-                "HTTP/1.1 {status}\r\ncontent-type: text/plain; version=0.0.4\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                body.len()
-            );
-            let _ = tokio::time::timeout(IO_TIMEOUT, socket.write_all(response.as_bytes())).await;
+            let mut http = hyper::server::conn::http1::Builder::new();
+            http.timer(TokioTimer::new())
+                .header_read_timeout(IO_TIMEOUT)
+                .keep_alive(false);
+            let connection = http.serve_connection(TokioIo::new(socket), service);
+            let _ = tokio::time::timeout(IO_TIMEOUT * 2, connection).await;
         });
     }
 }

@@ -68,8 +68,8 @@ pub use error::{ConfigError, MessageError, StoreError, StoreErrorKind};
 pub use health::{LagObjective, RelayHealth, Unhealthy};
 pub use memory::{MemoryStore, RowSnapshot};
 pub use message::{
-    Availability, Headers, Limits, Message, MessageId, NewMessage, NewMessageBuilder,
-    deterministic_key,
+    Availability, Headers, Limits, Message, MessageId, NewMessage, NewMessageBuilder, Waited,
+    WaitedSince, deterministic_key,
 };
 pub use receive::{Delivery, Inbox, NotAnOutboxMessage, Received};
 pub use registry::{PublishedRows, StoreSettings};

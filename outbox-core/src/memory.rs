@@ -7,7 +7,7 @@ use chrono::{DateTime, Utc};
 
 use crate::clock::{Clock, SystemClock};
 use crate::error::{StoreError, StoreErrorKind};
-use crate::message::{Message, MessageId, NewMessage, chrono_duration};
+use crate::message::{Message, MessageId, NewMessage, Waited, WaitedSince, chrono_duration};
 use crate::state::{Lease, LeaseToken, Row, RowState, Status};
 use crate::store::{
     Claim, ClaimRequest, CompleteReport, Completion, DeadHead, DeadLetter, DeadLetterFilter,
@@ -218,7 +218,12 @@ impl MemoryStore {
                 && entry.row.claim(now, lease.clone()).is_ok()
             {
                 entry.message.attempts = entry.row.attempts;
-                messages.push(entry.message.clone());
+                let mut message = entry.message.clone();
+                message.waited = Some(Waited {
+                    duration: (now - message.created_at).to_std().unwrap_or_default(),
+                    since: WaitedSince::Commit,
+                });
+                messages.push(message);
             }
         }
         Claim::new(lease, messages)

@@ -219,6 +219,7 @@ impl NewMessage {
             headers: self.headers,
             attempts: 0,
             created_at: now,
+            waited: None,
         }
     }
 }
@@ -519,6 +520,43 @@ pub struct Message {
     pub attempts: u32,
     /// When the row was inserted (the store's clock).
     pub created_at: DateTime<Utc>,
+    /// How long it had waited when claimed, where the store measures that.
+    pub waited: Option<Waited>,
+}
+
+/// How long a claimed message had waited for the relay, by the store's clock (so a relay
+/// with a skewed clock measures it right).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Waited {
+    /// From [`since`](Self::since) to the claim.
+    pub duration: Duration,
+    /// What the wait is measured from.
+    pub since: WaitedSince,
+}
+
+/// What a [`Waited`] is measured from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum WaitedSince {
+    /// The commit of the transaction that enqueued the message (PostgreSQL with
+    /// `track_commit_timestamp = on`; the in-memory store, whose enqueue is its commit).
+    Commit,
+    /// The start of that transaction (PostgreSQL without commit timestamps).
+    TransactionStart,
+    /// The insert statement (SQLite, MySQL), or the row's `created_at` where the store
+    /// says nothing.
+    Insert,
+}
+
+impl WaitedSince {
+    /// The name used as the `since` label of `outbox_commit_to_publish_seconds`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Commit => "commit",
+            Self::TransactionStart => "transaction_start",
+            Self::Insert => "insert",
+        }
+    }
 }
 
 impl Message {
@@ -548,6 +586,7 @@ impl Message {
             headers: Headers::new(),
             attempts,
             created_at,
+            waited: None,
         }
     }
 

@@ -9,12 +9,12 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
-use tracing::{Instrument, debug, info, info_span, warn};
+use tracing::{Instrument, debug, debug_span, info, info_span, warn};
 
 use crate::clock::{Clock, SystemClock};
 use crate::error::{ConfigError, StoreError};
 use crate::health::{GaugeSettings, RelayHealth};
-use crate::message::{Message, MessageId};
+use crate::message::{Message, MessageId, WaitedSince};
 use crate::retry::{Decision, RetryPolicy};
 use crate::sink::{DynSink, Failure, FailureClass, Outcome, Outcomes, PublishContext, Sink};
 use crate::state::LeaseToken;
@@ -521,7 +521,23 @@ impl<S: Store> Inner<S> {
     }
 
     async fn process_batch(&self) -> Result<BatchReport, StoreError> {
-        let claim = self.store.claim(&self.claim).await?;
+        let span = debug_span!(
+            "outbox_claim",
+            batch_size = self.claim.batch_size,
+            claimed = tracing::field::Empty
+        );
+        let claim = self
+            .store
+            .claim(&self.claim)
+            .instrument(span.clone())
+            .await?;
+        let claimed_at = tokio::time::Instant::now();
+        let claimed = claim.messages.len() + claim.rejected.len();
+        span.record("claimed", claimed);
+        metrics::counter!("outbox_claims_total").increment(1);
+        if claimed > 0 {
+            metrics::histogram!("outbox_batch_size").record(claimed as f64);
+        }
         let mut report = BatchReport {
             claimed: claim.messages.len() + claim.rejected.len(),
             dead: claim.rejected.len(),
@@ -545,7 +561,9 @@ impl<S: Store> Inner<S> {
         let mut publication = Publication::start(self, claim.messages);
         let mut result = Ok(());
         while let Some(ready) = publication.next_outcomes().await {
-            if let Err(error) = self.complete_outcomes(token, &ready, &mut report).await
+            if let Err(error) = self
+                .complete_outcomes(token, claimed_at, &ready, &mut report)
+                .await
                 && result.is_ok()
             {
                 result = Err(error);
@@ -561,6 +579,7 @@ impl<S: Store> Inner<S> {
     async fn complete_outcomes(
         &self,
         token: LeaseToken,
+        claimed_at: tokio::time::Instant,
         ready: &[Done],
         report: &mut BatchReport,
     ) -> Result<(), StoreError> {
@@ -579,7 +598,12 @@ impl<S: Store> Inner<S> {
             completions.push(completion);
             classes.push(class);
         }
-        let completed = self.complete(token, &completions).await?;
+        let span = debug_span!(
+            "outbox_complete",
+            count = completions.len(),
+            ids = ?completions.iter().map(|c| c.id).collect::<Vec<_>>()
+        );
+        let completed = self.complete(token, &completions).instrument(span).await?;
         if let Some(held) = self.lock_in_flight().get_mut(&token) {
             for done in ready {
                 held.remove(&done.message().id);
@@ -598,7 +622,8 @@ impl<S: Store> Inner<S> {
         }
         let stale: HashSet<MessageId> = completed.stale.into_iter().collect();
         // Metric handles are looked up once per destination per call, not per message.
-        let mut published: HashMap<&str, (u64, metrics::Histogram)> = HashMap::new();
+        let mut published: HashMap<&str, u64> = HashMap::new();
+        let mut lags: HashMap<(&str, WaitedSince), metrics::Histogram> = HashMap::new();
         for ((done, completion), class) in ready.iter().zip(&completions).zip(classes) {
             let message = done.message();
             if stale.contains(&message.id) {
@@ -609,13 +634,21 @@ impl<S: Store> Inner<S> {
             match &completion.action {
                 CompleteAction::Published => {
                     report.published += 1;
-                    let lag = (now - message.created_at).to_std().unwrap_or_default();
-                    let (count, lag_histogram) = published.entry(destination).or_insert_with(|| {
-                        let histogram = metrics::histogram!("outbox_commit_to_publish_seconds", "destination" => destination.to_owned());
-                        (0, histogram)
-                    });
-                    *count += 1;
-                    lag_histogram.record(lag.as_secs_f64());
+                    // The store's measure of the wait up to the claim, plus this relay's
+                    // monotonic time since; the relay's clock only where the store has none.
+                    let (lag, since) = match message.waited {
+                        Some(waited) => (waited.duration + claimed_at.elapsed(), waited.since),
+                        None => (
+                            (now - message.created_at).to_std().unwrap_or_default(),
+                            WaitedSince::Insert,
+                        ),
+                    };
+                    *published.entry(destination).or_default() += 1;
+                    lags.entry((destination, since))
+                        .or_insert_with(|| {
+                            metrics::histogram!("outbox_commit_to_publish_seconds", "destination" => destination.to_owned(), "since" => since.as_str())
+                        })
+                        .record(lag.as_secs_f64());
                 }
                 CompleteAction::Retry { delay, error } => {
                     report.retried += 1;
@@ -625,7 +658,7 @@ impl<S: Store> Inner<S> {
                 CompleteAction::Defer { delay, error } => {
                     report.retried += 1;
                     debug!(id = %message.id, destination, attempt = message.attempts, class, retry_in = ?delay, %error, "not sent; deferred");
-                    metrics::counter!("outbox_messages_retried_total", "destination" => destination.to_owned(), "class" => class).increment(1);
+                    metrics::counter!("outbox_messages_deferred_total", "destination" => destination.to_owned(), "class" => class).increment(1);
                 }
                 CompleteAction::Dead { reason } => {
                     report.dead += 1;
@@ -634,7 +667,7 @@ impl<S: Store> Inner<S> {
                 }
             }
         }
-        for (destination, (count, _)) in published {
+        for (destination, count) in published {
             metrics::counter!("outbox_messages_published_total", "destination" => destination.to_owned()).increment(count);
         }
         Ok(())
@@ -792,14 +825,27 @@ impl Publication {
                 let _ = sender.send((group, index, outcome));
             });
             let (shared, timeout) = (Arc::clone(&batch), publication.timeout);
-            let handle = publication.tasks.spawn(async move {
-                // The sink is told the deadline; the timeout is the backstop if it ignores it.
-                let cx = PublishContext::timeout(timeout);
-                let publish = sink.publish_reporting_dyn(&shared, &cx, &outcomes);
-                tokio::time::timeout_at(cx.deadline(), publish)
-                    .await
-                    .is_err()
-            });
+            let destination = batch[0].destination.clone();
+            let span = info_span!(
+                "outbox_publish",
+                destination = %destination,
+                count = batch.len(),
+                ids = ?batch.iter().map(|m| m.id).collect::<Vec<_>>()
+            );
+            let handle = publication.tasks.spawn(
+                async move {
+                    // The sink is told the deadline; the timeout is the backstop if it
+                    // ignores it.
+                    let cx = PublishContext::timeout(timeout);
+                    let started = tokio::time::Instant::now();
+                    let publish = sink.publish_reporting_dyn(&shared, &cx, &outcomes);
+                    let timed_out = tokio::time::timeout_at(cx.deadline(), publish).await.is_err();
+                    metrics::histogram!("outbox_publish_duration_seconds", "destination" => destination)
+                        .record(started.elapsed().as_secs_f64());
+                    timed_out
+                }
+                .instrument(span),
+            );
             publication.task_group.insert(handle.id(), group);
             publication.reported.push(vec![false; batch.len()]);
             publication.groups.push(batch);

@@ -285,7 +285,7 @@ impl Gauges {
     pub fn from_stats(stats: &Stats, now: DateTime<Utc>, limit: usize) -> Self {
         let limit = u64::try_from(limit).unwrap_or(u64::MAX);
         let (mut unfinished, mut dead) = (limit, limit);
-        let mut take = |budget: &mut u64, n: u64| {
+        let take = |budget: &mut u64, n: u64| {
             let taken = n.min(*budget);
             *budget -= taken;
             taken

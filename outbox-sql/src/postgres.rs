@@ -23,7 +23,9 @@
 //! | `migration_lock` | 1 lock key bigint |
 //!
 //! Rows read back (claim, `list_dead`) have the columns of [`MESSAGE_COLUMNS`] in order,
-//! `list_dead` followed by `last_error` and `dead_at`.
+//! `list_dead` followed by `last_error` and `dead_at`, the claim by `waited_ms` (from the
+//! commit, or the transaction's start without commit timestamps, to the claim) and
+//! `from_commit` (1 or 0).
 
 use crate::{Admin, Dialect, Shared, TableNames};
 
@@ -41,6 +43,10 @@ pub const OUTBOX_MIGRATIONS: &[(&str, &str)] = &[
     (
         "004_writers",
         include_str!("../sql/postgres/004_writers.sql"),
+    ),
+    (
+        "005_commit_time",
+        include_str!("../sql/postgres/005_commit_time.sql"),
     ),
 ];
 /// Migration files of the inbox table.
@@ -205,7 +211,8 @@ const CLAIM: &str = "UPDATE {outbox} AS o
 SET status = 'leased', lease_owner = $2, lease_token = $3,
     lease_until = now() + $4 * interval '1 millisecond',
     available_at = now() + $4 * interval '1 millisecond',
-    attempts = o.attempts + 1
+    attempts = o.attempts + 1,
+    committed_at = COALESCE(o.committed_at, CASE WHEN current_setting('track_commit_timestamp') = 'on' THEN pg_xact_commit_timestamp(o.xmin) END)
 WHERE o.id = ANY(ARRAY(
     SELECT d.id FROM {outbox} AS d
     WHERE d.status IN ('pending', 'leased') AND d.available_at <= now() {filter} {ordering}
@@ -213,7 +220,9 @@ WHERE o.id = ANY(ARRAY(
     LIMIT $1
     FOR UPDATE SKIP LOCKED
 ))
-RETURNING o.id, o.destination, o.event_type, o.aggregate_type, o.aggregate_id, o.partition_key, o.tenant_id, o.idempotency_key, o.payload, o.content_type, o.headers::text AS headers, o.attempts, o.created_at";
+RETURNING o.id, o.destination, o.event_type, o.aggregate_type, o.aggregate_id, o.partition_key, o.tenant_id, o.idempotency_key, o.payload, o.content_type, o.headers::text AS headers, o.attempts, o.created_at,
+    CAST(EXTRACT(EPOCH FROM now() - COALESCE(o.committed_at, o.created_at)) * 1000 AS bigint) AS waited_ms,
+    CAST(CASE WHEN o.committed_at IS NULL THEN 0 ELSE 1 END AS bigint) AS from_commit";
 
 const COMPLETE: &str = "UPDATE {outbox} AS o
 SET status = CASE WHEN c.status = 'deferred' THEN 'pending' ELSE c.status END,

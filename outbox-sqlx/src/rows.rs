@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use outbox_engine::{
     DeadLetter, DestinationGauges, DestinationStats, Message, MessageId, Rejected, StoreError,
-    StoreErrorKind,
+    StoreErrorKind, Waited, WaitedSince,
 };
 
 use crate::common::{attempts, count, read_headers, undecodable};
@@ -56,7 +56,10 @@ pub(crate) fn claimed<DB: SqlDialect>(
     let mut rejected = Vec::new();
     for row in rows {
         match message::<DB>(row, true) {
-            Ok(m) => messages.push(m),
+            Ok(mut m) => {
+                m.waited = waited::<DB>(row);
+                messages.push(m);
+            }
             Err(reason) => rejected.push((
                 row,
                 Rejected {
@@ -68,6 +71,20 @@ pub(crate) fn claimed<DB: SqlDialect>(
         }
     }
     (messages, rejected)
+}
+
+/// The wait a claim returns (PostgreSQL's `waited_ms` and `from_commit`); `None` where
+/// the claim has no such column and the relay measures from `created_at`.
+fn waited<DB: SqlDialect>(row: &DB::Row) -> Option<Waited> {
+    let ms = DB::count(row, "waited_ms").ok()?;
+    let since = match DB::count(row, "from_commit") {
+        Ok(1) => WaitedSince::Commit,
+        _ => WaitedSince::TransactionStart,
+    };
+    Some(Waited {
+        duration: Duration::from_millis(count(ms)),
+        since,
+    })
 }
 
 /// A dead row as a dead letter: its message, `last_error` and `dead_at`.

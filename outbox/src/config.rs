@@ -46,14 +46,15 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::Path;
+use std::time::Duration;
 
 use figment::providers::{Format, Toml};
 use figment::value::{Dict, Map, Value};
 use figment::{Figment, Metadata, Profile, Provider};
-use outbox_engine::StoreSettings;
 use outbox_engine::layers::{POLICY_KEYS, RoutePolicy};
 use outbox_engine::registry::RouteSettings;
 use outbox_engine::settings::{RelaySettings, RetrySettings};
+use outbox_engine::{LagObjective, StoreSettings};
 use serde::Deserialize;
 
 use crate::Error;
@@ -80,6 +81,9 @@ pub struct Config {
     /// The metrics and health endpoint of the `outbox relay` command.
     #[serde(default)]
     pub metrics: MetricsConfig,
+    /// When that endpoint reports the relay not alive or not ready.
+    #[serde(default)]
+    pub health: HealthConfig,
 }
 
 /// One route's table: its `url`, the sink's own settings, and the route policies
@@ -158,8 +162,54 @@ impl fmt::Debug for RouteTable {
 #[serde(deny_unknown_fields, default)]
 #[non_exhaustive]
 pub struct MetricsConfig {
-    /// Address for `/metrics` and `/healthz`, e.g. `127.0.0.1:9464`; none by default.
+    /// Address for `/metrics`, `/healthz` and `/readyz`, e.g. `127.0.0.1:9464`; none by
+    /// default.
     pub listen: Option<String>,
+}
+
+/// The relay's lag objective: `/readyz` fails while a destination's oldest pending row
+/// is older than its threshold, `/healthz` while the workers have not beaten for
+/// `max_heartbeat_age`.
+///
+/// ```toml
+/// [health]
+/// max_pending_age = "5m"
+/// destinations = { billing = "30s" }
+/// ```
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+#[non_exhaustive]
+pub struct HealthConfig {
+    /// The threshold of every destination without its own; none by default.
+    #[serde(with = "outbox_engine::duration::optional")]
+    pub max_pending_age: Option<Duration>,
+    /// Thresholds per destination.
+    pub destinations: BTreeMap<String, Threshold>,
+    /// Longest time without a worker beat (default: three leases, at least 2 minutes).
+    #[serde(with = "outbox_engine::duration::optional")]
+    pub max_heartbeat_age: Option<Duration>,
+}
+
+/// A duration in a configuration map, such as `"30s"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(transparent)]
+pub struct Threshold(#[serde(with = "outbox_engine::duration")] pub Duration);
+
+impl HealthConfig {
+    /// The lag objective these settings describe.
+    pub fn objective(&self) -> LagObjective {
+        let mut objective = LagObjective::new();
+        if let Some(age) = self.max_pending_age {
+            objective = objective.max_pending_age(age);
+        }
+        if let Some(age) = self.max_heartbeat_age {
+            objective = objective.max_heartbeat_age(age);
+        }
+        for (destination, Threshold(age)) in &self.destinations {
+            objective = objective.destination(destination.clone(), *age);
+        }
+        objective
+    }
 }
 
 impl Config {
