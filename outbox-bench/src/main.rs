@@ -1,7 +1,7 @@
 //! `outbox-bench`: every figure is a ratio against a baseline measured in the same run.
 //!
 //! ```text
-//! cargo run --release -p outbox-bench -- [all|enqueue|drain|scale|ordered|latency|backlog|amqp|kafka|sqs] [--quick] [--write BENCHMARKS.md]
+//! cargo run --release -p outbox-bench -- [all|enqueue|drain|scale|ordered|latency|backlog|gauges|amqp|kafka|sqs] [--quick] [--write BENCHMARKS.md]
 //! ```
 //!
 //! Each scenario prints a table and, as its last line, one JSON object with its figures.
@@ -11,6 +11,7 @@
 mod backlog;
 mod drain;
 mod enqueue;
+mod gauges;
 mod kafka;
 mod latency;
 mod report;
@@ -85,6 +86,8 @@ enum Scenario {
     Latency,
     /// Drain with millions of finished rows in the table.
     Backlog,
+    /// The relay's gauges on millions of finished rows, against the full stats scan.
+    Gauges,
     /// RabbitMQ sink against a raw lapin publishing loop.
     Amqp,
     /// Kafka sink against a raw rdkafka producer loop.
@@ -93,13 +96,14 @@ enum Scenario {
     Sqs,
 }
 
-const EVERY_SCENARIO: [Scenario; 9] = [
+const EVERY_SCENARIO: [Scenario; 10] = [
     Scenario::Enqueue,
     Scenario::Drain,
     Scenario::Scale,
     Scenario::Ordered,
     Scenario::Latency,
     Scenario::Backlog,
+    Scenario::Gauges,
     Scenario::Amqp,
     Scenario::Kafka,
     Scenario::Sqs,
@@ -132,6 +136,7 @@ fn main() {
                 Scenario::Scale => drain::scale(&bench, scale, &mut report).await?,
                 Scenario::Latency => latency::run(&bench, scale, &mut report).await?,
                 Scenario::Backlog => backlog::run(&bench, scale, &mut report).await?,
+                Scenario::Gauges => gauges::run(&bench, scale, &mut report).await?,
                 Scenario::Amqp => sinks::amqp(&bench, scale, &mut report).await?,
                 Scenario::Kafka => kafka::run(&bench, scale, &mut report).await?,
                 Scenario::Sqs => sqs::run(&bench, scale, &mut report).await?,

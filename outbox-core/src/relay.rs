@@ -443,30 +443,25 @@ impl<S: Store> Relay<S> {
             let span = info_span!("outbox_relay_worker", owner = %inner.claim.owner, worker);
             workers.spawn(inner.work(listener, stop, poll).instrument(span));
         }
-        let gauges = self.gauges.map(|settings| {
+        // In a JoinSet, so the reader ends with this future even when it is dropped.
+        let mut gauges = JoinSet::new();
+        if let Some(settings) = self.gauges {
             let inner = Arc::clone(&self.inner);
             let routes = inner.routes.keys().cloned().collect();
             let stop = stop_rx.clone();
-            tokio::spawn(
+            let health = inner.health.clone();
+            gauges.spawn(
                 async move {
-                    crate::health::export_gauges(
-                        &inner.store,
-                        settings,
-                        inner.health.clone(),
-                        routes,
-                        stop,
-                    )
-                    .await;
+                    crate::health::export_gauges(&inner.store, settings, health, routes, stop)
+                        .await;
                 }
                 .instrument(info_span!("outbox_gauges")),
-            )
-        });
+            );
+        }
         shutdown.await;
         self.inner.health.stop();
         let _ = stop_tx.send(true);
-        if let Some(gauges) = gauges {
-            gauges.abort();
-        }
+        gauges.abort_all();
         let finished = tokio::time::timeout(self.shutdown_grace, async {
             while workers.join_next().await.is_some() {}
         })
