@@ -221,7 +221,10 @@ impl RelayHealth {
                 humantime::format_duration(round(at.elapsed()))
             )),
             None if wants_ages && state.started.elapsed() > state.interval * 3 => {
-                reasons.push("the store's gauges could not be read".to_owned())
+                reasons.push(
+                    "no gauges to check the lag against (the reads fail, gauges are off, or the store has none)"
+                        .to_owned(),
+                )
             }
             _ => {}
         }
@@ -296,4 +299,58 @@ fn export(gauges: &Gauges, exported: &mut BTreeSet<String>) {
         }
     }
     exported.extend(seen);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::DestinationGauges;
+
+    fn gauges(age: Duration) -> Gauges {
+        let mut billing = DestinationGauges::new("billing");
+        billing.pending = 1;
+        billing.oldest_pending_age = Some(age);
+        Gauges {
+            destinations: vec![billing],
+            truncated: false,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn alive_follows_beats_and_ready_follows_fresh_gauges_and_thresholds() {
+        let health = RelayHealth::new(Duration::from_secs(30), GaugeSettings::default());
+        let objective = LagObjective::new()
+            .max_pending_age(Duration::from_secs(3600))
+            .destination("billing", Duration::from_secs(60))
+            .max_heartbeat_age(Duration::from_secs(10));
+        health.beat();
+        health.record(gauges(Duration::from_secs(5)));
+        assert_eq!(health.ready(&objective), Ok(()));
+
+        tokio::time::advance(Duration::from_secs(11)).await;
+        let dead = health.alive(&objective).unwrap_err().to_string();
+        assert!(dead.starts_with("no worker beat for 11s"), "{dead}");
+
+        health.beat();
+        health.record(gauges(Duration::from_secs(61)));
+        assert_eq!(health.alive(&objective), Ok(()));
+        let lagging = health.ready(&objective).unwrap_err().to_string();
+        assert!(
+            lagging.contains("destination billing: oldest pending row is 1m 1s old (limit 1m)"),
+            "{lagging}"
+        );
+
+        health.record(gauges(Duration::from_secs(1)));
+        assert_eq!(health.ready(&objective), Ok(()));
+        tokio::time::advance(Duration::from_secs(31)).await;
+        health.beat();
+        let stale = health.ready(&objective).unwrap_err().to_string();
+        assert!(stale.contains("gauges were last read 31s ago"), "{stale}");
+
+        health.stop();
+        assert!(
+            health.alive(&objective).is_err(),
+            "a stopping relay is not alive"
+        );
+    }
 }
