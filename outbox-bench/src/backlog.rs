@@ -45,19 +45,9 @@ async fn drain(bench: &Bench, n: usize, finished: usize) -> Result<f64, BoxError
         .await?;
     let pool = &bench.pool;
     if finished > 0 {
-        // Published rows as the relay leaves them (available_at NULL), written in bulk.
-        for start in (0..finished).step_by(1_000_000) {
-            let end = (start + 1_000_000).min(finished);
-            sqlx::query(
-                "INSERT INTO bench_backlog_outbox (id, destination, event_type, idempotency_key, payload, content_type, status, attempts, available_at, created_at, published_at) \
-                 SELECT gen_random_uuid(), 'bench', 'bench.event', g::text, convert_to('{\"n\":' || g || '}', 'UTF8'), 'application/json', 'published', 1, NULL, \
-                        now() - interval '1 day', now() - interval '1 day' FROM generate_series($1::bigint, $2::bigint) g",
-            )
-            .bind(start as i64)
-            .bind(end as i64 - 1)
-            .execute(pool)
+        bench
+            .fill_published("bench_backlog_outbox", finished)
             .await?;
-        }
     }
     for start in (0..n).step_by(1000) {
         let messages: Vec<NewMessage> = (start..(start + 1000).min(n))

@@ -87,18 +87,9 @@ async fn postgres(bench: &Bench, finished: usize) -> Result<(Duration, Duration)
         .fresh_outbox("bench_gauges_outbox", PublishedRows::Keep)
         .await?;
     let pool = &bench.pool;
-    for start in (0..finished).step_by(1_000_000) {
-        let end = (start + 1_000_000).min(finished);
-        sqlx::query(
-            "INSERT INTO bench_gauges_outbox (id, destination, event_type, idempotency_key, payload, content_type, status, attempts, available_at, created_at, published_at) \
-             SELECT gen_random_uuid(), 'bench', 'bench.event', g::text, convert_to('{\"n\":' || g || '}', 'UTF8'), 'application/json', 'published', 1, NULL, \
-                    now() - interval '1 day', now() - interval '1 day' FROM generate_series($1::bigint, $2::bigint) g",
-        )
-        .bind(start as i64)
-        .bind(end as i64 - 1)
-        .execute(pool)
+    bench
+        .fill_published("bench_gauges_outbox", finished)
         .await?;
-    }
     let mut tx = pool.begin().await?;
     outbox.enqueue_all(&mut tx, &messages(PENDING)).await?;
     tx.commit().await?;

@@ -48,6 +48,24 @@ impl Bench {
         outbox.migrate().await?;
         Ok(outbox)
     }
+
+    /// Adds `n` published rows to `table` as the relay leaves them (available_at NULL),
+    /// a day old, in bulk statements of a million rows.
+    pub(crate) async fn fill_published(&self, table: &str, n: usize) -> Result<(), BoxError> {
+        for start in (0..n).step_by(1_000_000) {
+            let end = (start + 1_000_000).min(n);
+            sqlx::query(&format!(
+                "INSERT INTO {table} (id, destination, event_type, idempotency_key, payload, content_type, status, attempts, available_at, created_at, published_at) \
+                 SELECT gen_random_uuid(), 'bench', 'bench.event', g::text, convert_to('{{\"n\":' || g || '}}', 'UTF8'), 'application/json', 'published', 1, NULL, \
+                        now() - interval '1 day', now() - interval '1 day' FROM generate_series($1::bigint, $2::bigint) g"
+            ))
+            .bind(start as i64)
+            .bind(end as i64 - 1)
+            .execute(&self.pool)
+            .await?;
+        }
+        Ok(())
+    }
 }
 
 /// Acknowledges everything at once and counts; the relay's own cost is what is measured.

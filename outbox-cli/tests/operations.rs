@@ -11,6 +11,8 @@ use outbox::postgres::PgOutbox;
 use outbox::{NewMessage, TableNames};
 use outbox_test_support::{ChildGuard, wait_for, wait_until};
 
+mod common;
+
 const LIMIT: Duration = Duration::from_secs(30);
 
 struct Setup {
@@ -78,24 +80,7 @@ impl Setup {
     }
 
     async fn get(&self, path: &str) -> String {
-        http_get(&self.metrics, path).await
-    }
-}
-
-/// The whole response, or an empty string when the relay does not answer (yet).
-async fn http_get(addr: &str, path: &str) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let exchange = async {
-        let mut socket = tokio::net::TcpStream::connect(addr).await?;
-        let request = format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n");
-        socket.write_all(request.as_bytes()).await?;
-        let mut response = String::new();
-        socket.read_to_string(&mut response).await?;
-        std::io::Result::Ok(response)
-    };
-    match tokio::time::timeout(Duration::from_secs(5), exchange).await {
-        Ok(Ok(response)) => response,
-        _ => String::new(),
+        common::http_get(&self.metrics, path).await
     }
 }
 

@@ -38,23 +38,6 @@ fn stop_gracefully(mut relay: ChildGuard) {
     );
 }
 
-/// The whole response, or an empty string when the relay does not answer (yet).
-async fn http_get(addr: &str, path: &str) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let exchange = async {
-        let mut socket = tokio::net::TcpStream::connect(addr).await?;
-        let request = format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n");
-        socket.write_all(request.as_bytes()).await?;
-        let mut response = String::new();
-        socket.read_to_string(&mut response).await?;
-        std::io::Result::Ok(response)
-    };
-    match tokio::time::timeout(Duration::from_secs(5), exchange).await {
-        Ok(Ok(response)) => response,
-        _ => String::new(),
-    }
-}
-
 /// The sum of `outbox_messages_published_total` over its labels, once the counter exists.
 fn published_total(metrics: &str) -> Option<f64> {
     let values: Vec<f64> = metrics
@@ -129,11 +112,11 @@ async fn one_relay_binary_publishes_to_http_then_redis_by_config_only() {
     // The receiver has every message before the relay records the completion: wait for
     // the completion, as /metrics reports it.
     wait_for("5 publications on /metrics", LIMIT, || async {
-        published_total(&http_get(&metrics_addr, "/metrics").await).filter(|n| *n >= 5.0)
+        published_total(&common::http_get(&metrics_addr, "/metrics").await).filter(|n| *n >= 5.0)
     })
     .await;
     assert!(
-        http_get(&metrics_addr, "/healthz")
+        common::http_get(&metrics_addr, "/healthz")
             .await
             .starts_with("HTTP/1.1 200")
     );

@@ -312,3 +312,20 @@ pub async fn sqs_consumer() -> (outbox_test_support::ChildGuard, String, Receive
     });
     (guard, queue_url, got)
 }
+
+/// The whole response, or an empty string when the relay does not answer (yet).
+pub async fn http_get(addr: &str, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let exchange = async {
+        let mut socket = tokio::net::TcpStream::connect(addr).await?;
+        let request = format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n");
+        socket.write_all(request.as_bytes()).await?;
+        let mut response = String::new();
+        socket.read_to_string(&mut response).await?;
+        std::io::Result::Ok(response)
+    };
+    match tokio::time::timeout(Duration::from_secs(5), exchange).await {
+        Ok(Ok(response)) => response,
+        _ => String::new(),
+    }
+}
