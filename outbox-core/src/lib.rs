@@ -56,6 +56,9 @@ mod sink;
 pub mod state;
 mod store;
 pub mod template;
+#[cfg(feature = "opentelemetry")]
+#[cfg_attr(docsrs, doc(cfg(feature = "opentelemetry")))]
+pub mod trace;
 mod wakeup;
 pub mod webhooks;
 

@@ -344,7 +344,13 @@ impl NewMessageBuilder {
     ///
     /// A [`MessageError`] naming the first field that is empty, too long, contains
     /// control characters, or (for the payload) failed to serialise or exceeds the limit.
-    pub fn build(self) -> Result<NewMessage, MessageError> {
+    ///
+    /// With the `opentelemetry` feature, the current trace context becomes the message's
+    /// `traceparent` and `tracestate` headers first (see `trace`), counted in the limits.
+    #[cfg_attr(not(feature = "opentelemetry"), allow(unused_mut))]
+    pub fn build(mut self) -> Result<NewMessage, MessageError> {
+        #[cfg(feature = "opentelemetry")]
+        crate::trace::record_current(&mut self.headers);
         let limits = &self.limits;
         check_destination(&self.destination, limits)?;
         check_text("event_type", &self.event_type, limits.max_field_bytes)?;

@@ -213,6 +213,14 @@ pub struct Received {
 }
 
 impl Received {
+    /// The trace context the message carries (its `traceparent`), as the remote parent
+    /// for the consumer's span; empty when it carries none. See [`crate::trace`].
+    #[cfg(feature = "opentelemetry")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "opentelemetry")))]
+    pub fn trace_context(&self) -> opentelemetry::Context {
+        crate::trace::context_of(&self.headers)
+    }
+
     /// Reads a message from the `(name, value)` fields a sink wrote with the names of
     /// [`fields`], and its payload. A value of `None` is a field that is present but not
     /// text: refused for the sink's own fields, left out for a header. Other fields under

@@ -550,20 +550,35 @@ impl<S: Store> Inner<S> {
         let ids: HashSet<MessageId> = claim.messages.iter().map(|m| m.id).collect();
         self.lock_in_flight().insert(token, ids);
 
-        // Outcomes arrive one by one (each sink group reports as its receiver answers) and
-        // are completed as they come: while one completion call runs, the next outcomes
-        // queue up and go in the following call.
-        let mut publication = Publication::start(self, claim.messages);
-        let mut result = Ok(());
-        while let Some(ready) = publication.next_outcomes().await {
-            if let Err(error) = self
-                .complete_outcomes(token, claimed_at, &ready, &mut report)
-                .await
-                && result.is_ok()
-            {
-                result = Err(error);
+        // Each batch is a trace of its own (a root span): under the worker's span, which
+        // lives as long as the relay, every batch would join one endless trace. Empty
+        // polls open none.
+        let batch = info_span!(
+            parent: None,
+            "outbox_batch",
+            owner = %self.claim.owner,
+            claimed,
+            token = %token.as_uuid()
+        );
+        let result = async {
+            // Outcomes arrive one by one (each sink group reports as its receiver answers)
+            // and are completed as they come: while one completion call runs, the next
+            // outcomes queue up and go in the following call.
+            let mut publication = Publication::start(self, claim.messages);
+            let mut result = Ok(());
+            while let Some(ready) = publication.next_outcomes().await {
+                if let Err(error) = self
+                    .complete_outcomes(token, claimed_at, &ready, &mut report)
+                    .await
+                    && result.is_ok()
+                {
+                    result = Err(error);
+                }
             }
+            result
         }
+        .instrument(batch)
+        .await;
         self.lock_in_flight().remove(&token);
         debug!(?report, "batch done");
         result.map(|()| report)
@@ -827,6 +842,8 @@ impl Publication {
                 count = batch.len(),
                 ids = ?batch.iter().map(|m| m.id).collect::<Vec<_>>()
             );
+            #[cfg(feature = "opentelemetry")]
+            crate::trace::link_messages(&span, &batch);
             let handle = publication.tasks.spawn(
                 async move {
                     // The sink is told the deadline; the timeout is the backstop if it

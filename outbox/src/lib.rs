@@ -14,6 +14,7 @@
 //! | `kafka` | the Kafka sink (librdkafka is built from source: a C compiler and `make`) |
 //! | `sqs` | the Amazon SQS sink |
 //! | `tls` | `amqps://` and `rediss://` for the broker sinks that are on (rustls; install a `CryptoProvider` first) |
+//! | `opentelemetry` | W3C trace context on messages: recorded at [`NewMessageBuilder::build`] from the current span, carried by every sink, linked from the relay's publish span; see `trace` |
 //! | `full` | all of the above |
 //! | `testkit` | in-memory store, recording and flaky sinks, conformance suites |
 //!
