@@ -3,6 +3,7 @@
 pub mod commerce_notifications;
 pub mod quickstart;
 pub mod saas_event_bus;
+pub mod traced_checkout;
 pub mod webhook_gateway;
 
 mod support;
