@@ -1,12 +1,14 @@
 //! `gauges`: what the relay's gauges cost on a table full of finished rows (10 million in a
-//! full run), on PostgreSQL and SQLite. Baseline in the same run: the full `stats` scan
-//! that the gauges replace, on the same table.
+//! full run), on PostgreSQL, SQLite and MySQL/MariaDB. Baseline in the same run: the full
+//! `stats` scan that the gauges replace, on the same table.
 
 use std::time::{Duration, Instant};
 
 use outbox_engine::{NewMessage, Store, StoreStats};
 use outbox_sqlx::PublishedRows;
+use outbox_sqlx::mysql::MySqlOutbox;
 use outbox_sqlx::sqlite::SqliteOutbox;
+use sqlx::mysql::MySqlPoolOptions;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
 
 use crate::Scale;
@@ -23,9 +25,14 @@ pub(crate) async fn run(bench: &Bench, scale: Scale, report: &mut Report) -> Res
     let finished = scale.finished_rows;
     let postgres = postgres(bench, finished).await?;
     let sqlite = sqlite(finished).await?;
+    let mysql = mysql(finished).await?;
     let mut rows = Vec::new();
     let mut json = serde_json::Map::new();
-    for (store, (gauges, stats)) in [("PostgreSQL", postgres), ("SQLite", sqlite)] {
+    for (store, (gauges, stats)) in [
+        ("PostgreSQL", postgres),
+        ("SQLite", sqlite),
+        ("MariaDB", mysql),
+    ] {
         rows.push(vec![
             store.to_owned(),
             finished.to_string(),
@@ -149,4 +156,73 @@ async fn sqlite(finished: usize) -> Result<(Duration, Duration), BoxError> {
     pool.close().await;
     std::fs::remove_dir_all(&dir)?;
     Ok(figures)
+}
+
+/// MariaDB (its `seq_1_to_N` sequence tables fill the finished rows). The table's writer
+/// trigger, which checks rows written by other languages one by one, is dropped for the
+/// bulk fill; the pending rows go through the SDK's enqueue, which does not need it.
+async fn mysql(finished: usize) -> Result<(Duration, Duration), BoxError> {
+    let url = std::env::var("OUTBOX_BENCH_MYSQL_URL")
+        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned());
+    let pool = MySqlPoolOptions::new()
+        .max_connections(2)
+        .connect(&url)
+        .await
+        .map_err(|e| format!("MariaDB is not reachable at {url} ({e}); run scripts/services.sh"))?;
+    let table = "bench_gauges_outbox";
+    drop_mysql(&pool, table).await?;
+    let names = outbox_sqlx::TableNames::default().outbox(table)?;
+    let outbox = MySqlOutbox::with_names(pool.clone(), names);
+    outbox.migrate().await?;
+    let triggers: Vec<String> = sqlx::query_scalar(
+        "SELECT TRIGGER_NAME FROM information_schema.TRIGGERS WHERE EVENT_OBJECT_SCHEMA = DATABASE() AND EVENT_OBJECT_TABLE = ?",
+    )
+    .bind(table)
+    .fetch_all(&pool)
+    .await?;
+    for trigger in triggers {
+        sqlx::query(&format!("DROP TRIGGER `{trigger}`"))
+            .execute(&pool)
+            .await?;
+    }
+    for start in (0..finished).step_by(1_000_000) {
+        let end = (start + 1_000_000).min(finished);
+        sqlx::query(&format!(
+            "INSERT INTO {table} (id, destination, event_type, idempotency_key, payload, content_type, headers, status, attempts, available_at, created_at, published_at) \
+             SELECT CONCAT('00000000-0000-7000-8000-', LPAD(seq, 12, '0')), 'bench', 'bench.event', seq, '{{}}', 'application/json', '{{}}', 'published', 1, NULL, \
+                    UTC_TIMESTAMP(6) - INTERVAL 1 DAY, UTC_TIMESTAMP(6) - INTERVAL 1 DAY FROM seq_{}_to_{end}",
+            start + 1
+        ))
+        .execute(&pool)
+        .await?;
+    }
+    let mut tx = pool.begin().await?;
+    outbox.enqueue_all(&mut tx, &messages(PENDING)).await?;
+    tx.commit().await?;
+    sqlx::query(&format!(
+        "INSERT INTO {table} (id, destination, event_type, idempotency_key, payload, content_type, headers, status, attempts, created_at, dead_at, last_error) \
+         SELECT CONCAT('00000000-0000-7000-9000-', LPAD(seq, 12, '0')), 'bench', 'bench.event', CONCAT('dead', seq), '{{}}', 'application/json', '{{}}', 'dead', 1, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), 'bench' FROM seq_1_to_{DEAD}"
+    ))
+    .execute(&pool)
+    .await?;
+    sqlx::query(&format!("ANALYZE TABLE {table}"))
+        .execute(&pool)
+        .await?;
+    let figures = measure(&outbox).await?;
+    drop_mysql(&pool, table).await?;
+    pool.close().await;
+    Ok(figures)
+}
+
+/// Drops a MySQL outbox table and forgets its migration records (the migrations table
+/// may not exist yet).
+async fn drop_mysql(pool: &sqlx::MySqlPool, table: &str) -> Result<(), BoxError> {
+    sqlx::query(&format!("DROP TABLE IF EXISTS {table}, {table}_keys"))
+        .execute(pool)
+        .await?;
+    let _ = sqlx::query("DELETE FROM outbox_migrations WHERE id LIKE CONCAT(?, '/%')")
+        .bind(table)
+        .execute(pool)
+        .await;
+    Ok(())
 }

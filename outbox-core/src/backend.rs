@@ -17,7 +17,7 @@ use crate::sink::BoxFuture;
 use crate::state::LeaseToken;
 use crate::store::{
     Claim, ClaimRequest, CompleteReport, Completion, DeadLetter, DeadLetterFilter, DeadLetters,
-    Gauges, Purge, PurgeRequest, Stats, Store, StoreStats,
+    FindMessages, FoundMessage, Gauges, Purge, PurgeRequest, Stats, Store, StoreStats,
 };
 use crate::wakeup::Wakeup;
 
@@ -68,7 +68,7 @@ pub trait Backend: Send + Sync {
 }
 
 /// Every store trait at once, object-safe: implemented for each store that implements
-/// [`Store`], [`StoreStats`], [`DeadLetters`], [`Purge`] and [`Backend`].
+/// [`Store`], [`StoreStats`], [`DeadLetters`], [`FindMessages`], [`Purge`] and [`Backend`].
 pub trait DynStore: Send + Sync + 'static {
     /// See [`Store::claim`].
     fn claim_dyn<'a>(
@@ -112,6 +112,12 @@ pub trait DynStore: Send + Sync + 'static {
         &'a self,
         filter: &'a DeadLetterFilter,
     ) -> BoxFuture<'a, Result<u64, StoreError>>;
+    /// See [`FindMessages::find_messages`].
+    fn find_messages_dyn<'a>(
+        &'a self,
+        key: &'a str,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<FoundMessage>, StoreError>>;
     /// See [`Purge::purge`].
     fn purge_dyn<'a>(&'a self, request: &'a PurgeRequest)
     -> BoxFuture<'a, Result<u64, StoreError>>;
@@ -128,7 +134,7 @@ pub trait DynStore: Send + Sync + 'static {
 
 impl<S> DynStore for S
 where
-    S: Store + StoreStats + DeadLetters + Purge + Backend,
+    S: Store + StoreStats + DeadLetters + FindMessages + Purge + Backend,
 {
     fn claim_dyn<'a>(
         &'a self,
@@ -180,6 +186,13 @@ where
         filter: &'a DeadLetterFilter,
     ) -> BoxFuture<'a, Result<u64, StoreError>> {
         Box::pin(self.discard_dead(filter))
+    }
+    fn find_messages_dyn<'a>(
+        &'a self,
+        key: &'a str,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<FoundMessage>, StoreError>> {
+        Box::pin(self.find_messages(key, limit))
     }
     fn purge_dyn<'a>(
         &'a self,
@@ -283,6 +296,16 @@ impl DeadLetters for AnyStore {
     }
     async fn discard_dead(&self, filter: &DeadLetterFilter) -> Result<u64, StoreError> {
         self.0.discard_dead_dyn(filter).await
+    }
+}
+
+impl FindMessages for AnyStore {
+    async fn find_messages(
+        &self,
+        key: &str,
+        limit: usize,
+    ) -> Result<Vec<FoundMessage>, StoreError> {
+        self.0.find_messages_dyn(key, limit).await
     }
 }
 

@@ -11,8 +11,8 @@ use crate::message::{Message, MessageId, NewMessage, Waited, WaitedSince, chrono
 use crate::state::{Lease, LeaseToken, Row, RowState, Status};
 use crate::store::{
     Claim, ClaimRequest, CompleteReport, Completion, DeadHead, DeadLetter, DeadLetterFilter,
-    DeadLetters, DestinationStats, Gauges, MessageOrder, Purge, PurgeRequest, Stats, Store,
-    StoreStats, Wakeups,
+    DeadLetters, DestinationStats, FindMessages, FoundMessage, Gauges, MessageOrder, Purge,
+    PurgeRequest, Stats, Store, StoreStats, Wakeups,
 };
 use crate::wakeup::Wakeup;
 
@@ -394,6 +394,32 @@ impl StoreStats for MemoryStore {
         Ok(Stats {
             destinations: by_destination.into_values().collect(),
         })
+    }
+}
+
+impl FindMessages for MemoryStore {
+    async fn find_messages(
+        &self,
+        key: &str,
+        limit: usize,
+    ) -> Result<Vec<FoundMessage>, StoreError> {
+        let inner = self.lock();
+        Ok(inner
+            .rows
+            .values()
+            .filter(|e| e.message.id.to_string() == key || e.message.idempotency_key == key)
+            .take(limit)
+            .map(|e| {
+                let mut found = FoundMessage::new(e.message.clone(), e.row.status());
+                found.last_error = e.row.last_error.clone();
+                match &e.row.state {
+                    RowState::Published { at } => found.published_at = Some(*at),
+                    RowState::Dead { at, .. } => found.dead_at = Some(*at),
+                    RowState::Pending { .. } | RowState::Leased(_) => {}
+                }
+                found
+            })
+            .collect())
     }
 }
 

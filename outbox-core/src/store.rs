@@ -11,7 +11,7 @@ use chrono::{DateTime, Utc};
 
 use crate::error::StoreError;
 use crate::message::{Message, MessageId};
-use crate::state::{Lease, LeaseToken};
+use crate::state::{Lease, LeaseToken, Status};
 use crate::wakeup::Wakeup;
 
 /// How messages that share a partition key are ordered.
@@ -453,6 +453,9 @@ pub struct DeadLetterFilter {
     pub created_before: Option<DateTime<Utc>>,
     /// The reason contains this text (case-sensitive).
     pub error_contains: Option<String>,
+    /// Only ids above this one: the last id of the previous page, for paging through a
+    /// list (dead letters are listed in id order).
+    pub after_id: Option<MessageId>,
 }
 
 impl DeadLetterFilter {
@@ -490,6 +493,11 @@ impl DeadLetterFilter {
         self.error_contains = Some(text.into());
         self
     }
+    /// Only ids above `id` (the next page after a list that ended with `id`).
+    pub fn after_id(mut self, id: MessageId) -> Self {
+        self.after_id = Some(id);
+        self
+    }
 
     /// Whether a dead letter matches (used by the in-memory store and tests).
     pub fn matches(&self, message: &Message, reason: &str) -> bool {
@@ -502,6 +510,7 @@ impl DeadLetterFilter {
                 .error_contains
                 .as_ref()
                 .is_none_or(|s| reason.contains(s.as_str()))
+            && self.after_id.is_none_or(|id| message.id > id)
     }
 }
 
@@ -543,6 +552,47 @@ pub trait DeadLetters: Send + Sync {
         &self,
         filter: &DeadLetterFilter,
     ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+}
+
+/// A message found by [`FindMessages::find_messages`], in whatever state it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct FoundMessage {
+    /// The message as stored.
+    pub message: Message,
+    /// Its state now.
+    pub status: Status,
+    /// The last failure (kept after a replay), if any.
+    pub last_error: Option<String>,
+    /// When it was published, if it was (and the store keeps published rows).
+    pub published_at: Option<DateTime<Utc>>,
+    /// When it was dead-lettered, if it is dead.
+    pub dead_at: Option<DateTime<Utc>>,
+}
+
+impl FoundMessage {
+    /// A found message with no failure and no finish time.
+    pub fn new(message: Message, status: Status) -> Self {
+        Self {
+            message,
+            status,
+            last_error: None,
+            published_at: None,
+            dead_at: None,
+        }
+    }
+}
+
+/// Optional capability: find messages for an operator, whatever their state.
+pub trait FindMessages: Send + Sync {
+    /// Up to `limit` messages whose id or idempotency key is `key`, in id order. Finding by
+    /// id reads the primary key; finding by idempotency key reads the whole table on the
+    /// SQL stores (the key has no index, which would tax every enqueue).
+    fn find_messages(
+        &self,
+        key: &str,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<FoundMessage>, StoreError>> + Send;
 }
 
 /// Which finished rows a purge deletes.

@@ -273,6 +273,11 @@ mod tampered {
             self.store.discard_dead(f).await
         }
     }
+    impl FindMessages for Tampered {
+        async fn find_messages(&self, k: &str, n: usize) -> Result<Vec<FoundMessage>, StoreError> {
+            self.store.find_messages(k, n).await
+        }
+    }
     impl Purge for Tampered {
         async fn purge(&self, r: &PurgeRequest) -> Result<u64, StoreError> {
             self.store.purge(r).await

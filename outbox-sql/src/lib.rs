@@ -344,6 +344,8 @@ pub struct Admin {
     pub replay_dead: String,
     /// Deletes matching dead letters.
     pub discard_dead: String,
+    /// Finds messages by id or idempotency key, in any state.
+    pub find: String,
     /// Deletes one bounded batch of old finished rows.
     pub purge: String,
 }

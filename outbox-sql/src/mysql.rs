@@ -35,7 +35,7 @@
 //! | `stats` | none → destination, pending, leased, dead, published, oldest |
 //! | `gauges_unfinished`, `gauges_dead` | limit |
 //! | `halted_keys` | none → destination, halted |
-//! | [`Statements::dead_filter`] users | ids…, destinations…, event types…, after?, before?, error? (each only when set in the [`DeadFilterShape`]); `list_dead` adds limit and yields [`MESSAGE_COLUMNS`], `last_error`, `dead_at` |
+//! | [`Statements::dead_filter`] users | ids…, destinations…, event types…, after?, before?, error?, ids above? (each only when set in the [`DeadFilterShape`]); `list_dead` adds limit and yields [`MESSAGE_COLUMNS`], `last_error`, `dead_at` |
 //! | `purge_published` | age ms, limit |
 //! | `purge_dead` | age ms, limit |
 //! | `check_outbox`, `check_keys`, `check_inbox` | none (fail if a column is missing) |
@@ -120,6 +120,8 @@ pub struct DeadFilterShape {
     pub before: bool,
     /// An error substring is bound.
     pub error: bool,
+    /// A lower bound (exclusive) on the id is bound: the next page of a list.
+    pub after_id: bool,
 }
 
 /// Every MySQL statement for one set of table names; list statements are built per call.
@@ -382,7 +384,19 @@ impl Statements {
         if shape.error {
             sql.push_str(" AND LOCATE(?, last_error) > 0");
         }
+        if shape.after_id {
+            sql.push_str(" AND id > ?");
+        }
         sql
+    }
+
+    /// Finds messages by id or idempotency key, in any state: `(id, key, limit)` →
+    /// [`MESSAGE_COLUMNS`], `status`, `last_error`, `published_at`, `dead_at`.
+    pub fn find(&self) -> String {
+        format!(
+            "SELECT {MESSAGE_COLUMNS}, status, last_error, published_at, dead_at FROM {} WHERE id = ? OR idempotency_key = ? ORDER BY id LIMIT ?",
+            self.outbox
+        )
     }
 
     /// Lists matching dead letters, oldest first; the last parameter is the limit.
@@ -519,9 +533,11 @@ mod tests {
             after: true,
             before: false,
             error: true,
+            after_id: true,
         };
-        assert_eq!(count(&sql.dead_filter(shape)), 8);
-        assert_eq!(count(&sql.list_dead(shape)), 9);
+        assert_eq!(count(&sql.dead_filter(shape)), 9);
+        assert_eq!(count(&sql.find()), 3);
+        assert_eq!(count(&sql.list_dead(shape)), 10);
     }
 
     #[test]

@@ -15,7 +15,8 @@
 //! | `release` | 1 token, 2 ids uuid[] → returns released ids |
 //! | `stats` | none → destination, pending, leased, dead, published, oldest created_at |
 //! | `gauges_unfinished`, `gauges_dead` | 1 limit |
-//! | dead-letter filter (`list_dead`, `count_dead`, `replay_dead`, `discard_dead`) | 1 ids uuid[]?, 2 destinations text[]?, 3 event types text[]?, 4 created after?, 5 created before?, 6 error text?; `list_dead` adds 7 limit |
+//! | dead-letter filter (`list_dead`, `count_dead`, `replay_dead`, `discard_dead`) | 1 ids uuid[]?, 2 destinations text[]?, 3 event types text[]?, 4 created after?, 5 created before?, 6 error text?, 7 ids above uuid?; `list_dead` adds 8 limit |
+//! | `find` | 1 id uuid?, 2 idempotency key, 3 limit → [`MESSAGE_COLUMNS`], `status`, `last_error`, `published_at`, `dead_at` |
 //! | `purge` | 1 published age ms, 2 dead age ms (NULL keeps dead letters), 3 limit |
 //! | `inbox_record` | 1 consumer, 2 message id |
 //! | `inbox_purge` | 1 age ms, 2 limit |
@@ -62,7 +63,8 @@ const DEAD_FILTER: &str = "status = 'dead'
   AND ($3::text[] IS NULL OR event_type = ANY($3))
   AND ($4::timestamptz IS NULL OR created_at >= $4)
   AND ($5::timestamptz IS NULL OR created_at < $5)
-  AND ($6::text IS NULL OR strpos(last_error, $6) > 0)";
+  AND ($6::text IS NULL OR strpos(last_error, $6) > 0)
+  AND ($7::uuid IS NULL OR id > $7)";
 
 /// Every PostgreSQL statement, rendered for one set of table names.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -126,6 +128,7 @@ impl Statements {
                     "UPDATE {outbox} SET status = 'pending', available_at = now(), attempts = 0, dead_at = NULL WHERE {dead_filter}",
                 ),
                 discard_dead: dead("DELETE FROM {outbox} WHERE {dead_filter}"),
+                find: r(FIND),
                 purge: r(PURGE),
             },
             shared: Shared {
@@ -257,7 +260,10 @@ FROM (SELECT destination FROM {outbox} WHERE status = 'dead' LIMIT $1) AS dead
 GROUP BY destination";
 
 const LIST_DEAD: &str = "SELECT id, destination, event_type, aggregate_type, aggregate_id, partition_key, tenant_id, idempotency_key, payload, content_type, headers::text AS headers, attempts, created_at, last_error, dead_at
-FROM {outbox} WHERE {dead_filter} ORDER BY id LIMIT $7";
+FROM {outbox} WHERE {dead_filter} ORDER BY id LIMIT $8";
+
+const FIND: &str = "SELECT id, destination, event_type, aggregate_type, aggregate_id, partition_key, tenant_id, idempotency_key, payload, content_type, headers::text AS headers, attempts, created_at, status, last_error, published_at, dead_at
+FROM {outbox} WHERE id = $1 OR idempotency_key = $2 ORDER BY id LIMIT $3";
 
 const PURGE: &str = "DELETE FROM {outbox} WHERE id IN (
     SELECT id FROM {outbox}

@@ -18,7 +18,8 @@
 //! | `reject` | 1 token, 2 rowid (from the claim), 3 reason: dead-letters a claimed row that cannot be read as a message |
 //! | `delete_published`, `release` | 1 token, 2 ids JSON array → returns affected ids |
 //! | `stats` | none → destination, pending, leased, dead, published, oldest created_at ms |
-//! | dead-letter filter (`list_dead`, `count_dead`, `replay_dead`, `discard_dead`) | 1 ids JSON?, 2 destinations JSON?, 3 event types JSON?, 4 created after ms?, 5 created before ms?, 6 error text?; `list_dead` adds 7 limit |
+//! | dead-letter filter (`list_dead`, `count_dead`, `replay_dead`, `discard_dead`) | 1 ids JSON?, 2 destinations JSON?, 3 event types JSON?, 4 created after ms?, 5 created before ms?, 6 error text?, 7 ids above (text)?; `list_dead` adds 8 limit |
+//! | `find` | 1 id (lowercase text), 2 idempotency key, 3 limit → [`MESSAGE_COLUMNS`], `status`, `last_error`, `published_at`, `dead_at` |
 //! | `purge` | 1 published age ms, 2 dead age ms (NULL keeps dead letters), 3 limit |
 //! | `inbox_record` | 1 consumer, 2 message id |
 //! | `inbox_purge` | 1 age ms, 2 limit |
@@ -130,6 +131,7 @@ impl Statements {
                     "UPDATE {outbox} SET status = 'pending', available_at = {now}, attempts = 0, dead_at = NULL WHERE {dead_filter}",
                 ),
                 discard_dead: dead("DELETE FROM {outbox} WHERE {dead_filter}"),
+                find: r(FIND),
                 purge: r(PURGE),
             },
             shared: Shared {
@@ -272,10 +274,14 @@ const DEAD_FILTER: &str = "status = 'dead'
   AND (?3 IS NULL OR event_type IN (SELECT value FROM json_each(?3)))
   AND (?4 IS NULL OR created_at >= ?4)
   AND (?5 IS NULL OR created_at < ?5)
-  AND (?6 IS NULL OR instr(last_error, ?6) > 0)";
+  AND (?6 IS NULL OR instr(last_error, ?6) > 0)
+  AND (?7 IS NULL OR id > ?7)";
 
 const LIST_DEAD: &str = "SELECT id, destination, event_type, aggregate_type, aggregate_id, partition_key, tenant_id, idempotency_key, payload, content_type, headers, attempts, created_at, last_error, dead_at
-FROM {outbox} WHERE {dead_filter} ORDER BY id LIMIT ?7";
+FROM {outbox} WHERE {dead_filter} ORDER BY id LIMIT ?8";
+
+const FIND: &str = "SELECT id, destination, event_type, aggregate_type, aggregate_id, partition_key, tenant_id, idempotency_key, payload, content_type, headers, attempts, created_at, status, last_error, published_at, dead_at
+FROM {outbox} WHERE id = ?1 OR idempotency_key = ?2 ORDER BY id LIMIT ?3";
 
 const PURGE: &str = "DELETE FROM {outbox} WHERE id IN (
     SELECT id FROM {outbox}

@@ -145,3 +145,9 @@ where
         .bind(m.content_type())
         .bind(headers_json(m.headers()))
 }
+
+/// `key` as the SQL stores keep ids in text (lowercase, hyphenated) when it is a UUID in
+/// any spelling; otherwise `key` itself, which matches no id.
+pub(crate) fn id_text(key: &str) -> String {
+    uuid::Uuid::parse_str(key).map_or_else(|_| key.to_owned(), |id| id.to_string())
+}

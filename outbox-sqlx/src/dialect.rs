@@ -158,6 +158,15 @@ pub trait AdminDialect: SqlDialect {
         filter: &DeadLetterFilter,
     ) -> impl Future<Output = Result<u64, StoreError>> + Send;
 
+    /// Up to `limit` rows whose id or idempotency key is `key`, in id order, with the
+    /// message columns, `status`, `last_error`, `published_at` and `dead_at`.
+    #[doc(hidden)]
+    fn find_rows(
+        store: &SqlOutbox<Self>,
+        key: &str,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<Self::Row>, StoreError>> + Send;
+
     /// Deletes one bounded batch of old finished rows.
     #[doc(hidden)]
     fn purge(

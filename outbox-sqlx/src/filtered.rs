@@ -18,11 +18,15 @@ pub trait FilteredDialect: SqlDialect {
     fn admin(sql: &Self::Statements) -> &Admin;
 
     /// `statement` with `filter` bound: ids, destinations, event types, created after,
-    /// created before, error text, each `NULL` when not filtered on.
+    /// created before, error text, ids above, each `NULL` when not filtered on.
     fn dead_query<'q>(
         statement: &'q str,
         filter: &DeadLetterFilter,
     ) -> Query<'q, Self, Self::Arguments<'q>>;
+
+    /// The `find` statement with `key` bound as an id (as the dialect stores ids) and as
+    /// an idempotency key.
+    fn find_query<'q>(statement: &'q str, key: &str) -> Query<'q, Self, Self::Arguments<'q>>;
 }
 
 impl<DB> AdminDialect for DB
@@ -73,6 +77,18 @@ where
             .await
             .map_err(classify)?;
         Ok(DB::rows_affected(&done))
+    }
+
+    async fn find_rows(
+        store: &SqlOutbox<DB>,
+        key: &str,
+        limit_rows: usize,
+    ) -> Result<Vec<DB::Row>, StoreError> {
+        DB::find_query(&DB::admin(&store.sql).find, key)
+            .bind(limit(limit_rows))
+            .fetch_all(&store.pool)
+            .await
+            .map_err(classify)
     }
 
     /// One statement taking `(published age ms, dead age ms or NULL, limit)`.

@@ -5,8 +5,8 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use outbox_engine::{
-    DeadLetter, DestinationGauges, DestinationStats, Message, MessageId, Rejected, StoreError,
-    StoreErrorKind, Waited, WaitedSince,
+    DeadLetter, DestinationGauges, DestinationStats, FoundMessage, Message, MessageId, Rejected,
+    Status, StoreError, StoreErrorKind, Waited, WaitedSince,
 };
 
 use crate::common::{attempts, count, read_headers, undecodable};
@@ -94,6 +94,18 @@ pub(crate) fn dead_letter<DB: SqlDialect>(row: &DB::Row) -> Result<DeadLetter, S
         reason: optional::<DB>(row, "last_error")?.unwrap_or_default(),
         dead_at: DB::time(row, "dead_at")?.ok_or_else(|| undecodable("dead_at", "is NULL"))?,
     })
+}
+
+/// A row of the `find` statement: its message, status, failure and finish times.
+pub(crate) fn found<DB: SqlDialect>(row: &DB::Row) -> Result<FoundMessage, String> {
+    let status = text::<DB>(row, "status")?;
+    let status =
+        Status::parse(&status).ok_or_else(|| undecodable("status", format!("{status:?}")))?;
+    let mut found = FoundMessage::new(message::<DB>(row, false)?, status);
+    found.last_error = optional::<DB>(row, "last_error")?;
+    found.published_at = DB::time(row, "published_at")?;
+    found.dead_at = DB::time(row, "dead_at")?;
+    Ok(found)
 }
 
 /// A row of the `stats` statement.

@@ -7,8 +7,9 @@ use std::sync::Arc;
 
 use outbox_engine::{
     Backend, Claim, ClaimRequest, CompleteReport, Completion, DeadLetter, DeadLetterFilter,
-    DeadLetters, DestinationGauges, DestinationStats, Gauges, LeaseToken, Listener, MessageId,
-    Purge, PurgeRequest, Stats, Store, StoreError, StoreStats, Wakeup,
+    DeadLetters, DestinationGauges, DestinationStats, FindMessages, FoundMessage, Gauges,
+    LeaseToken, Listener, MessageId, Purge, PurgeRequest, Stats, Store, StoreError, StoreStats,
+    Wakeup,
 };
 use outbox_sql::TableNames;
 use tracing::warn;
@@ -285,6 +286,24 @@ impl<DB: AdminDialect> DeadLetters for SqlOutbox<DB> {
 
     async fn discard_dead(&self, filter: &DeadLetterFilter) -> Result<u64, StoreError> {
         DB::change_dead(self, DeadChange::Discard, filter).await
+    }
+}
+
+impl<DB: AdminDialect> FindMessages for SqlOutbox<DB> {
+    async fn find_messages(
+        &self,
+        key: &str,
+        limit: usize,
+    ) -> Result<Vec<FoundMessage>, StoreError> {
+        let rows = DB::find_rows(self, key, limit).await?;
+        let mut found = Vec::with_capacity(rows.len());
+        for row in &rows {
+            match rows::found::<DB>(row) {
+                Ok(message) => found.push(message),
+                Err(reason) => warn!(%reason, "a found row cannot be read as a message"),
+            }
+        }
+        Ok(found)
     }
 }
 

@@ -26,8 +26,9 @@ async fn pool() -> PgPool {
         .parse::<PgConnectOptions>()
         .unwrap_or_else(|e| panic!("{URL_VAR}: {e}"))
         .application_name(&format!("outbox-test-{}", std::process::id()));
+    // Enough for the suite's eight concurrent claimers.
     match PgPoolOptions::new()
-        .max_connections(16)
+        .max_connections(10)
         .acquire_timeout(Duration::from_secs(10))
         .connect_with(options)
         .await
@@ -61,6 +62,16 @@ impl PgHarness {
         self.outbox
             .names()
             .render(outbox_sql::Dialect::Postgres, "{outbox}")
+    }
+}
+
+/// Each check of a suite builds a harness with a pool of its own: closing it when the
+/// check ends keeps the server's connection count flat over the whole suite (up to 10
+/// connections per check would otherwise linger until the test ends).
+impl Drop for PgHarness {
+    fn drop(&mut self) {
+        let pool = self.outbox.pool().clone();
+        tokio::spawn(async move { pool.close().await });
     }
 }
 

@@ -27,9 +27,10 @@ use crate::message::{MessageId, NewMessage};
 use crate::registry::PublishedRows;
 use crate::relay::Relay;
 use crate::retry::RetryPolicy;
+use crate::state::Status;
 use crate::store::{
-    ClaimRequest, Completion, DeadHead, DeadLetterFilter, DeadLetters, MessageOrder, Purge,
-    PurgeRequest, Store, StoreStats, purge_all,
+    ClaimRequest, Completion, DeadHead, DeadLetterFilter, DeadLetters, FindMessages, MessageOrder,
+    Purge, PurgeRequest, Store, StoreStats, purge_all,
 };
 use crate::testkit::{FlakySink, RecordingSink};
 
@@ -119,7 +120,7 @@ impl std::fmt::Display for Capabilities {
 /// the store declares it does.
 pub trait StoreHarness: Send + Sync {
     /// The store under test.
-    type Store: Store + StoreStats + DeadLetters + Purge + Clone;
+    type Store: Store + StoreStats + DeadLetters + FindMessages + Purge + Clone;
 
     /// The store under test, over an empty outbox.
     fn store(&self) -> &Self::Store;
@@ -237,6 +238,7 @@ where
         deferral_waits_and_gives_the_attempt_back,
         max_attempts_dead_letters,
         dead_letters_list_replay_discard,
+        find_messages_by_id_or_key,
         stats_count_each_state,
         purge_is_bounded_and_keeps_unfinished,
     );
@@ -765,6 +767,18 @@ pub async fn dead_letters_list_replay_discard<H: StoreHarness>(h: &H) {
         .await
         .expect("list");
     assert_eq!(limited.len(), 2, "limit applies");
+    let next_page = DeadLetterFilter::all().after_id(limited[1].message.id);
+    assert_eq!(
+        store
+            .list_dead(&next_page, 10)
+            .await
+            .expect("list")
+            .iter()
+            .map(|d| d.message.id)
+            .collect::<Vec<_>>(),
+        ids[2..],
+        "the next page starts after the last id listed"
+    );
     let sms = DeadLetterFilter::all().destination("sms");
     assert_eq!(store.list_dead(&sms, 10).await.expect("list").len(), 2);
     let paid_email = DeadLetterFilter::all()
@@ -796,6 +810,7 @@ pub async fn dead_letters_list_replay_discard<H: StoreHarness>(h: &H) {
         (&paid_email, 1),
         (&by_id, 1),
         (&future, 0),
+        (&next_page, 2),
     ] {
         assert_eq!(
             store.count_dead(filter).await.expect("count"),
@@ -834,6 +849,80 @@ pub async fn dead_letters_list_replay_discard<H: StoreHarness>(h: &H) {
         0,
         "nothing left to discard"
     );
+}
+
+/// An operator finds messages by id or by idempotency key, whatever their state, with
+/// their failure and finish times.
+pub async fn find_messages_by_id_or_key<H: StoreHarness>(h: &H) {
+    let key = "invoice-7:'paid'";
+    let keyed = |n: i32| {
+        NewMessage::builder("billing", "invoice.paid")
+            .json(&n)
+            .idempotency_key(key)
+            .build()
+            .expect("valid")
+    };
+    // The same transition enqueued twice shares its deterministic key.
+    let (first, twin, other) = (keyed(1), keyed(2), message("billing", 3));
+    let ids = [first.id(), twin.id(), other.id()];
+    h.enqueue(vec![first, twin, other]).await.expect("enqueue");
+    let store = h.store();
+    let claim = store.claim(&request(10)).await.expect("claim");
+    let done = [
+        Completion::published(ids[0]),
+        Completion::dead(ids[1], "410 gone"),
+    ];
+    store
+        .complete(claim.lease.token, &done)
+        .await
+        .expect("complete");
+
+    let by_key = store.find_messages(key, 10).await.expect("find by key");
+    let expected: Vec<_> = if h.capabilities().deletes() {
+        vec![(ids[1], Status::Dead)]
+    } else {
+        vec![(ids[0], Status::Published), (ids[1], Status::Dead)]
+    };
+    assert_eq!(
+        by_key
+            .iter()
+            .map(|f| (f.message.id, f.status))
+            .collect::<Vec<_>>(),
+        expected,
+        "both messages of the key, in id order"
+    );
+    let dead = by_key.last().expect("the dead twin");
+    assert_eq!(dead.last_error.as_deref(), Some("410 gone"));
+    assert!(dead.dead_at.is_some() && dead.published_at.is_none());
+    if let [published, _] = by_key.as_slice() {
+        assert!(published.published_at.is_some() && published.dead_at.is_none());
+        assert_eq!(published.message.payload, b"1");
+    }
+
+    let by_id = store
+        .find_messages(&ids[2].to_string(), 10)
+        .await
+        .expect("find by id");
+    assert_eq!(by_id.len(), 1);
+    assert_eq!(
+        (by_id[0].message.id, by_id[0].status),
+        (ids[2], Status::Leased)
+    );
+    assert_eq!(
+        store.find_messages(key, 1).await.expect("find").len(),
+        1,
+        "limit applies"
+    );
+    for absent in ["no-such-key", "", "00000000-0000-7000-8000-000000000000"] {
+        assert!(
+            store
+                .find_messages(absent, 10)
+                .await
+                .expect("find")
+                .is_empty(),
+            "{absent:?} finds nothing"
+        );
+    }
 }
 
 /// Stats count rows per state and destination and report the oldest unfinished row.

@@ -26,6 +26,20 @@ impl AdminDialect for MySql {
             .map_err(classify)
     }
 
+    async fn find_rows(
+        store: &MySqlOutbox,
+        key: &str,
+        limit_rows: usize,
+    ) -> Result<Vec<MySqlRow>, StoreError> {
+        sqlx::query(&store.sql.find())
+            .bind(crate::common::id_text(key))
+            .bind(key)
+            .bind(limit(limit_rows))
+            .fetch_all(&store.pool)
+            .await
+            .map_err(classify)
+    }
+
     async fn count_dead(store: &MySqlOutbox, filter: &DeadLetterFilter) -> Result<u64, StoreError> {
         let sql = store.sql.count_dead(dead_shape(filter)?);
         let row = bind_dead_filter(sqlx::query(&sql).persistent(false), filter)
@@ -110,6 +124,7 @@ fn dead_shape(filter: &DeadLetterFilter) -> Result<DeadFilterShape, StoreError> 
         after: filter.created_after.is_some(),
         before: filter.created_before.is_some(),
         error: filter.error_contains.is_some(),
+        after_id: filter.after_id.is_some(),
     })
 }
 
@@ -134,6 +149,9 @@ fn bind_dead_filter<'q>(
     }
     if let Some(error) = &filter.error_contains {
         query = query.bind(error.as_str());
+    }
+    if let Some(id) = filter.after_id {
+        query = query.bind(id.to_string());
     }
     query
 }

@@ -27,5 +27,12 @@ impl FilteredDialect for Postgres {
             .bind(filter.created_after)
             .bind(filter.created_before)
             .bind(filter.error_contains.clone())
+            .bind(filter.after_id.map(|id| *id.as_uuid()))
+    }
+
+    fn find_query<'q>(sql: &'q str, key: &str) -> Query<'q, Postgres, PgArguments> {
+        sqlx::query(sql)
+            .bind(Uuid::parse_str(key).ok())
+            .bind(key.to_owned())
     }
 }

@@ -33,5 +33,12 @@ impl FilteredDialect for Sqlite {
             .bind(filter.created_after.map(ceil_ms))
             .bind(filter.created_before.map(ceil_ms))
             .bind(filter.error_contains.clone())
+            .bind(filter.after_id.map(|id| id.to_string()))
+    }
+
+    fn find_query<'q>(sql: &'q str, key: &str) -> Query<'q, Sqlite, SqliteArguments<'q>> {
+        sqlx::query(sql)
+            .bind(crate::common::id_text(key))
+            .bind(key.to_owned())
     }
 }
