@@ -19,6 +19,7 @@
 #               `outbox-test.fifo`; the tests also start private emulators with the binary
 #               OUTBOX_TEST_MOTO names)
 #   Python and Node with the drivers the foreign-writer tests use (see ensure_writers)
+#   Chromium (Debian) and playwright-core (npm) for the dashboard's browser test
 set -euo pipefail
 
 log() { printf '[services] %s\n' "$*" >&2; }
@@ -211,6 +212,7 @@ ensure_sqs() {
 # (psycopg, PyMySQL) and Node (pg) against the outbox. Their packages live in a
 # virtualenv and a node_modules directory owned by the project, outside the repository.
 WRITERS_DIR=${OUTBOX_WRITERS_DIR:-$HOME/.cache/outbox-writers}
+BROWSER_DIR=${OUTBOX_BROWSER_DIR:-$HOME/.cache/outbox-browser}
 
 ensure_writers() {
     local venv=$WRITERS_DIR/venv
@@ -233,6 +235,21 @@ ensure_writers() {
     echo "OUTBOX_TEST_NODE_PATH=$WRITERS_DIR/node/node_modules"
 }
 
+# Debian's Chromium and playwright-core (npm) for the dashboard's browser test; Playwright
+# never downloads a browser of its own here.
+ensure_browser() {
+    if [[ ! -x /usr/bin/chromium ]]; then
+        apt_install chromium
+    fi
+    if [[ ! -f $BROWSER_DIR/node_modules/playwright-core/package.json ]]; then
+        command -v npm >/dev/null || apt_install nodejs npm
+        log "installing playwright-core into $BROWSER_DIR"
+        npm install --prefix "$BROWSER_DIR" --silent --no-audit --no-fund 'playwright-core@^1.49' >/dev/null
+    fi
+    echo "OUTBOX_TEST_CHROMIUM=/usr/bin/chromium"
+    echo "OUTBOX_TEST_PLAYWRIGHT_PATH=$BROWSER_DIR/node_modules"
+}
+
 ensure_postgres
 ensure_mariadb
 ensure_redis
@@ -240,3 +257,4 @@ ensure_rabbitmq
 ensure_kafka
 ensure_sqs
 ensure_writers
+ensure_browser

@@ -7,9 +7,11 @@ use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use chrono::Utc;
 use tokio::time::Instant;
 use tracing::warn;
 
+use crate::activity::{Activity, ActivityWindow};
 use crate::store::{Gauges, Store};
 
 /// How often and how far the relay reads the store's gauges.
@@ -112,22 +114,39 @@ struct State {
 /// [`Relay::health`](crate::Relay::health) before running the relay, and serve
 /// [`alive`](Self::alive) and [`ready`](Self::ready) from your health endpoints.
 #[derive(Debug, Clone)]
-pub struct RelayHealth(Arc<Mutex<State>>);
+pub struct RelayHealth {
+    state: Arc<Mutex<State>>,
+    activity: Activity,
+}
 
 impl RelayHealth {
     pub(crate) fn new(lease: Duration, gauges: GaugeSettings) -> Self {
-        Self(Arc::new(Mutex::new(State {
-            started: Instant::now(),
-            lease,
-            interval: gauges.interval,
-            heartbeat: None,
-            stopped: false,
-            gauges: None,
-        })))
+        Self {
+            state: Arc::new(Mutex::new(State {
+                started: Instant::now(),
+                lease,
+                interval: gauges.interval,
+                heartbeat: None,
+                stopped: false,
+                gauges: None,
+            })),
+            activity: Activity::default(),
+        }
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Counts published messages with their commit-to-publish latency.
+    pub(crate) fn published<'a>(&self, published: impl IntoIterator<Item = (&'a str, Duration)>) {
+        self.activity.record(Utc::now(), published);
+    }
+
+    /// What this relay published in the last ten minutes, per destination and 10-second
+    /// window, oldest first (windows without a publish are left out): for dashboards.
+    pub fn activity(&self) -> Vec<ActivityWindow> {
+        self.activity.windows(Utc::now())
     }
 
     pub(crate) fn beat(&self) {

@@ -38,6 +38,7 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+pub mod activity;
 pub mod backend;
 mod clock;
 pub mod duration;

@@ -634,6 +634,7 @@ impl<S: Store> Inner<S> {
         // Metric handles are looked up once per destination per call, not per message.
         let mut published: HashMap<&str, u64> = HashMap::new();
         let mut lags: HashMap<(&str, WaitedSince), metrics::Histogram> = HashMap::new();
+        let mut activity = Vec::new();
         for ((done, completion), class) in ready.iter().zip(&completions).zip(classes) {
             let message = done.message();
             if stale.contains(&message.id) {
@@ -654,6 +655,7 @@ impl<S: Store> Inner<S> {
                         ),
                     };
                     *published.entry(destination).or_default() += 1;
+                    activity.push((destination, lag));
                     lags.entry((destination, since))
                         .or_insert_with(|| {
                             metrics::histogram!("outbox_commit_to_publish_seconds", "destination" => destination.to_owned(), "since" => since.as_str())
@@ -679,6 +681,9 @@ impl<S: Store> Inner<S> {
         }
         for (destination, count) in published {
             metrics::counter!("outbox_messages_published_total", "destination" => destination.to_owned()).increment(count);
+        }
+        if !activity.is_empty() {
+            self.health.published(activity);
         }
         Ok(())
     }

@@ -1,0 +1,137 @@
+//! A web dashboard for an outbox table, for operators who would rather not write SQL.
+//!
+//! - **Overview**: per destination, the backlog, leased rows, the oldest pending age, dead
+//!   letters and halted keys (the store's gauges, read through its indexes on each view);
+//!   with a relay attached ([`Dashboard::relay`]), its heartbeat and what it published in
+//!   the last ten minutes: a rate chart and commit-to-publish p50 / p99.
+//! - **Dead letters**: the filters of `outbox dead list` (destination, event type, time
+//!   range, error text), pages of 50, a message's detail (headers, payload preview capped
+//!   at 64 KiB, attempts, last error), and **replay** or **discard** for a selection or a
+//!   whole filter, after a confirmation page that says how many rows it will touch.
+//! - **Lookup** of a message by id or idempotency key, whatever its state.
+//!
+//! Plain server-rendered HTML with no scripts and nothing loaded from elsewhere: it works
+//! offline, and the content security policy forbids scripts outright.
+//!
+//! **Security.** Every request needs the token, as `Authorization: Bearer <token>` or as
+//! the password of HTTP basic auth (any user name; browsers ask for it), unless
+//! [`public_read`](Dashboard::public_read) opens the pages that show no payloads. Changing
+//! rows always needs the token, a CSRF token from the page's form and a same-origin
+//! request. Values are escaped (a payload holding `<script>` shows as text); the token and
+//! the store's credentials are never rendered.
+//!
+//! ```no_run
+//! # async fn demo(store: outbox_engine::AnyStore) -> Result<(), Box<dyn std::error::Error>> {
+//! use outbox_dashboard::Dashboard;
+//!
+//! let dashboard = Dashboard::new(store, std::env::var("OUTBOX_DASHBOARD_TOKEN")?)?;
+//! // Mounted in your own axum app (link to `/outbox/`, with the slash):
+//! let app = axum::Router::new().nest("/outbox", dashboard.router());
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:9465").await?;
+//! axum::serve(listener, app).await?;
+//! # Ok(())
+//! # }
+//! ```
+
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::routing::{get, post};
+use outbox_engine::{AnyStore, RelayHealth};
+
+mod auth;
+mod filter;
+mod pages;
+mod routes;
+
+use auth::Access;
+
+/// The shortest token accepted, in bytes.
+pub const MIN_TOKEN_BYTES: usize = 16;
+
+/// Why a dashboard cannot be built.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DashboardError {
+    /// The token is shorter than [`MIN_TOKEN_BYTES`] or holds characters that cannot
+    /// travel in a header.
+    #[error(
+        "the dashboard token must be at least {MIN_TOKEN_BYTES} bytes of visible ASCII (generate one with `openssl rand -hex 24`)"
+    )]
+    WeakToken,
+}
+
+/// The dashboard of one outbox table; [`router`](Self::router) serves it.
+#[derive(Clone)]
+pub struct Dashboard {
+    shared: Shared,
+}
+
+#[derive(Clone)]
+struct Shared {
+    store: AnyStore,
+    access: Access,
+    relay: Option<RelayHealth>,
+}
+
+impl std::fmt::Debug for Dashboard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Dashboard")
+            .field("token", &"[redacted]")
+            .field("public_read", &self.shared.access.public_read)
+            .field("relay", &self.shared.relay.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Dashboard {
+    /// A dashboard of `store` that asks for `token` on every request.
+    ///
+    /// # Errors
+    ///
+    /// [`DashboardError::WeakToken`] for a token shorter than [`MIN_TOKEN_BYTES`].
+    pub fn new(store: AnyStore, token: impl Into<String>) -> Result<Self, DashboardError> {
+        Ok(Self {
+            shared: Shared {
+                store,
+                access: Access::new(token.into())?,
+                relay: None,
+            },
+        })
+    }
+
+    /// Lets anyone who reaches the dashboard read the overview, the dead-letter lists and
+    /// lookups without the token; payloads, headers and every change still need it.
+    #[must_use]
+    pub fn public_read(mut self, open: bool) -> Self {
+        self.shared.access.public_read = open;
+        self
+    }
+
+    /// Shows this relay's heartbeat and what it published lately (from
+    /// [`RelayHealth::activity`]) on the overview.
+    #[must_use]
+    pub fn relay(mut self, health: RelayHealth) -> Self {
+        self.shared.relay = Some(health);
+        self
+    }
+
+    /// The dashboard's routes, to serve alone or to `nest` under a path of your app.
+    pub fn router(&self) -> Router {
+        let shared = Arc::new(self.shared.clone());
+        Router::new()
+            .route("/", get(routes::overview))
+            .route("/dead", get(routes::dead_letters))
+            .route("/dead/review", post(routes::review_page))
+            .route("/dead/apply", post(routes::apply))
+            .route("/messages/{id}", get(routes::message))
+            .route("/lookup", get(routes::lookup))
+            .layer(axum::middleware::from_fn_with_state(
+                shared.clone(),
+                auth::guard,
+            ))
+            .with_state(shared)
+    }
+}
