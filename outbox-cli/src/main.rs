@@ -59,6 +59,9 @@ enum Command {
     },
     /// Run a relay with the config file's routes until Ctrl-C or SIGTERM.
     Relay,
+    /// Serve the web dashboard of the config's `[dashboard]` table until Ctrl-C or
+    /// SIGTERM (`outbox relay` serves it too, with the relay's rate and latency).
+    Dashboard,
     /// Backlog, oldest pending age, leased and dead rows per destination.
     Status {
         /// Print JSON instead of a table.
@@ -277,6 +280,11 @@ async fn run(cli: Cli) -> Result<()> {
                 config.ok_or("`outbox relay` needs --config FILE (routes come from it)")?;
             config.store = store_settings(&cli, Some(&config))?;
             serve::relay(&config).await?;
+        }
+        Command::Dashboard => {
+            let config =
+                config.ok_or("`outbox dashboard` needs --config FILE (its [dashboard] table)")?;
+            serve::dashboard(&config, connect(&cli, Some(&config)).await?).await?;
         }
         Command::Status { json } => status(&connect(&cli, config.as_ref()).await?, *json).await?,
         Command::Dead { action } => dead(&connect(&cli, config.as_ref()).await?, action).await?,

@@ -1,5 +1,5 @@
 //! `outbox relay`: the relay, and a small axum app serving `/metrics`, `/healthz` and
-//! `/readyz`.
+//! `/readyz`; the web dashboard, in the relay or alone (`outbox dashboard`).
 
 use std::time::Duration;
 
@@ -12,7 +12,9 @@ use axum::routing::get;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-use outbox::{Config, LagObjective, Outbox, RelayHealth};
+use outbox::config::DashboardConfig;
+use outbox::dashboard::Dashboard;
+use outbox::{AnyStore, Config, LagObjective, Outbox, RelayHealth};
 
 /// How long a client may take to send its request headers; and, doubled, the longest a
 /// connection stays open. A connection that sends nothing is closed after that.
@@ -54,6 +56,9 @@ pub(crate) async fn relay(config: &Config) -> Result<(), String> {
         tokio::spawn(serve(listener, app));
         eprintln!("serving /metrics, /healthz and /readyz on {addr}");
     }
+    if let Some(dashboard) = &config.dashboard {
+        serve_dashboard(dashboard, outbox.store().clone(), Some(outbox.health())).await?;
+    }
     eprintln!(
         "relay running with {} route(s){}; Ctrl-C or SIGTERM stops it",
         outbox.routes().len(),
@@ -68,7 +73,40 @@ pub(crate) async fn relay(config: &Config) -> Result<(), String> {
     Ok(())
 }
 
-async fn shutdown_signal() {
+/// `outbox dashboard`: the dashboard alone, until Ctrl-C or SIGTERM.
+pub(crate) async fn dashboard(config: &Config, store: AnyStore) -> Result<(), String> {
+    let settings = config
+        .dashboard
+        .as_ref()
+        .ok_or("`outbox dashboard` needs a [dashboard] table in the config (listen, token_env)")?;
+    serve_dashboard(settings, store, None).await?;
+    shutdown_signal().await;
+    Ok(())
+}
+
+/// Binds the dashboard's address and serves it in the background.
+async fn serve_dashboard(
+    settings: &DashboardConfig,
+    store: AnyStore,
+    relay: Option<RelayHealth>,
+) -> Result<(), String> {
+    let token = settings.token().map_err(|e| e.to_string())?;
+    let mut dashboard = Dashboard::new(store, token)
+        .map_err(|e| format!("dashboard: {e}"))?
+        .public_read(settings.public_read);
+    if let Some(relay) = relay {
+        dashboard = dashboard.relay(relay);
+    }
+    let addr = settings.listen();
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| format!("dashboard.listen {addr}: {e}"))?;
+    tokio::spawn(serve(listener, dashboard.router()));
+    eprintln!("serving the dashboard on http://{addr}/");
+    Ok(())
+}
+
+pub(crate) async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
         Ok(term) => term,

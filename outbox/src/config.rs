@@ -84,6 +84,9 @@ pub struct Config {
     /// When that endpoint reports the relay not alive or not ready.
     #[serde(default)]
     pub health: HealthConfig,
+    /// The web dashboard of `outbox dashboard` and `outbox relay`; off without this table.
+    #[serde(default)]
+    pub dashboard: Option<DashboardConfig>,
 }
 
 /// One route's table: its `url`, the sink's own settings, and the route policies
@@ -188,6 +191,100 @@ pub struct HealthConfig {
     /// Longest time without a worker beat (default: three leases, at least 2 minutes).
     #[serde(with = "outbox_engine::duration::optional")]
     pub max_heartbeat_age: Option<Duration>,
+}
+
+/// The web dashboard (crate `outbox-dashboard`): where it listens and the token it asks
+/// for. Off unless the `[dashboard]` table is present; it listens on loopback unless told
+/// otherwise. `Debug` hides the token.
+///
+/// ```toml
+/// [dashboard]
+/// listen = "127.0.0.1:9465"              # the default
+/// token_env = "OUTBOX_DASHBOARD_TOKEN"   # or token = "…", or token_file = "/run/secrets/…"
+/// public_read = false                    # true: pages without payloads need no token
+/// ```
+#[derive(Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+#[non_exhaustive]
+pub struct DashboardConfig {
+    /// The address to listen on; `127.0.0.1:9465` when not set.
+    pub listen: Option<String>,
+    /// The token, written in the file (prefer `token_env` or `token_file`).
+    pub token: Option<String>,
+    /// The environment variable that holds the token.
+    pub token_env: Option<String>,
+    /// The file that holds the token (surrounding whitespace is ignored).
+    pub token_file: Option<std::path::PathBuf>,
+    /// Pages without payloads or actions need no token.
+    pub public_read: bool,
+}
+
+/// Where the dashboard listens when `dashboard.listen` is not set.
+pub const DEFAULT_DASHBOARD_LISTEN: &str = "127.0.0.1:9465";
+
+impl DashboardConfig {
+    /// The address to listen on.
+    pub fn listen(&self) -> &str {
+        self.listen.as_deref().unwrap_or(DEFAULT_DASHBOARD_LISTEN)
+    }
+
+    /// The token, from exactly one of `token`, `token_env` and `token_file`.
+    ///
+    /// ```
+    /// let config = outbox::Config::from_toml(
+    ///     "[store]\nurl = \"sqlite::memory:\"\n[dashboard]\ntoken_env = \"MY_DASHBOARD_TOKEN\"\n",
+    ///     [("OUTBOX_DASHBOARD__PUBLIC_READ", "true")],
+    /// )?;
+    /// let dashboard = config.dashboard.expect("the table is there");
+    /// assert!(dashboard.public_read);
+    /// assert_eq!(dashboard.listen(), "127.0.0.1:9465");
+    /// let error = dashboard.token().unwrap_err().to_string();
+    /// assert!(error.contains("MY_DASHBOARD_TOKEN"), "{error}");
+    /// # Ok::<(), outbox::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] when none or several are set, the variable is unset or the file
+    /// unreadable; it names the setting, never the token.
+    pub fn token(&self) -> Result<String, Error> {
+        let set = [
+            self.token.is_some(),
+            self.token_env.is_some(),
+            self.token_file.is_some(),
+        ];
+        if set.iter().filter(|s| **s).count() != 1 {
+            return Err(Error::Config(
+                "dashboard: set exactly one of token, token_env and token_file".into(),
+            ));
+        }
+        if let Some(token) = &self.token {
+            return Ok(token.clone());
+        }
+        if let Some(var) = &self.token_env {
+            return std::env::var(var).map_err(|_| {
+                Error::Config(format!(
+                    "dashboard.token_env: the variable {var} is not set"
+                ))
+            });
+        }
+        let path = self.token_file.as_ref().expect("one of the three is set");
+        std::fs::read_to_string(path)
+            .map(|t| t.trim().to_owned())
+            .map_err(|e| Error::Config(format!("dashboard.token_file {}: {e}", path.display())))
+    }
+}
+
+impl fmt::Debug for DashboardConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DashboardConfig")
+            .field("listen", &self.listen())
+            .field("token", &self.token.as_ref().map(|_| "[redacted]"))
+            .field("token_env", &self.token_env)
+            .field("token_file", &self.token_file)
+            .field("public_read", &self.public_read)
+            .finish()
+    }
 }
 
 /// A duration in a configuration map, such as `"30s"`.

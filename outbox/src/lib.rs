@@ -14,6 +14,7 @@
 //! | `kafka` | the Kafka sink (librdkafka is built from source: a C compiler and `make`) |
 //! | `sqs` | the Amazon SQS sink |
 //! | `tls` | `amqps://` and `rediss://` for the broker sinks that are on (rustls; install a `CryptoProvider` first) |
+//! | `dashboard` | the web dashboard: backlog and lag per destination, dead letters to filter, replay or discard, lookup |
 //! | `opentelemetry` | W3C trace context on messages: recorded at [`NewMessageBuilder::build`] from the current span, carried by every sink, linked from the relay's publish span; see `trace` |
 //! | `full` | all of the above |
 //! | `testkit` | in-memory store, recording and flaky sinks, conformance suites |
@@ -47,10 +48,13 @@ pub use error::Error;
 pub use outbox::{Outbox, OutboxBuilder};
 pub use registry::Registry;
 
+/// The HTTP / webhook sink (feature `http`).
+#[cfg(feature = "dashboard")]
+pub use outbox_dashboard as dashboard;
 /// The RabbitMQ (AMQP 0-9-1) sink (feature `amqp`).
 #[cfg(feature = "amqp")]
 pub use outbox_sink_amqp as amqp;
-/// The HTTP / webhook sink (feature `http`).
+
 #[cfg(feature = "http")]
 pub use outbox_sink_http as http;
 /// The Kafka sink (feature `kafka`).

@@ -315,10 +315,19 @@ pub async fn sqs_consumer() -> (outbox_test_support::ChildGuard, String, Receive
 
 /// The whole response, or an empty string when the relay does not answer (yet).
 pub async fn http_get(addr: &str, path: &str) -> String {
+    http(
+        addr,
+        &format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"),
+    )
+    .await
+}
+
+/// Sends `request` (head and body, as written) to `addr` and returns the whole answer;
+/// empty when the connection fails or 5 s pass.
+pub async fn http(addr: &str, request: &str) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let exchange = async {
         let mut socket = tokio::net::TcpStream::connect(addr).await?;
-        let request = format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n");
         socket.write_all(request.as_bytes()).await?;
         let mut response = String::new();
         socket.read_to_string(&mut response).await?;

@@ -1,0 +1,292 @@
+//! `outbox dashboard` on PostgreSQL, driven by headless Chromium: 100 dead letters across
+//! three destinations; the count the page shows for a filter equals what `outbox dead list
+//! --json` lists; replaying the filtered set through the confirmation leaves exactly those
+//! rows pending; the page's numbers follow. Without the token the action endpoints answer
+//! 401 and change nothing; a payload holding `<script>` is shown as text.
+//!
+//! Needs PostgreSQL, Chromium and playwright-core (`scripts/services.sh` installs them:
+//! `OUTBOX_TEST_CHROMIUM`, `OUTBOX_TEST_PLAYWRIGHT_PATH`). With `OUTBOX_SCREENSHOTS_DIR`
+//! set, the browser also saves the screenshots `docs/` shows.
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use outbox::postgres::PgOutbox;
+use outbox::{ClaimRequest, Completion, NewMessage, Store, TableNames};
+use outbox_test_support::{ChildGuard, no_server, output_within, server_url, wait_until};
+
+mod common;
+
+const TOKEN: &str = "dashboard-test-token-0123456789";
+const SCRIPT_PAYLOAD: &str = "<script>alert('owned')</script>";
+
+/// `(destination, reason, how many)`: 100 dead letters across three destinations.
+const DEAD: &[(&str, &str, usize)] = &[
+    ("billing", "HTTP 404 Not Found: no such invoice", 23),
+    ("billing", "HTTP 503 Service Unavailable", 17),
+    ("sms", "HTTP 404 unknown number", 21),
+    ("sms", "HTTP 400 bad template", 14),
+    ("email", "550 mailbox unavailable", 25),
+];
+
+struct Setup {
+    pool: sqlx::PgPool,
+    table: String,
+    dir: tempfile::TempDir,
+    addr: String,
+    config: std::path::PathBuf,
+    script_id: String,
+}
+
+async fn setup() -> Setup {
+    let url = server_url(
+        "OUTBOX_TEST_POSTGRES_URL",
+        "postgres://postgres@127.0.0.1:5432/test",
+    );
+    let pool = sqlx::PgPool::connect(&url)
+        .await
+        .unwrap_or_else(|e| no_server("PostgreSQL", "OUTBOX_TEST_POSTGRES_URL", &url, e));
+    let table = format!("dashboard_{:016x}", fastrand::u64(..));
+    let store = PgOutbox::with_names(pool.clone(), TableNames::default().outbox(&table).unwrap());
+    store.migrate().await.unwrap();
+
+    let mut messages = Vec::new();
+    let mut reasons = Vec::new();
+    for (destination, reason, n) in DEAD {
+        for i in 0..*n {
+            let payload = if *destination == "email" && i == 0 {
+                SCRIPT_PAYLOAD.to_owned()
+            } else {
+                format!("{{\"n\":{i}}}")
+            };
+            messages.push(
+                NewMessage::builder(*destination, "order.paid")
+                    .bytes(payload.into_bytes(), "text/plain")
+                    .build()
+                    .unwrap(),
+            );
+            reasons.push(*reason);
+        }
+    }
+    let script_id = messages[DEAD[..4].iter().map(|d| d.2).sum::<usize>()]
+        .id()
+        .to_string();
+    let mut tx = pool.begin().await.unwrap();
+    store.enqueue_all(&mut tx, &messages).await.unwrap();
+    tx.commit().await.unwrap();
+    let claim = store
+        .claim(&ClaimRequest::new("test", 100, Duration::from_secs(60)))
+        .await
+        .unwrap();
+    assert_eq!(claim.messages.len(), 100);
+    let deaths: Vec<_> = messages
+        .iter()
+        .zip(&reasons)
+        .map(|(m, reason)| Completion::dead(m.id(), *reason))
+        .collect();
+    store.complete(claim.lease.token, &deaths).await.unwrap();
+
+    let dir = tempfile::tempdir().unwrap();
+    let addr = {
+        let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        probe.local_addr().unwrap().to_string()
+    };
+    let config = dir.path().join("outbox.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[store]\nurl = \"{url}\"\ntable = \"{table}\"\n\n[dashboard]\nlisten = \"{addr}\"\ntoken_env = \"OUTBOX_TEST_DASHBOARD_TOKEN\"\n"
+        ),
+    )
+    .unwrap();
+    Setup {
+        pool,
+        table,
+        dir,
+        addr,
+        config,
+        script_id,
+    }
+}
+
+impl Setup {
+    fn dashboard(&self) -> ChildGuard {
+        let log = std::fs::File::create(self.dir.path().join("dashboard.log")).unwrap();
+        ChildGuard::spawn(
+            "outbox dashboard",
+            Command::new(env!("CARGO_BIN_EXE_outbox"))
+                .args(["--config", self.config.to_str().unwrap(), "dashboard"])
+                .env_remove("OUTBOX_CONFIG")
+                .env("OUTBOX_TEST_DASHBOARD_TOKEN", TOKEN)
+                .stdout(Stdio::null())
+                .stderr(Stdio::from(log)),
+        )
+    }
+
+    async fn started(&self) {
+        let addr = self.addr.clone();
+        wait_until(
+            "the dashboard to answer on its address",
+            Duration::from_secs(30),
+            || {
+                let addr = addr.clone();
+                async move { !common::http_get(&addr, "/").await.is_empty() }
+            },
+        )
+        .await;
+    }
+
+    /// `status = 'dead'` and `status = 'pending'` rows matching a destination and reason text.
+    async fn rows(&self, destination: &str, text: &str) -> (i64, i64) {
+        sqlx::query_as(&format!(
+            "SELECT count(*) FILTER (WHERE status = 'dead'), count(*) FILTER (WHERE status = 'pending') \
+             FROM {} WHERE destination = $1 AND strpos(last_error, $2) > 0",
+            self.table
+        ))
+        .bind(destination)
+        .bind(text)
+        .fetch_one(&self.pool)
+        .await
+        .unwrap()
+    }
+
+    async fn drop_table(&self) {
+        sqlx::query(&format!("DROP TABLE {} CASCADE", self.table))
+            .execute(&self.pool)
+            .await
+            .unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_filtered_replay_in_the_browser_matches_the_cli_and_the_table() {
+    let chromium = server_url("OUTBOX_TEST_CHROMIUM", "/usr/bin/chromium");
+    let playwright = server_url(
+        "OUTBOX_TEST_PLAYWRIGHT_PATH",
+        &format!(
+            "{}/.cache/outbox-browser/node_modules",
+            std::env::var("HOME").unwrap_or_default()
+        ),
+    );
+    assert!(
+        std::path::Path::new(&chromium).exists()
+            && std::path::Path::new(&playwright)
+                .join("playwright-core")
+                .exists(),
+        "this test needs Chromium ({chromium}) and playwright-core in {playwright}: run scripts/services.sh"
+    );
+    let setup = setup().await;
+    let _dashboard = setup.dashboard();
+    setup.started().await;
+
+    // What the CLI lists for the filter.
+    let listed = output_within(
+        "outbox dead list",
+        Duration::from_secs(30),
+        Command::new(env!("CARGO_BIN_EXE_outbox")).args([
+            "--config",
+            setup.config.to_str().unwrap(),
+            "dead",
+            "list",
+            "--destination",
+            "billing",
+            "--error-contains",
+            "404",
+            "--limit",
+            "1000",
+            "--json",
+        ]),
+    );
+    assert!(listed.status.success(), "{listed:?}");
+    let cli_count = String::from_utf8(listed.stdout).unwrap().lines().count();
+    assert_eq!(cli_count, 23);
+
+    let mut node = Command::new(server_url("OUTBOX_TEST_NODE", "node"));
+    node.arg(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/dashboard/browser.cjs"
+    ))
+    .args([
+        &format!("http://{}", setup.addr),
+        TOKEN,
+        "billing",
+        "404",
+        &setup.script_id,
+    ])
+    .args(std::env::var("OUTBOX_SCREENSHOTS_DIR").ok())
+    .env("NODE_PATH", &playwright)
+    .env("OUTBOX_TEST_CHROMIUM", &chromium);
+    let run = output_within("the browser script", Duration::from_secs(90), &mut node);
+    assert!(
+        run.status.success(),
+        "browser script failed: {}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let seen: serde_json::Value = serde_json::from_slice(&run.stdout).unwrap();
+    eprintln!("browser saw: {seen}");
+    assert_eq!(seen["shown"], cli_count, "the page's count is the CLI's");
+    assert_eq!(seen["rows"], cli_count, "one page holds them all");
+    assert_eq!(seen["confirm"], cli_count, "the confirmation says how many");
+    assert_eq!(seen["done"], cli_count, "and that many were replayed");
+    assert_eq!(seen["after"], 0, "the filter matches nothing any more");
+    assert_eq!(seen["overviewDead"], "40");
+    assert_eq!(seen["overviewDeadAfter"], "17", "the overview follows");
+    assert_eq!(seen["payloadText"], SCRIPT_PAYLOAD, "the payload is text");
+    assert_eq!(seen["dialogs"], serde_json::json!([]), "no script ran");
+
+    // In the table: exactly the filtered rows are pending; the others are untouched.
+    assert_eq!(setup.rows("billing", "404").await, (0, 23));
+    assert_eq!(setup.rows("billing", "503").await, (17, 0));
+    assert_eq!(setup.rows("sms", "404").await, (21, 0));
+    setup.drop_table().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_token_actions_answer_401_and_change_nothing() {
+    let setup = setup().await;
+    let _dashboard = setup.dashboard();
+    setup.started().await;
+    let dead_before = setup.rows("billing", "HTTP").await;
+
+    for path in ["/dead/review", "/dead/apply"] {
+        let body = "do=discard-all&destination=billing";
+        let response = common::http(
+            &setup.addr,
+            &format!(
+                "POST {path} HTTP/1.1\r\nhost: {}\r\ncontent-type: application/x-www-form-urlencoded\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                setup.addr,
+                body.len()
+            ),
+        )
+        .await;
+        assert!(response.starts_with("HTTP/1.1 401"), "{path}: {response}");
+        assert!(
+            response
+                .to_ascii_lowercase()
+                .contains("www-authenticate: basic")
+        );
+    }
+    let page = common::http_get(&setup.addr, "/dead").await;
+    assert!(page.starts_with("HTTP/1.1 401"), "{page}");
+    assert!(!page.contains("billing"));
+    assert_eq!(
+        setup.rows("billing", "HTTP").await,
+        dead_before,
+        "nothing changed"
+    );
+
+    // With the token, the message page shows the script payload escaped.
+    let page = common::http(
+        &setup.addr,
+        &format!(
+            "GET /messages/{} HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {TOKEN}\r\nconnection: close\r\n\r\n",
+            setup.script_id
+        ),
+    )
+    .await;
+    assert!(page.starts_with("HTTP/1.1 200"), "{page}");
+    assert!(page.contains("&lt;script&gt;alert('owned')&lt;/script&gt;"));
+    assert!(!page.contains(SCRIPT_PAYLOAD));
+    assert!(!page.contains(TOKEN), "the token is never rendered");
+    setup.drop_table().await;
+}
