@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Architecture invariants: the core and the webhook receiver depend on no database, broker
-# or HTTP client, so a service that only receives compiles none of them.
+# Architecture invariants: the core, the webhook receiver and the dashboard depend on no
+# database, broker or HTTP client, so a service that only receives compiles none of them,
+# and the dashboard works over any store.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,6 +24,8 @@ check() {
 
 check outbox-engine --all-features
 check outbox-receiver --all-features
+# The dashboard reads any store through the core's traits.
+check outbox-dashboard --all-features
 # The front crate with only the receiver's features: the receiving side of a service.
 check outbox --no-default-features --features receiver-axum
 

@@ -110,12 +110,25 @@ async fn setup() -> Setup {
 }
 
 impl Setup {
+    /// `outbox dashboard`.
     fn dashboard(&self) -> ChildGuard {
-        let log = std::fs::File::create(self.dir.path().join("dashboard.log")).unwrap();
+        self.outbox("dashboard", &self.config)
+    }
+
+    /// `outbox relay` with the same store and dashboard, and `routes`.
+    fn relay(&self, routes: &str) -> ChildGuard {
+        let config = self.dir.path().join("relay.toml");
+        let base = std::fs::read_to_string(&self.config).unwrap();
+        std::fs::write(&config, format!("{base}\n{routes}")).unwrap();
+        self.outbox("relay", &config)
+    }
+
+    fn outbox(&self, command: &str, config: &std::path::Path) -> ChildGuard {
+        let log = std::fs::File::create(self.dir.path().join(format!("{command}.log"))).unwrap();
         ChildGuard::spawn(
-            "outbox dashboard",
+            format!("outbox {command}"),
             Command::new(env!("CARGO_BIN_EXE_outbox"))
-                .args(["--config", self.config.to_str().unwrap(), "dashboard"])
+                .args(["--config", config.to_str().unwrap(), command])
                 .env_remove("OUTBOX_CONFIG")
                 .env("OUTBOX_TEST_DASHBOARD_TOKEN", TOKEN)
                 .stdout(Stdio::null())
@@ -156,6 +169,41 @@ impl Setup {
             .await
             .unwrap();
     }
+}
+
+/// Runs `browser.cjs` with `args` (and the screenshot folder, when asked for one).
+fn browser(args: &[&str]) -> std::process::Output {
+    let chromium = server_url("OUTBOX_TEST_CHROMIUM", "/usr/bin/chromium");
+    let playwright = server_url(
+        "OUTBOX_TEST_PLAYWRIGHT_PATH",
+        &format!(
+            "{}/.cache/outbox-browser/node_modules",
+            std::env::var("HOME").unwrap_or_default()
+        ),
+    );
+    assert!(
+        std::path::Path::new(&chromium).exists()
+            && std::path::Path::new(&playwright)
+                .join("playwright-core")
+                .exists(),
+        "this test needs Chromium ({chromium}) and playwright-core in {playwright}: run scripts/services.sh"
+    );
+    let mut node = Command::new(server_url("OUTBOX_TEST_NODE", "node"));
+    node.arg(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/dashboard/browser.cjs"
+    ))
+    .args(args)
+    .args(std::env::var("OUTBOX_SCREENSHOTS_DIR").ok())
+    .env("NODE_PATH", &playwright)
+    .env("OUTBOX_TEST_CHROMIUM", &chromium);
+    let run = output_within("the browser script", Duration::from_secs(90), &mut node);
+    assert!(
+        run.status.success(),
+        "browser script failed: {}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    run
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -201,27 +249,13 @@ async fn a_filtered_replay_in_the_browser_matches_the_cli_and_the_table() {
     let cli_count = String::from_utf8(listed.stdout).unwrap().lines().count();
     assert_eq!(cli_count, 23);
 
-    let mut node = Command::new(server_url("OUTBOX_TEST_NODE", "node"));
-    node.arg(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/dashboard/browser.cjs"
-    ))
-    .args([
+    let run = browser(&[
         &format!("http://{}", setup.addr),
         TOKEN,
         "billing",
         "404",
         &setup.script_id,
-    ])
-    .args(std::env::var("OUTBOX_SCREENSHOTS_DIR").ok())
-    .env("NODE_PATH", &playwright)
-    .env("OUTBOX_TEST_CHROMIUM", &chromium);
-    let run = output_within("the browser script", Duration::from_secs(90), &mut node);
-    assert!(
-        run.status.success(),
-        "browser script failed: {}",
-        String::from_utf8_lossy(&run.stderr)
-    );
+    ]);
     let seen: serde_json::Value = serde_json::from_slice(&run.stdout).unwrap();
     eprintln!("browser saw: {seen}");
     assert_eq!(seen["shown"], cli_count, "the page's count is the CLI's");
@@ -288,5 +322,70 @@ async fn without_the_token_actions_answer_401_and_change_nothing() {
     assert!(page.contains("&lt;script&gt;alert('owned')&lt;/script&gt;"));
     assert!(!page.contains(SCRIPT_PAYLOAD));
     assert!(!page.contains(TOKEN), "the token is never rendered");
+    setup.drop_table().await;
+}
+
+/// In `outbox relay`, the overview shows the relay's heartbeat, publish rate and latency.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_relay_serves_its_rate_and_latency_on_the_dashboard() {
+    let setup = setup().await;
+    let (url, received) = common::recording_receiver(1..5).await;
+    let store = PgOutbox::with_names(
+        setup.pool.clone(),
+        TableNames::default().outbox(&setup.table).unwrap(),
+    );
+    let messages: Vec<_> = (0..300)
+        .map(|i| {
+            NewMessage::builder("billing", "invoice.paid")
+                .json(&i)
+                .build()
+                .unwrap()
+        })
+        .collect();
+    let mut tx = setup.pool.begin().await.unwrap();
+    store.enqueue_all(&mut tx, &messages).await.unwrap();
+    tx.commit().await.unwrap();
+    let _relay = setup.relay(&format!(
+        "[relay]\npoll_interval = \"100ms\"\n\n[routes.billing]\nurl = \"{url}\"\nallow = [\"127.0.0.1\"]\n"
+    ));
+    setup.started().await;
+    wait_until(
+        "the relay to publish 300 messages",
+        Duration::from_secs(60),
+        || {
+            let n = received.lock().unwrap().len();
+            async move { n >= 300 }
+        },
+    )
+    .await;
+    let request = format!(
+        "GET / HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {TOKEN}\r\nconnection: close\r\n\r\n"
+    );
+    let page = common::http(&setup.addr, &request).await;
+    assert!(page.starts_with("HTTP/1.1 200"), "{page}");
+    assert!(
+        page.contains("Relay heartbeat: <span class=\"ok\">"),
+        "{page}"
+    );
+    let billing = &page[page.find("<td>billing</td>").expect("a billing row")..];
+    let billing = &billing[..billing.find("</tr>").unwrap()];
+    let cells: Vec<&str> = billing.split("<td class=\"n\">").skip(1).collect();
+    let text = |i: usize| cells[i][..cells[i].find("</td>").unwrap()].to_owned();
+    let rate: f64 = text(5).parse().unwrap();
+    assert!(
+        (300.0 / 60.0 - 0.05..=300.0 / 60.0 + 0.05).contains(&rate),
+        "300 in the last minute: {billing}"
+    );
+    assert!(
+        text(6).starts_with("≤ ") && text(7).starts_with("≤ "),
+        "p50 and p99: {billing}"
+    );
+    assert!(
+        billing.contains("<rect x="),
+        "the chart has a bar: {billing}"
+    );
+    if std::env::var_os("OUTBOX_SCREENSHOTS_DIR").is_some() {
+        browser(&["screenshot", &format!("http://{}", setup.addr), TOKEN]);
+    }
     setup.drop_table().await;
 }

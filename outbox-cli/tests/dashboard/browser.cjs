@@ -3,15 +3,15 @@
 // confirmation page, and reads the numbers again. Prints one JSON object on stdout.
 //
 //   node browser.cjs URL TOKEN DESTINATION ERROR_TEXT SCRIPT_MESSAGE_ID [SCREENSHOT_DIR]
+//   node browser.cjs screenshot URL TOKEN SCREENSHOT_DIR   (the overview of a running relay)
 //
 // Environment: OUTBOX_TEST_CHROMIUM (the browser binary), NODE_PATH (playwright-core).
 'use strict';
 
 const { chromium } = require('playwright-core');
 
-async function main() {
-  const [url, token, destination, errorText, scriptId, shots] = process.argv.slice(2);
-  const browser = await chromium.launch({
+function launch() {
+  return chromium.launch({
     executablePath: process.env.OUTBOX_TEST_CHROMIUM || '/usr/bin/chromium',
     headless: true,
     timeout: 30000,
@@ -19,21 +19,40 @@ async function main() {
     args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
       '--disable-background-networking', '--disable-component-update', '--disable-sync'],
   });
+}
+
+function signedIn(browser, token) {
+  return browser.newContext({
+    httpCredentials: { username: 'ops', password: token },
+    viewport: { width: 1200, height: 760 },
+  });
+}
+
+async function overview(url, token, shots) {
+  const browser = await launch();
+  try {
+    const page = await (await signedIn(browser, token)).newPage();
+    await page.goto(`${url}/`);
+    await page.screenshot({ path: `${shots}/dashboard-overview.png`, fullPage: true });
+  } finally {
+    await browser.close();
+  }
+}
+
+async function main() {
+  if (process.argv[2] === 'screenshot') return overview(...process.argv.slice(3));
+  const [url, token, destination, errorText, scriptId, shots] = process.argv.slice(2);
+  const browser = await launch();
   const result = {};
   let page;
   try {
-    const context = await browser.newContext({
-      httpCredentials: { username: 'ops', password: token },
-      viewport: { width: 1200, height: 760 },
-    });
-    page = await context.newPage();
+    page = await (await signedIn(browser, token)).newPage();
     page.setDefaultTimeout(15000);
     const dialogs = [];
     page.on('dialog', (d) => { dialogs.push(d.message()); d.dismiss(); });
 
     await page.goto(`${url}/`);
     result.overviewDead = await page.locator(`tr:has(td:text-is("${destination}")) td.n`).nth(3).innerText();
-    if (shots) await page.screenshot({ path: `${shots}/dashboard-overview.png`, fullPage: true });
 
     await page.goto(`${url}/dead`);
     await page.fill('input[name=destination]', destination);
