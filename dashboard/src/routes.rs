@@ -108,18 +108,21 @@ fn review(params: &Params) -> Result<Review, String> {
     })
 }
 
-fn checked(shared: &Shared, body: &Bytes) -> Result<Review, Response> {
+/// The change a posted form asks for, once its CSRF token checks out; otherwise the
+/// status and reason to answer with.
+fn checked(shared: &Shared, body: &Bytes) -> Result<Review, (StatusCode, String)> {
     let params = Params::parse(body);
     if !params
         .one("csrf")
         .is_some_and(|token| shared.access.csrf_matches(token))
     {
-        return Err(pages::problem(
+        return Err((
             StatusCode::FORBIDDEN,
-            "the form is stale or forged (no valid CSRF token): reload the page and try again",
+            "the form is stale or forged (no valid CSRF token): reload the page and try again"
+                .to_owned(),
         ));
     }
-    review(&params).map_err(|reason| bad_request(&reason))
+    review(&params).map_err(|reason| (StatusCode::BAD_REQUEST, reason))
 }
 
 pub(crate) async fn review_page(
@@ -129,7 +132,7 @@ pub(crate) async fn review_page(
 ) -> Response {
     let review = match checked(&shared, &body) {
         Ok(review) => review,
-        Err(response) => return response,
+        Err((status, reason)) => return pages::problem(status, &reason),
     };
     match shared.store.count_dead(&review.filter).await {
         Ok(count) => pages::confirm(&base, &review, count, &shared.access.csrf).into_response(),
@@ -144,7 +147,7 @@ pub(crate) async fn apply(
 ) -> Response {
     let review = match checked(&shared, &body) {
         Ok(review) => review,
-        Err(response) => return response,
+        Err((status, reason)) => return pages::problem(status, &reason),
     };
     let done = match review.change {
         Change::Replay => shared.store.replay_dead(&review.filter).await,

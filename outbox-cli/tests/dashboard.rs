@@ -208,21 +208,6 @@ fn browser(args: &[&str]) -> std::process::Output {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_filtered_replay_in_the_browser_matches_the_cli_and_the_table() {
-    let chromium = server_url("OUTBOX_TEST_CHROMIUM", "/usr/bin/chromium");
-    let playwright = server_url(
-        "OUTBOX_TEST_PLAYWRIGHT_PATH",
-        &format!(
-            "{}/.cache/outbox-browser/node_modules",
-            std::env::var("HOME").unwrap_or_default()
-        ),
-    );
-    assert!(
-        std::path::Path::new(&chromium).exists()
-            && std::path::Path::new(&playwright)
-                .join("playwright-core")
-                .exists(),
-        "this test needs Chromium ({chromium}) and playwright-core in {playwright}: run scripts/services.sh"
-    );
     let setup = setup().await;
     let _dashboard = setup.dashboard();
     setup.started().await;
