@@ -31,6 +31,7 @@ mod ident;
 pub mod mysql;
 pub mod postgres;
 pub mod sqlite;
+pub mod values;
 
 pub use ident::{Ident, IdentError, MAX_IDENT_BYTES};
 

@@ -1,0 +1,141 @@
+//! How the table's columns hold values, for every backend (sqlx, diesel): durations in
+//! milliseconds, ids as text, headers as a JSON object, completions as a status with a
+//! delay and an error, and the reasons an unreadable row is dead-lettered with.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use outbox_engine::{
+    Availability, ClaimRequest, CompleteAction, Completion, Headers, Lease, LeaseToken, Message,
+    MessageId, NewMessage, PublishedRows,
+};
+
+/// A fresh lease for `request`, `lease_ms` from now by this host's clock (the rows'
+/// deadline is set by the database's clock; this is the relay's own estimate).
+pub fn lease(request: &ClaimRequest, lease_ms: i64) -> (LeaseToken, Lease) {
+    let token = LeaseToken::new();
+    let lease = Lease {
+        owner: request.owner.clone(),
+        token,
+        until: Utc::now() + chrono::Duration::milliseconds(lease_ms),
+    };
+    (token, lease)
+}
+
+/// Splits completions into those that delete their row (published, in delete mode) and
+/// those that update it.
+pub fn split_deleted(
+    published: PublishedRows,
+    completions: &[Completion],
+) -> (Vec<&Completion>, Vec<&Completion>) {
+    completions
+        .iter()
+        .partition(|c| published == PublishedRows::Delete && c.action == CompleteAction::Published)
+}
+
+/// A completion's delay in milliseconds and the error it records.
+pub fn completion_parts(action: &CompleteAction) -> (i64, Option<&str>) {
+    match action {
+        CompleteAction::Published => (0, None),
+        CompleteAction::Retry { delay, error } | CompleteAction::Defer { delay, error } => {
+            (millis(*delay), Some(error))
+        }
+        CompleteAction::Dead { reason } => (0, Some(reason)),
+    }
+}
+
+/// A duration as whole milliseconds for binding, saturating.
+pub fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// When a new message is due: an absolute instant, or a delay from the database's now.
+pub fn availability(message: &NewMessage) -> (Option<DateTime<Utc>>, i64) {
+    match message.availability() {
+        Availability::Now => (None, 0),
+        Availability::After(delay) => (None, millis(delay)),
+        Availability::At(at) => (Some(at), 0),
+    }
+}
+
+/// The `headers` column's text.
+pub fn headers_json(headers: &Headers) -> String {
+    serde_json::to_string(headers).expect("string maps always serialize")
+}
+
+/// Reads the `headers` column; the error is a dead-letter reason naming the column.
+pub fn headers_from_json(json: &str) -> Result<Headers, String> {
+    serde_json::from_str(json)
+        .map_err(|e| undecodable("headers", format!("not a JSON object of strings ({e})")))
+}
+
+/// Sets `message.headers` from the `headers` column's text. With `strict` off, headers
+/// that cannot be read are left empty (for listing the dead letters such rows became).
+///
+/// # Errors
+///
+/// The dead-letter reason, when `strict` and the text is not a JSON object of strings.
+pub fn read_headers(message: &mut Message, json: &str, strict: bool) -> Result<(), String> {
+    match headers_from_json(json) {
+        Ok(headers) => message.headers = headers,
+        Err(reason) if strict => return Err(reason),
+        Err(_) => {}
+    }
+    Ok(())
+}
+
+/// The reason a claimed row that cannot be read as a message is dead-lettered with.
+pub fn undecodable(column: &str, problem: impl std::fmt::Display) -> String {
+    format!("undecodable row: column {column}: {problem}")
+}
+
+/// Reads a message id stored as text: only the lowercase hyphenated form the library
+/// writes is accepted, because completions find rows by comparing that text.
+///
+/// # Errors
+///
+/// The dead-letter reason for any other text.
+pub fn stored_id(text: &str) -> Result<MessageId, String> {
+    match uuid::Uuid::parse_str(text) {
+        Ok(id) if id.hyphenated().to_string() == text => Ok(MessageId::from_uuid(id)),
+        _ => Err(undecodable(
+            "id",
+            format!("{text:?} is not a lowercase hyphenated UUID"),
+        )),
+    }
+}
+
+/// An `attempts` column value as a count (negative values read as 0).
+pub fn attempts(value: i64) -> u32 {
+    u32::try_from(value.max(0)).unwrap_or(u32::MAX)
+}
+
+/// A `COUNT(*)` value (negative values read as 0).
+pub fn count(value: i64) -> u64 {
+    u64::try_from(value.max(0)).unwrap_or(0)
+}
+
+/// A limit for binding, saturating.
+pub fn limit(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// `key` as the text stores keep ids (lowercase, hyphenated) when it is a UUID in any
+/// spelling; otherwise `key` itself, which matches no id.
+pub fn id_text(key: &str) -> String {
+    uuid::Uuid::parse_str(key).map_or_else(|_| key.to_owned(), |id| id.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_read_only_in_the_form_written() {
+        let id = MessageId::new();
+        assert_eq!(stored_id(&id.to_string()), Ok(id));
+        assert!(stored_id(&id.to_string().to_uppercase()).is_err());
+        assert_eq!(id_text(&id.to_string().to_uppercase()), id.to_string());
+        assert_eq!(id_text("not-an-id"), "not-an-id");
+    }
+}
