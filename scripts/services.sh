@@ -20,6 +20,7 @@
 #               OUTBOX_TEST_MOTO names)
 #   Python and Node with the drivers the foreign-writer tests use (see ensure_writers)
 #   Chromium (Debian) and playwright-core (npm) for the dashboard's browser test
+#   libpq and libmariadb (Debian's -dev packages), which diesel's connections link to
 set -euo pipefail
 
 log() { printf '[services] %s\n' "$*" >&2; }
@@ -68,10 +69,15 @@ ensure_postgres() {
         wait_for PostgreSQL 30 pg_isready -q -h 127.0.0.1 -p 5432
     fi
     # Commit timestamps: the relay measures commit-to-publish latency from the commit with
-    # them (docs/operations.md); the setting needs a restart.
-    if [[ $(psql -h 127.0.0.1 -U postgres -d postgres -Atc "SHOW track_commit_timestamp") != on ]]; then
-        log "turning on track_commit_timestamp and restarting PostgreSQL"
+    # them (decision 0026); the setting needs a restart.
+    # Connections: tests run two at a time, each suite check with a pool of its own, and
+    # a test that stops early leaves its connections to close; 100 is too tight (also
+    # needs a restart).
+    if [[ $(psql -h 127.0.0.1 -U postgres -d postgres -Atc "SHOW track_commit_timestamp") != on ||
+          $(psql -h 127.0.0.1 -U postgres -d postgres -Atc "SHOW max_connections") -lt 300 ]]; then
+        log "turning on track_commit_timestamp, allowing 300 connections, restarting PostgreSQL"
         psql -h 127.0.0.1 -U postgres -d postgres -qc "ALTER SYSTEM SET track_commit_timestamp = on"
+        psql -h 127.0.0.1 -U postgres -d postgres -qc "ALTER SYSTEM SET max_connections = 300"
         as_root pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | sort -V | tail -1)" main restart
         wait_for PostgreSQL 30 pg_isready -q -h 127.0.0.1 -p 5432
     fi
@@ -250,6 +256,18 @@ ensure_browser() {
     echo "OUTBOX_TEST_PLAYWRIGHT_PATH=$BROWSER_DIR/node_modules"
 }
 
+# The C client libraries diesel's sync connections link to (libpq, libmariadb).
+ensure_client_libs() {
+    local missing=()
+    dpkg -s libpq-dev >/dev/null 2>&1 || missing+=(libpq-dev)
+    dpkg -s libmariadb-dev-compat >/dev/null 2>&1 || missing+=(libmariadb-dev libmariadb-dev-compat)
+    command -v pkg-config >/dev/null || missing+=(pkg-config)
+    if [[ ${#missing[@]} -gt 0 ]]; then
+        apt_install "${missing[@]}"
+    fi
+}
+
+ensure_client_libs
 ensure_postgres
 ensure_mariadb
 ensure_redis

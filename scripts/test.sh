@@ -165,7 +165,7 @@ for unpacked in "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/; do
     case $unpacked in */index.crates.io-*/) continue ;; esac
     rm -rf "$unpacked"outbox-[0-9]* "$unpacked"outbox-engine-* "$unpacked"outbox-sql-* \
         "$unpacked"outbox-sqlx-* "$unpacked"outbox-sink-* "$unpacked"outbox-receiver-* \
-        "$unpacked"outbox-dashboard-*
+        "$unpacked"outbox-dashboard-* "$unpacked"outbox-diesel-*
 done
 check env CARGO_TARGET_DIR="$publish_target" cargo publish --workspace --dry-run --allow-dirty --quiet
 

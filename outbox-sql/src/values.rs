@@ -5,9 +5,11 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use std::collections::{BTreeMap, HashSet};
+
 use outbox_engine::{
-    Availability, ClaimRequest, CompleteAction, Completion, Headers, Lease, LeaseToken, Message,
-    MessageId, NewMessage, PublishedRows,
+    Availability, ClaimRequest, CompleteAction, CompleteReport, Completion, DestinationGauges,
+    Gauges, Headers, Lease, LeaseToken, Message, MessageId, NewMessage, PublishedRows,
 };
 
 /// A fresh lease for `request`, `lease_ms` from now by this host's clock (the rows'
@@ -124,6 +126,56 @@ pub fn limit(n: usize) -> i64 {
 /// spelling; otherwise `key` itself, which matches no id.
 pub fn id_text(key: &str) -> String {
     uuid::Uuid::parse_str(key).map_or_else(|_| key.to_owned(), |id| id.to_string())
+}
+
+/// The report of a completion: the `requested` ids whose rows the statement changed
+/// (`applied`) count once; the others, and a repeated id, are stale.
+pub fn report(
+    requested: impl Iterator<Item = MessageId>,
+    applied: &HashSet<MessageId>,
+) -> CompleteReport {
+    let mut report = CompleteReport::default();
+    let mut counted = HashSet::new();
+    for id in requested {
+        if applied.contains(&id) && counted.insert(id) {
+            report.applied += 1;
+        } else {
+            report.stale.push(id);
+        }
+    }
+    report
+}
+
+/// The gauges from the three gauge reads: the unfinished rows per destination, the dead
+/// ones, and the halted keys; truncated when a read returned `limit` rows.
+pub fn gauges(
+    unfinished: Vec<DestinationGauges>,
+    dead: Vec<(String, u64)>,
+    halted: Vec<(String, u64)>,
+    limit: usize,
+) -> Gauges {
+    let mut by_destination: BTreeMap<String, DestinationGauges> = BTreeMap::new();
+    let read_unfinished: u64 = unfinished.iter().map(DestinationGauges::backlog).sum();
+    for d in unfinished {
+        by_destination.insert(d.destination.clone(), d);
+    }
+    let read_dead: u64 = dead.iter().map(|(_, n)| n).sum();
+    for (destination, n) in dead {
+        by_destination
+            .entry(destination.clone())
+            .or_insert_with(|| DestinationGauges::new(destination))
+            .dead = n;
+    }
+    for (destination, keys) in halted {
+        if let Some(d) = by_destination.get_mut(&destination) {
+            d.halted_keys = keys;
+        }
+    }
+    let limit = u64::try_from(limit).unwrap_or(u64::MAX);
+    let mut gauges = Gauges::default();
+    gauges.truncated = read_unfinished >= limit || read_dead >= limit;
+    gauges.destinations = by_destination.into_values().collect();
+    gauges
 }
 
 #[cfg(test)]

@@ -4,8 +4,8 @@
 // Each dialect uses some of these; a build with one dialect leaves the others unused.
 #[allow(unused_imports)]
 pub(crate) use outbox_sql::values::{
-    attempts, availability, completion_parts, count, headers_json, id_text, lease, limit,
-    millis, read_headers, split_deleted, stored_id, undecodable,
+    attempts, availability, completion_parts, count, headers_json, id_text, lease, limit, millis,
+    read_headers, split_deleted, stored_id, undecodable,
 };
 
 /// Binds the ten message columns every insert takes between the id and the due time:

@@ -1,15 +1,13 @@
 //! The outbox store, written once over a [`SqlDialect`]: construction, migrations, the
 //! relay's [`Store`], stats, dead letters and purge. Each dialect module adds its enqueue.
 
-use std::collections::{BTreeMap, HashSet};
 use std::fmt;
 use std::sync::Arc;
 
 use outbox_engine::{
     Backend, Claim, ClaimRequest, CompleteReport, Completion, DeadLetter, DeadLetterFilter,
-    DeadLetters, DestinationGauges, DestinationStats, FindMessages, FoundMessage, Gauges,
-    LeaseToken, Listener, MessageId, Purge, PurgeRequest, Stats, Store, StoreError, StoreStats,
-    Wakeup,
+    DeadLetters, DestinationStats, FindMessages, FoundMessage, Gauges, LeaseToken, Listener,
+    MessageId, Purge, PurgeRequest, Stats, Store, StoreError, StoreStats, Wakeup,
 };
 use outbox_sql::TableNames;
 use tracing::warn;
@@ -141,46 +139,34 @@ where
     async fn gauges(&self, limit: usize) -> Result<Option<Gauges>, StoreError> {
         let shared = DB::shared(&self.sql);
         let bound = crate::common::limit(limit);
-        let mut by_destination: BTreeMap<String, DestinationGauges> = BTreeMap::new();
-        let (mut unfinished, mut dead) = (0, 0);
-        let rows = sqlx::query(&shared.gauges_unfinished)
+        let unfinished = sqlx::query(&shared.gauges_unfinished)
             .bind(bound)
             .fetch_all(&self.pool)
             .await
             .map_err(classify)?;
-        for row in &rows {
-            let d = rows::unfinished_gauges::<DB>(row)?;
-            unfinished += d.backlog();
-            by_destination.insert(d.destination.clone(), d);
-        }
-        let rows = sqlx::query(&shared.gauges_dead)
+        let dead = sqlx::query(&shared.gauges_dead)
             .bind(bound)
             .fetch_all(&self.pool)
             .await
             .map_err(classify)?;
-        for row in &rows {
-            let (destination, n) = rows::dead_gauge::<DB>(row)?;
-            dead += n;
-            by_destination
-                .entry(destination.clone())
-                .or_insert_with(|| DestinationGauges::new(destination))
-                .dead = n;
-        }
-        let rows = sqlx::query(&shared.halted_keys)
+        let halted = sqlx::query(&shared.halted_keys)
             .fetch_all(&self.pool)
             .await
             .map_err(classify)?;
-        for row in &rows {
-            let (destination, keys) = rows::halted_keys::<DB>(row)?;
-            if let Some(d) = by_destination.get_mut(&destination) {
-                d.halted_keys = keys;
-            }
-        }
-        let limit = u64::try_from(limit).unwrap_or(u64::MAX);
-        let mut gauges = Gauges::default();
-        gauges.truncated = unfinished >= limit || dead >= limit;
-        gauges.destinations = by_destination.into_values().collect();
-        Ok(Some(gauges))
+        Ok(Some(outbox_sql::values::gauges(
+            unfinished
+                .iter()
+                .map(rows::unfinished_gauges::<DB>)
+                .collect::<Result<_, _>>()?,
+            dead.iter()
+                .map(rows::dead_gauge::<DB>)
+                .collect::<Result<_, _>>()?,
+            halted
+                .iter()
+                .map(rows::halted_keys::<DB>)
+                .collect::<Result<_, _>>()?,
+            limit,
+        )))
     }
 
     async fn complete(
@@ -192,7 +178,10 @@ where
             return Ok(CompleteReport::default());
         }
         let applied = DB::complete(self, token, completions).await?;
-        Ok(report(completions.iter().map(|c| c.id), &applied))
+        Ok(outbox_sql::values::report(
+            completions.iter().map(|c| c.id),
+            &applied,
+        ))
     }
 
     async fn release(
@@ -204,26 +193,8 @@ where
             return Ok(CompleteReport::default());
         }
         let released = DB::release(self, token, ids).await?;
-        Ok(report(ids.iter().copied(), &released))
+        Ok(outbox_sql::values::report(ids.iter().copied(), &released))
     }
-}
-
-/// One entry per requested id: applied if it is the first for its id and the row was
-/// changed, stale otherwise (so a repeated id is stale, as it is for the memory store).
-fn report(
-    requested: impl Iterator<Item = MessageId>,
-    applied: &HashSet<MessageId>,
-) -> CompleteReport {
-    let mut report = CompleteReport::default();
-    let mut counted = HashSet::new();
-    for id in requested {
-        if applied.contains(&id) && counted.insert(id) {
-            report.applied += 1;
-        } else {
-            report.stale.push(id);
-        }
-    }
-    report
 }
 
 impl<DB> StoreStats for SqlOutbox<DB>

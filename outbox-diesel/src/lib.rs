@@ -1,0 +1,39 @@
+//! The transactional outbox for diesel users: enqueue inside your own
+//! `conn.transaction(|conn| …)`, a relay store over an r2d2 pool, and the receiver's
+//! inbox, on PostgreSQL, SQLite and MySQL/MariaDB.
+//!
+//! The table, its statements and its migrations are those of `outbox-sqlx` (one source,
+//! the `outbox-sql` crate): a table created and written by one backend is migrated,
+//! drained and operated by the other, and the CLI operates both.
+//!
+//! | feature | gives |
+//! |---|---|
+//! | `postgres` | [`postgres::PgOutbox`], [`postgres::PgInbox`] on `PgConnection` |
+//! | `sqlite` | `sqlite::SqliteOutbox`, `sqlite::SqliteInbox` on `SqliteConnection` |
+//! | `mysql` | `mysql::MysqlOutbox`, `mysql::MysqlInbox` on `MysqlConnection` (MySQL 8, MariaDB ≥ 10.6) |
+//! | `async` | enqueue and record on the diesel-async connections of the dialects that are on |
+//!
+//! The relay store runs each call on a pooled connection in tokio's blocking pool
+//! (decision 0029): the relay is async, the statements are diesel's sync ones, and
+//! nothing holds a transaction across an `.await`.
+
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+mod dialect;
+mod error;
+mod inbox;
+mod migrate;
+mod rows;
+mod store;
+
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub mod postgres;
+
+pub use dialect::DieselDialect;
+pub use inbox::DieselInbox;
+pub use outbox_sql::TableNames;
+pub use store::{DieselOutbox, PublishedRows};
+
+/// The diesel this crate is built on, for matching versions.
+pub use diesel;

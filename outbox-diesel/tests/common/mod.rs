@@ -1,0 +1,244 @@
+//! Harnesses of the conformance suites over the diesel stores, for every dialect.
+#![allow(dead_code, unreachable_pub)]
+
+use std::time::Duration;
+
+use diesel::RunQueryDsl;
+use diesel::connection::TransactionManager;
+use diesel::r2d2::{ConnectionManager, Pool, PooledConnection};
+use outbox_diesel::{DieselDialect, DieselInbox, DieselOutbox, PublishedRows, TableNames};
+use outbox_engine::testkit::store_suite::Capabilities;
+use outbox_engine::testkit::{InboxHarness, StoreHarness};
+use outbox_engine::{NewMessage, StoreError, StoreErrorKind};
+
+pub fn fresh_table(prefix: &str) -> String {
+    format!("{prefix}_{:016x}", fastrand::u64(..))
+}
+
+/// A pool of `C` on `url`, or a loud failure naming the server.
+pub fn pool<C: DieselDialect>(
+    what: &str,
+    var: &str,
+    url: &str,
+    size: u32,
+) -> Pool<ConnectionManager<C>> {
+    // No idle connections kept beyond use: each suite check builds a pool of its own.
+    Pool::builder()
+        .max_size(size)
+        .min_idle(Some(0))
+        .connection_timeout(Duration::from_secs(10))
+        .build(ConnectionManager::<C>::new(url))
+        .unwrap_or_else(|e| outbox_test_support::no_server(what, var, url, e))
+}
+
+/// Runs `work` on a pooled connection in the blocking pool.
+pub async fn blocking<C, T>(
+    pool: &Pool<ConnectionManager<C>>,
+    work: impl FnOnce(&mut C) -> T + Send + 'static,
+) -> T
+where
+    C: DieselDialect,
+    T: Send + 'static,
+{
+    let pool = pool.clone();
+    tokio::task::spawn_blocking(move || work(&mut pool.get().expect("a connection")))
+        .await
+        .expect("blocking task")
+}
+
+/// The store suite's harness: a fresh outbox table; `advance` moves its times back by
+/// the dialect's `shift` statement (one `$1`/`?` bind: milliseconds).
+pub struct Harness<C: DieselDialect> {
+    pub outbox: DieselOutbox<C>,
+    pub name: &'static str,
+    pub mode: PublishedRows,
+    pub shift: String,
+    pub per_key: bool,
+}
+
+impl<C: DieselDialect> StoreHarness for Harness<C>
+where
+    i64: diesel::serialize::ToSql<diesel::sql_types::BigInt, C::Backend>,
+    diesel::query_builder::BoxedSqlQuery<'static, C::Backend, diesel::query_builder::SqlQuery>:
+        diesel::query_dsl::methods::ExecuteDsl<C>,
+{
+    type Store = DieselOutbox<C>;
+
+    fn store(&self) -> &DieselOutbox<C> {
+        &self.outbox
+    }
+
+    fn name(&self) -> String {
+        self.name.to_owned()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::new()
+            .published_rows(self.mode)
+            .per_key_ordering(self.per_key)
+    }
+
+    async fn enqueue(&self, messages: Vec<NewMessage>) -> Result<(), StoreError> {
+        let outbox = self.outbox.clone();
+        blocking(self.outbox.pool(), move |conn| {
+            let mut failed = None;
+            let done = conn.transaction(|conn| {
+                outbox.enqueue_all(conn, &messages).map_err(|e| {
+                    failed = Some(e);
+                    diesel::result::Error::RollbackTransaction
+                })
+            });
+            match (done, failed) {
+                (_, Some(error)) => Err(error),
+                (Ok(_), None) => Ok(()),
+                (Err(e), None) => Err(StoreError::new(StoreErrorKind::Other, e.to_string())),
+            }
+        })
+        .await
+    }
+
+    async fn advance(&self, by: Duration) {
+        let ms = i64::try_from(by.as_millis()).expect("ms");
+        let shift = self.shift.clone();
+        blocking(self.outbox.pool(), move |conn| {
+            diesel::sql_query(shift)
+                .into_boxed()
+                .bind::<diesel::sql_types::BigInt, _>(ms)
+                .execute(conn)
+                .expect("shift the row times")
+        })
+        .await;
+    }
+}
+
+/// The inbox suite's harness: transactions begun and ended by hand on pooled
+/// connections, each sync call made in the blocking pool (the suite runs deliveries
+/// concurrently in one task, which a call blocking the task would deadlock).
+pub struct InboxOf<C: DieselDialect> {
+    pub inbox: SyncInbox<C>,
+    pub pool: Pool<ConnectionManager<C>>,
+    /// Moves the records' times back: one bind, seconds.
+    pub age: String,
+}
+
+/// [`DieselInbox`]'s sync calls, awaited from async code on a connection moved into the
+/// blocking pool and back.
+pub struct SyncInbox<C: DieselDialect>(pub DieselInbox<C>);
+
+/// A pooled connection with an open transaction, lent to one call at a time.
+pub struct Held<C: DieselDialect>(Option<PooledConnection<ConnectionManager<C>>>);
+
+impl<C: DieselDialect> Held<C> {
+    async fn with<T: Send + 'static>(
+        &mut self,
+        work: impl FnOnce(&mut C) -> T + Send + 'static,
+    ) -> T {
+        let mut conn = self.0.take().expect("the connection is back");
+        let (conn, out) = tokio::task::spawn_blocking(move || {
+            let out = work(&mut conn);
+            (conn, out)
+        })
+        .await
+        .expect("blocking task");
+        self.0 = Some(conn);
+        out
+    }
+}
+
+impl<C> outbox_engine::Inbox for SyncInbox<C>
+where
+    C: DieselDialect,
+    String: diesel::serialize::ToSql<diesel::sql_types::Text, C::Backend>,
+    i64: diesel::serialize::ToSql<diesel::sql_types::BigInt, C::Backend>,
+    diesel::query_builder::BoxedSqlQuery<'static, C::Backend, diesel::query_builder::SqlQuery>:
+        diesel::query_dsl::methods::ExecuteDsl<C>,
+{
+    type Connection = Held<C>;
+
+    async fn record(
+        &self,
+        conn: &mut Held<C>,
+        consumer: &str,
+        key: &str,
+    ) -> Result<outbox_engine::Delivery, StoreError> {
+        let (inbox, consumer, key) = (self.0.clone(), consumer.to_owned(), key.to_owned());
+        conn.with(move |conn| inbox.record(conn, &consumer, &key))
+            .await
+    }
+
+    async fn purge(
+        &self,
+        conn: &mut Held<C>,
+        older_than: Duration,
+        batch_size: usize,
+    ) -> Result<u64, StoreError> {
+        let inbox = self.0.clone();
+        conn.with(move |conn| inbox.purge(conn, older_than, batch_size))
+            .await
+    }
+}
+
+impl<C> InboxHarness for InboxOf<C>
+where
+    C: DieselDialect,
+    SyncInbox<C>: outbox_engine::Inbox<Connection = Held<C>>,
+    i64: diesel::serialize::ToSql<diesel::sql_types::BigInt, C::Backend>,
+    diesel::query_builder::BoxedSqlQuery<'static, C::Backend, diesel::query_builder::SqlQuery>:
+        diesel::query_dsl::methods::ExecuteDsl<C>,
+{
+    type Inbox = SyncInbox<C>;
+    type Tx = Held<C>;
+
+    fn inbox(&self) -> &SyncInbox<C> {
+        &self.inbox
+    }
+
+    async fn begin(&self) -> Held<C> {
+        // A plain BEGIN: the inbox's record is the first statement, a write, so SQLite
+        // takes its write lock there.
+        let pool = self.pool.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut conn = pool.get().expect("a connection");
+            C::TransactionManager::begin_transaction(&mut *conn).expect("begin");
+            Held(Some(conn))
+        })
+        .await
+        .expect("begin task")
+    }
+
+    fn conn(tx: &mut Held<C>) -> &mut Held<C> {
+        tx
+    }
+
+    async fn commit(mut tx: Held<C>) -> Result<(), StoreError> {
+        tx.with(|conn| C::TransactionManager::commit_transaction(conn))
+            .await
+            .map_err(|e| StoreError::new(StoreErrorKind::Other, e.to_string()))
+    }
+
+    async fn rollback(mut tx: Held<C>) {
+        tx.with(|conn| C::TransactionManager::rollback_transaction(conn))
+            .await
+            .expect("rollback");
+    }
+
+    async fn age(&self, by: Duration) {
+        let seconds = i64::try_from(by.as_secs()).expect("seconds");
+        let age = self.age.clone();
+        blocking(&self.pool, move |conn| {
+            diesel::sql_query(age)
+                .into_boxed()
+                .bind::<diesel::sql_types::BigInt, _>(seconds)
+                .execute(conn)
+                .expect("age the inbox records")
+        })
+        .await;
+    }
+}
+
+/// Table names with a fresh outbox table.
+pub fn names(prefix: &str) -> TableNames {
+    TableNames::default()
+        .outbox(&fresh_table(prefix))
+        .expect("a valid name")
+}

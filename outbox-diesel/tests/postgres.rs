@@ -1,0 +1,76 @@
+//! The diesel store and inbox on a real PostgreSQL: the store, ordering and inbox suites.
+#![cfg(feature = "postgres")]
+
+mod common;
+
+use diesel::PgConnection;
+use outbox_diesel::PublishedRows;
+use outbox_diesel::postgres::{PgInbox, PgOutbox};
+use outbox_engine::testkit::{inbox_suite, store_suite};
+use outbox_sql::Dialect;
+
+const VAR: &str = "OUTBOX_TEST_POSTGRES_URL";
+
+fn url() -> String {
+    outbox_test_support::server_url(VAR, "postgres://postgres@127.0.0.1:5432/test")
+}
+
+async fn harness(mode: PublishedRows) -> common::Harness<PgConnection> {
+    let names = common::names("diesel_outbox");
+    let shift = names.render(
+        Dialect::Postgres,
+        "UPDATE {outbox} SET created_at = created_at - $1 * interval '1 millisecond', \
+         available_at = available_at - $1 * interval '1 millisecond', \
+         lease_until = lease_until - $1 * interval '1 millisecond', \
+         published_at = published_at - $1 * interval '1 millisecond', \
+         dead_at = dead_at - $1 * interval '1 millisecond'",
+    );
+    // Enough for the suite's eight concurrent claimers.
+    let pool = common::pool::<PgConnection>("PostgreSQL", VAR, &url(), 10);
+    let outbox = PgOutbox::with_names(pool, names).published_rows(mode);
+    outbox.migrate().await.expect("migrate");
+    common::Harness {
+        outbox,
+        name: "diesel-postgres",
+        mode,
+        shift,
+        per_key: true,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_passes_the_store_suite() {
+    store_suite::run_all(|| harness(PublishedRows::Keep)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_passes_the_store_and_ordering_suites_in_delete_mode() {
+    store_suite::run_all(|| harness(PublishedRows::Delete)).await;
+    store_suite::run_ordering(|| harness(PublishedRows::Delete)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_passes_the_ordering_suite() {
+    store_suite::run_ordering(|| harness(PublishedRows::Keep)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_passes_the_inbox_suite() {
+    inbox_suite::run_all(|| async {
+        let names = outbox_sql::TableNames::default()
+            .inbox(&common::fresh_table("diesel_inbox"))
+            .unwrap();
+        let pool = common::pool::<PgConnection>("PostgreSQL", VAR, &url(), 12);
+        let inbox = PgInbox::with_names(names.clone());
+        inbox.migrate(&pool).await.expect("migrate the inbox");
+        common::InboxOf {
+            inbox: common::SyncInbox(inbox),
+            pool,
+            age: names.render(
+                Dialect::Postgres,
+                "UPDATE {inbox} SET received_at = received_at - $1 * interval '1 second'",
+            ),
+        }
+    })
+    .await;
+}
