@@ -9,7 +9,7 @@
 //! | feature | gives |
 //! |---|---|
 //! | `postgres` | [`postgres::PgOutbox`], [`postgres::PgInbox`] on `PgConnection` |
-//! | `sqlite` | `sqlite::SqliteOutbox`, `sqlite::SqliteInbox` on `SqliteConnection` |
+//! | `sqlite` | [`sqlite::SqliteOutbox`], [`sqlite::SqliteInbox`] on `SqliteConnection`, [`sqlite::Pragmas`] for its pool |
 //! | `mysql` | `mysql::MysqlOutbox`, `mysql::MysqlInbox` on `MysqlConnection` (MySQL 8, MariaDB ≥ 10.6) |
 //! | `async` | enqueue and record on the diesel-async connections of the dialects that are on |
 //!
@@ -22,6 +22,8 @@
 mod dialect;
 mod error;
 mod inbox;
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+mod keyed;
 mod migrate;
 mod rows;
 mod store;
@@ -29,6 +31,9 @@ mod store;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub mod postgres;
+#[cfg(feature = "sqlite")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
+pub mod sqlite;
 
 pub use dialect::DieselDialect;
 pub use inbox::DieselInbox;

@@ -35,6 +35,7 @@ async fn harness(mode: PublishedRows) -> common::Harness<PgConnection> {
         mode,
         shift,
         per_key: true,
+        keep: None,
     }
 }
 
@@ -70,6 +71,7 @@ async fn postgres_passes_the_inbox_suite() {
                 Dialect::Postgres,
                 "UPDATE {inbox} SET received_at = received_at - $1 * interval '1 second'",
             ),
+            keep: None,
         }
     })
     .await;

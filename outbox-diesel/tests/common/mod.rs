@@ -54,6 +54,8 @@ pub struct Harness<C: DieselDialect> {
     pub mode: PublishedRows,
     pub shift: String,
     pub per_key: bool,
+    /// Kept alive as long as the harness (a database file's folder).
+    pub keep: Option<Box<dyn Send + Sync>>,
 }
 
 impl<C: DieselDialect> StoreHarness for Harness<C>
@@ -119,6 +121,8 @@ pub struct InboxOf<C: DieselDialect> {
     pub pool: Pool<ConnectionManager<C>>,
     /// Moves the records' times back: one bind, seconds.
     pub age: String,
+    /// Kept alive as long as the harness (a database file's folder).
+    pub keep: Option<Box<dyn Send + Sync>>,
 }
 
 /// [`DieselInbox`]'s sync calls, awaited from async code on a connection moved into the

@@ -1,0 +1,63 @@
+//! Enqueue where keyed messages are numbered by a counter row in the writer's
+//! transaction (SQLite, MySQL), written once over [`Keyed`]; see the sqlx store's
+//! dialect modules for why the numbers follow commit order.
+
+use std::collections::BTreeMap;
+
+use outbox_engine::{NewMessage, StoreError};
+use outbox_sql::values::limit;
+
+use crate::dialect::{Context, DieselDialect};
+use crate::migrate::in_transaction;
+
+/// A dialect that numbers keyed rows at enqueue.
+pub(crate) trait Keyed: DieselDialect {
+    /// Bumps the counter of `key` by `n`; returns the last of the `n` numbers.
+    fn next_seq(&mut self, ctx: &Context<Self>, key: &str, n: usize) -> Result<i64, StoreError>;
+
+    /// Inserts one message with its number.
+    fn insert_one(
+        &mut self,
+        ctx: &Context<Self>,
+        message: &NewMessage,
+        seq: Option<i64>,
+    ) -> Result<(), StoreError>;
+}
+
+/// Inserts `messages` on `conn`: one message directly, several inside a savepoint (a
+/// nested diesel transaction) so that all of them or none are inserted. Keys are
+/// numbered once each, in sorted key order, numbers handed out in slice order.
+pub(crate) fn insert<C: Keyed>(
+    conn: &mut C,
+    ctx: &Context<C>,
+    messages: &[NewMessage],
+) -> Result<u64, StoreError> {
+    match messages {
+        [] => Ok(0),
+        [one] => {
+            let seq = one
+                .partition_key()
+                .map(|key| conn.next_seq(ctx, key, 1))
+                .transpose()?;
+            conn.insert_one(ctx, one, seq).map(|()| 1)
+        }
+        many => in_transaction(conn, |conn| {
+            let mut per_key: BTreeMap<&str, (usize, i64)> = BTreeMap::new();
+            for key in many.iter().filter_map(NewMessage::partition_key) {
+                per_key.entry(key).or_default().0 += 1;
+            }
+            for (key, (n, next)) in &mut per_key {
+                *next = conn.next_seq(ctx, key, *n)? - limit(*n) + 1;
+            }
+            for message in many {
+                let seq = message.partition_key().and_then(|key| {
+                    let (_, next) = per_key.get_mut(key)?;
+                    *next += 1;
+                    Some(*next - 1)
+                });
+                conn.insert_one(ctx, message, seq)?;
+            }
+            Ok(many.len() as u64)
+        }),
+    }
+}

@@ -1,0 +1,88 @@
+//! The diesel store and inbox on a real SQLite file (WAL, busy timeout, a pool of
+//! connections): the store, ordering and inbox suites.
+#![cfg(feature = "sqlite")]
+
+mod common;
+
+use std::time::Duration;
+
+use diesel::SqliteConnection;
+use diesel::r2d2::{ConnectionManager, Pool};
+use outbox_diesel::PublishedRows;
+use outbox_diesel::sqlite::{Pragmas, SqliteInbox, SqliteOutbox};
+use outbox_engine::testkit::{inbox_suite, store_suite};
+use outbox_sql::Dialect;
+
+/// A pool on a fresh database file, removed with the pool's last user.
+fn pool() -> (Pool<ConnectionManager<SqliteConnection>>, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let path = dir.path().join("outbox.db");
+    let pool = Pool::builder()
+        .max_size(8)
+        .min_idle(Some(0))
+        .connection_timeout(Duration::from_secs(10))
+        .connection_customizer(Box::new(Pragmas {
+            busy_timeout: Duration::from_secs(10),
+        }))
+        .build(ConnectionManager::<SqliteConnection>::new(
+            path.to_str().expect("a path"),
+        ))
+        .expect("a SQLite pool");
+    (pool, dir)
+}
+
+async fn harness(mode: PublishedRows) -> common::Harness<SqliteConnection> {
+    let names = common::names("outbox");
+    let shift = names.render(
+        Dialect::Sqlite,
+        "UPDATE {outbox} SET created_at = created_at - ?1, available_at = available_at - ?1, \
+         lease_until = lease_until - ?1, published_at = published_at - ?1, dead_at = dead_at - ?1",
+    );
+    let (pool, dir) = pool();
+    let outbox = SqliteOutbox::with_names(pool, names).published_rows(mode);
+    outbox.migrate().await.expect("migrate");
+    common::Harness {
+        outbox,
+        name: "diesel-sqlite",
+        mode,
+        shift,
+        per_key: true,
+        keep: Some(Box::new(dir)),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_passes_the_store_suite() {
+    store_suite::run_all(|| harness(PublishedRows::Keep)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_passes_the_store_and_ordering_suites_in_delete_mode() {
+    store_suite::run_all(|| harness(PublishedRows::Delete)).await;
+    store_suite::run_ordering(|| harness(PublishedRows::Delete)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_passes_the_ordering_suite() {
+    store_suite::run_ordering(|| harness(PublishedRows::Keep)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sqlite_passes_the_inbox_suite() {
+    inbox_suite::run_all(|| async {
+        let names = outbox_sql::TableNames::default();
+        let (pool, dir) = pool();
+        let inbox = SqliteInbox::with_names(names.clone());
+        inbox.migrate(&pool).await.expect("migrate the inbox");
+        common::InboxOf {
+            inbox: common::SyncInbox(inbox),
+            pool,
+            age: names.render(
+                Dialect::Sqlite,
+                "UPDATE {inbox} SET received_at = received_at - ?1 * 1000",
+            ),
+            keep: Some(Box::new(dir)),
+        }
+    })
+    .await;
+}
