@@ -436,6 +436,69 @@ impl Statements {
     }
 }
 
+/// Most ids one list statement takes (the padded length never exceeds it).
+pub const ID_CHUNK: usize = 4096;
+/// Most rows one multi-row `INSERT` carries (14 parameters each; the protocol allows
+/// 65,535 per statement).
+pub const INSERT_CHUNK_ROWS: usize = 500;
+/// Payload and header bytes after which a multi-row `INSERT` is cut, so one statement
+/// stays well under the server's `max_allowed_packet` (16 MiB by default on MariaDB).
+pub const INSERT_CHUNK_BYTES: usize = 4 * 1024 * 1024;
+/// Longest interval bound into SQL, in milliseconds (about 1,000 years); longer ones are
+/// clamped so date arithmetic never leaves the `DATETIME` range.
+pub const MAX_INTERVAL_MS: i64 = 1000 * 366 * 24 * 3600 * 1000;
+/// Most values a dead-letter filter may list in total.
+pub const MAX_FILTER_VALUES: usize = 60_000;
+/// The named lock (`GET_LOCK`) that serialises migrations on one server, whichever
+/// backend runs them.
+pub const MIGRATION_LOCK: &str = "outbox-sqlx.migrate";
+/// How long a migration waits for another one to finish, in seconds.
+pub const MIGRATION_LOCK_TIMEOUT_S: i64 = 120;
+
+/// A list statement's length for `n` ids: the next power of two, so few distinct
+/// statements are prepared; the padding repeats the last id.
+pub fn padded(n: usize) -> usize {
+    n.max(1).next_power_of_two()
+}
+
+/// A duration as the milliseconds the statements take, clamped to [`MAX_INTERVAL_MS`].
+pub fn interval_ms(d: std::time::Duration) -> i64 {
+    crate::values::millis(d).min(MAX_INTERVAL_MS)
+}
+
+/// An instant as the naive UTC `DATETIME(6)` the table stores, clamped into the range
+/// the column holds (anything before 1970 is simply due; the far future stays far).
+pub fn db_time(t: chrono::DateTime<chrono::Utc>) -> chrono::NaiveDateTime {
+    use chrono::NaiveDate;
+    let min = NaiveDate::from_ymd_opt(1970, 1, 1)
+        .and_then(|d| d.and_hms_opt(0, 0, 0))
+        .expect("valid date");
+    let max = NaiveDate::from_ymd_opt(9999, 12, 31)
+        .and_then(|d| d.and_hms_micro_opt(23, 59, 59, 999_999))
+        .expect("valid date");
+    t.naive_utc().clamp(min, max)
+}
+
+/// `s` cut to at most `max` bytes on a character boundary (the `last_error` column).
+pub fn clip_bytes(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut cut = max;
+    while !s.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    &s[..cut]
+}
+
+/// `s` cut to at most `max` characters (the `lease_owner` column).
+pub fn clip_chars(s: &str, max: usize) -> &str {
+    match s.char_indices().nth(max) {
+        Some((at, _)) => &s[..at],
+        None => s,
+    }
+}
+
 /// [`MESSAGE_COLUMNS`] qualified with the alias `d`.
 fn qualified_columns() -> String {
     MESSAGE_COLUMNS

@@ -73,39 +73,25 @@ mod relay;
 
 use std::time::Duration;
 
-use chrono::{DateTime, NaiveDate, NaiveDateTime, Utc};
+use chrono::{DateTime, NaiveDateTime, Utc};
 use outbox_engine::{MessageId, StoreError, StoreErrorKind};
-use outbox_sql::mysql::{RELAY_ISOLATION, Statements};
+use outbox_sql::mysql::{
+    ID_CHUNK, INSERT_CHUNK_BYTES, INSERT_CHUNK_ROWS, MAX_FILTER_VALUES, MAX_INTERVAL_MS,
+    MIGRATION_LOCK, MIGRATION_LOCK_TIMEOUT_S, RELAY_ISOLATION, Statements, clip_bytes, clip_chars,
+    db_time, interval_ms, padded,
+};
 use outbox_sql::{Dialect, Migration, Shared, TableNames};
 use sqlx::mysql::{MySql, MySqlArguments, MySqlPool, MySqlQueryResult, MySqlRow};
 use sqlx::query::Query;
 use sqlx::{Row, Transaction};
 
 use crate::SqlInbox;
-use crate::common::{millis, stored_id, undecodable};
+use crate::common::{stored_id, undecodable};
 use crate::dialect::{SqlDialect, Tables, sealed};
 use crate::error::classify;
 use crate::store::SqlOutbox;
 
 pub use outbox_sql::mysql::{MAX_ERROR_BYTES, MAX_OWNER_CHARS};
-
-/// The named lock (`GET_LOCK`) that serialises migrations on one server.
-const MIGRATION_LOCK: &str = "outbox-sqlx.migrate";
-/// How long a migration waits for another one to finish, in seconds.
-const MIGRATION_LOCK_TIMEOUT_S: i64 = 120;
-/// Most ids one list statement takes (the padded length never exceeds it).
-const ID_CHUNK: usize = 4096;
-/// Most rows one multi-row `INSERT` carries (14 parameters each; the protocol allows
-/// 65,535 per statement).
-const INSERT_CHUNK_ROWS: usize = 500;
-/// Payload and header bytes after which a multi-row `INSERT` is cut, so one statement
-/// stays well under the server's `max_allowed_packet` (16 MiB by default on MariaDB).
-const INSERT_CHUNK_BYTES: usize = 4 * 1024 * 1024;
-/// Longest interval bound into SQL, in milliseconds (about 1,000 years); longer ones are
-/// clamped so date arithmetic never leaves the `DATETIME` range.
-const MAX_INTERVAL_MS: i64 = 1000 * 366 * 24 * 3600 * 1000;
-/// Most values a dead-letter filter may list in total.
-const MAX_FILTER_VALUES: usize = 60_000;
 
 /// The outbox on MySQL 8 or MariaDB ≥ 10.6: enqueue in your transaction
 /// ([`enqueue`](MySqlOutbox::enqueue), [`enqueue_all`](MySqlOutbox::enqueue_all)) and the
@@ -236,11 +222,6 @@ impl MySqlOutbox {
     }
 }
 
-/// The list length a statement is built for: the next power of two.
-fn padded(n: usize) -> usize {
-    n.max(1).next_power_of_two()
-}
-
 /// Binds `ids`, then repeats the last one up to `n` placeholders (harmless in `IN`).
 fn bind_ids<'q>(
     mut query: Query<'q, MySql, MySqlArguments>,
@@ -255,41 +236,4 @@ fn bind_ids<'q>(
         query = query.bind(last.clone());
     }
     query
-}
-
-/// A duration as milliseconds for `INTERVAL` arithmetic, clamped to about 1,000 years.
-fn interval_ms(d: Duration) -> i64 {
-    millis(d).min(MAX_INTERVAL_MS)
-}
-
-/// An instant as the naive UTC `DATETIME(6)` the table stores, clamped into the range
-/// the column holds (anything before 1970 is simply due; the far future stays far).
-fn db_time(t: DateTime<Utc>) -> NaiveDateTime {
-    let min = NaiveDate::from_ymd_opt(1970, 1, 1)
-        .and_then(|d| d.and_hms_opt(0, 0, 0))
-        .expect("valid date");
-    let max = NaiveDate::from_ymd_opt(9999, 12, 31)
-        .and_then(|d| d.and_hms_micro_opt(23, 59, 59, 999_999))
-        .expect("valid date");
-    t.naive_utc().clamp(min, max)
-}
-
-/// `s` cut to at most `max` bytes at a character boundary.
-fn clip_bytes(s: &str, max: usize) -> &str {
-    if s.len() <= max {
-        return s;
-    }
-    let mut cut = max;
-    while !s.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    &s[..cut]
-}
-
-/// `s` cut to at most `max` characters.
-fn clip_chars(s: &str, max: usize) -> &str {
-    match s.char_indices().nth(max) {
-        Some((at, _)) => &s[..at],
-        None => s,
-    }
 }
