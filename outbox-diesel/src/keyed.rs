@@ -42,22 +42,36 @@ pub(crate) fn insert<C: Keyed>(
             conn.insert_one(ctx, one, seq).map(|()| 1)
         }
         many => in_transaction(conn, |conn| {
-            let mut per_key: BTreeMap<&str, (usize, i64)> = BTreeMap::new();
-            for key in many.iter().filter_map(NewMessage::partition_key) {
-                per_key.entry(key).or_default().0 += 1;
-            }
-            for (key, (n, next)) in &mut per_key {
-                *next = conn.next_seq(ctx, key, *n)? - limit(*n) + 1;
-            }
-            for message in many {
-                let seq = message.partition_key().and_then(|key| {
-                    let (_, next) = per_key.get_mut(key)?;
-                    *next += 1;
-                    Some(*next - 1)
-                });
+            let seqs = numbers(conn, ctx, many)?;
+            for (message, seq) in many.iter().zip(seqs) {
                 conn.insert_one(ctx, message, seq)?;
             }
             Ok(many.len() as u64)
         }),
     }
+}
+
+/// The numbers of `messages`: one counter bump per distinct key, in sorted key order (so
+/// two batches take shared keys in the same order), numbers handed out in slice order;
+/// `None` for messages without a key.
+pub(crate) fn numbers<C: Keyed>(
+    conn: &mut C,
+    ctx: &Context<C>,
+    messages: &[NewMessage],
+) -> Result<Vec<Option<i64>>, StoreError> {
+    let mut per_key: BTreeMap<&str, (usize, i64)> = BTreeMap::new();
+    for key in messages.iter().filter_map(NewMessage::partition_key) {
+        per_key.entry(key).or_default().0 += 1;
+    }
+    for (key, (n, next)) in &mut per_key {
+        *next = conn.next_seq(ctx, key, *n)? - limit(*n) + 1;
+    }
+    Ok(messages
+        .iter()
+        .map(|m| {
+            let (_, next) = per_key.get_mut(m.partition_key()?)?;
+            *next += 1;
+            Some(*next - 1)
+        })
+        .collect())
 }

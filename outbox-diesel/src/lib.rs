@@ -10,7 +10,7 @@
 //! |---|---|
 //! | `postgres` | [`postgres::PgOutbox`], [`postgres::PgInbox`] on `PgConnection` |
 //! | `sqlite` | [`sqlite::SqliteOutbox`], [`sqlite::SqliteInbox`] on `SqliteConnection`, [`sqlite::Pragmas`] for its pool |
-//! | `mysql` | `mysql::MysqlOutbox`, `mysql::MysqlInbox` on `MysqlConnection` (MySQL 8, MariaDB ≥ 10.6) |
+//! | `mysql` | [`mysql::MysqlOutbox`], [`mysql::MysqlInbox`] on `MysqlConnection` (MySQL 8, MariaDB ≥ 10.6) |
 //! | `async` | enqueue and record on the diesel-async connections of the dialects that are on |
 //!
 //! The relay store runs each call on a pooled connection in tokio's blocking pool
@@ -28,6 +28,9 @@ mod migrate;
 mod rows;
 mod store;
 
+#[cfg(feature = "mysql")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
+pub mod mysql;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub mod postgres;

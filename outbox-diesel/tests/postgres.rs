@@ -34,6 +34,7 @@ async fn harness(mode: PublishedRows) -> common::Harness<PgConnection> {
         name: "diesel-postgres",
         mode,
         shift,
+        shift_binds: 1,
         per_key: true,
         keep: None,
     }

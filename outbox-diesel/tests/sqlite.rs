@@ -46,6 +46,7 @@ async fn harness(mode: PublishedRows) -> common::Harness<SqliteConnection> {
         name: "diesel-sqlite",
         mode,
         shift,
+        shift_binds: 1,
         per_key: true,
         keep: Some(Box::new(dir)),
     }

@@ -194,7 +194,7 @@ impl Statements {
             due_index: r("{outbox_due_idx}"),
             lowest_seq: ["pending", "leased", "dead"].map(|status| r(&key_seq(status, "ASC"))),
             insert_head: r(INSERT_HEAD),
-            migration_lock: "SELECT GET_LOCK(?, ?)".to_owned(),
+            migration_lock: "SELECT GET_LOCK(?, ?) AS locked".to_owned(),
             migration_unlock: "SELECT RELEASE_LOCK(?)".to_owned(),
             check_outbox: r(&format!(
                 "SELECT {MESSAGE_COLUMNS}, status, available_at, lease_owner, lease_token, lease_until, last_error, published_at, dead_at, seq FROM {{outbox}} WHERE 1 = 0"

@@ -53,6 +53,8 @@ pub struct Harness<C: DieselDialect> {
     pub name: &'static str,
     pub mode: PublishedRows,
     pub shift: String,
+    /// How many times `shift` takes the milliseconds (MySQL's `?` are positional).
+    pub shift_binds: usize,
     pub per_key: bool,
     /// Kept alive as long as the harness (a database file's folder).
     pub keep: Option<Box<dyn Send + Sync>>,
@@ -101,13 +103,13 @@ where
 
     async fn advance(&self, by: Duration) {
         let ms = i64::try_from(by.as_millis()).expect("ms");
-        let shift = self.shift.clone();
+        let (shift, binds) = (self.shift.clone(), self.shift_binds);
         blocking(self.outbox.pool(), move |conn| {
-            diesel::sql_query(shift)
-                .into_boxed()
-                .bind::<diesel::sql_types::BigInt, _>(ms)
-                .execute(conn)
-                .expect("shift the row times")
+            let mut query = diesel::sql_query(shift).into_boxed();
+            for _ in 0..binds {
+                query = query.bind::<diesel::sql_types::BigInt, _>(ms);
+            }
+            query.execute(conn).expect("shift the row times")
         })
         .await;
     }
@@ -245,4 +247,20 @@ pub fn names(prefix: &str) -> TableNames {
     TableNames::default()
         .outbox(&fresh_table(prefix))
         .expect("a valid name")
+}
+
+/// Runs `statements` when dropped (a test's tables, say), on a connection of `pool`.
+pub struct DropAfter<C: DieselDialect> {
+    pub pool: Pool<ConnectionManager<C>>,
+    pub statements: Vec<String>,
+}
+
+impl<C: DieselDialect> Drop for DropAfter<C> {
+    fn drop(&mut self) {
+        if let Ok(mut conn) = self.pool.get() {
+            for statement in &self.statements {
+                let _ = diesel::connection::SimpleConnection::batch_execute(&mut *conn, statement);
+            }
+        }
+    }
 }

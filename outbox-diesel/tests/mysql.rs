@@ -1,0 +1,100 @@
+//! The diesel store and inbox on a real MariaDB / MySQL: the store, ordering and inbox
+//! suites.
+#![cfg(feature = "mysql")]
+
+mod common;
+
+use diesel::MysqlConnection;
+use outbox_diesel::PublishedRows;
+use outbox_diesel::mysql::{MysqlInbox, MysqlOutbox};
+use outbox_engine::testkit::{inbox_suite, store_suite};
+use outbox_sql::Dialect;
+
+const VAR: &str = "OUTBOX_TEST_MYSQL_URL";
+
+fn url() -> String {
+    outbox_test_support::server_url(VAR, "mysql://root@127.0.0.1:3306/test")
+}
+
+async fn harness(mode: PublishedRows) -> common::Harness<MysqlConnection> {
+    let names = common::names("diesel_outbox");
+    let shift = names.render(
+        Dialect::MySql,
+        "UPDATE {outbox} SET created_at = created_at - INTERVAL (? * 1000) MICROSECOND, \
+         available_at = available_at - INTERVAL (? * 1000) MICROSECOND, \
+         lease_until = lease_until - INTERVAL (? * 1000) MICROSECOND, \
+         published_at = published_at - INTERVAL (? * 1000) MICROSECOND, \
+         dead_at = dead_at - INTERVAL (? * 1000) MICROSECOND",
+    );
+    let pool = common::pool::<MysqlConnection>("MySQL/MariaDB", VAR, &url(), 10);
+    let table = names.outbox_name().name().to_owned();
+    let cleanup = common::DropAfter {
+        pool: pool.clone(),
+        statements: vec![
+            names.render(
+                Dialect::MySql,
+                "DROP TABLE IF EXISTS {outbox}, {outbox_keys}",
+            ),
+            format!("DELETE FROM outbox_migrations WHERE id LIKE '{table}/%'"),
+            format!("DROP FUNCTION IF EXISTS `{table}_uuidv7`"),
+            format!("DROP FUNCTION IF EXISTS `{table}_key`"),
+            format!("DROP PROCEDURE IF EXISTS `{table}_enqueue`"),
+        ],
+    };
+    let outbox = MysqlOutbox::with_names(pool, names).published_rows(mode);
+    outbox.migrate().await.expect("migrate");
+    common::Harness {
+        outbox,
+        name: "diesel-mysql",
+        mode,
+        shift,
+        shift_binds: 5,
+        per_key: true,
+        keep: Some(Box::new(cleanup)),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_passes_the_store_suite() {
+    store_suite::run_all(|| harness(PublishedRows::Keep)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_passes_the_store_and_ordering_suites_in_delete_mode() {
+    store_suite::run_all(|| harness(PublishedRows::Delete)).await;
+    store_suite::run_ordering(|| harness(PublishedRows::Delete)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_passes_the_ordering_suite() {
+    store_suite::run_ordering(|| harness(PublishedRows::Keep)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn mysql_passes_the_inbox_suite() {
+    inbox_suite::run_all(|| async {
+        let names = outbox_sql::TableNames::default()
+            .inbox(&common::fresh_table("diesel_inbox"))
+            .unwrap();
+        let pool = common::pool::<MysqlConnection>("MySQL/MariaDB", VAR, &url(), 12);
+        let inbox = MysqlInbox::with_names(names.clone());
+        inbox.migrate(&pool).await.expect("migrate the inbox");
+        let table = names.inbox_name().name().to_owned();
+        common::InboxOf {
+            inbox: common::SyncInbox(inbox),
+            age: names.render(
+                Dialect::MySql,
+                "UPDATE {inbox} SET received_at = received_at - INTERVAL ? SECOND",
+            ),
+            keep: Some(Box::new(common::DropAfter {
+                pool: pool.clone(),
+                statements: vec![
+                    names.render(Dialect::MySql, "DROP TABLE IF EXISTS {inbox}"),
+                    format!("DELETE FROM outbox_migrations WHERE id LIKE '{table}/%'"),
+                ],
+            })),
+            pool,
+        }
+    })
+    .await;
+}
