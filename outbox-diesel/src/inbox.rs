@@ -71,6 +71,12 @@ impl<C: DieselDialect> DieselInbox<C> {
         crate::store::migrate(pool, &self.names, migrations, true).await
     }
 
+    /// The record and purge statements, for the async connections.
+    #[cfg_attr(not(feature = "async"), allow(dead_code))]
+    pub(crate) fn statements(&self) -> &(String, String) {
+        &self.sql
+    }
+
     /// Records `key` for `consumer` on `conn`, inside your transaction: [`Delivery::New`]
     /// the first time (apply the side effect, then commit), [`Delivery::Duplicate`] once
     /// an earlier delivery committed. A concurrent delivery of the same key waits for

@@ -19,6 +19,9 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+#[cfg(feature = "async")]
+#[cfg_attr(docsrs, doc(cfg(feature = "async")))]
+mod asynchronous;
 mod dialect;
 mod error;
 mod inbox;
@@ -38,6 +41,8 @@ pub mod postgres;
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub mod sqlite;
 
+#[cfg(feature = "async")]
+pub use asynchronous::AsyncDialect;
 pub use dialect::DieselDialect;
 pub use inbox::DieselInbox;
 pub use outbox_sql::TableNames;

@@ -144,7 +144,7 @@ struct Locked {
 }
 
 #[derive(QueryableByName)]
-struct LastSeq {
+pub(crate) struct LastSeq {
     #[diesel(sql_type = BigInt)]
     last_seq: i64,
 }
@@ -310,28 +310,45 @@ fn bind_message(query: Query<Mysql>, m: &NewMessage, seq: Option<i64>) -> Query<
 
 impl sealed::Sealed for MysqlConnection {}
 
+/// Bumps the counter of `key` by `n` (`LAST_INSERT_ID(expr)`).
+pub(crate) fn next_seq_query(ctx: &Context<MysqlConnection>, key: &str, n: usize) -> Query<Mysql> {
+    MysqlConnection::query(&ctx.sql.next_seq)
+        .bind::<Text, _>(key.to_owned())
+        .bind::<BigInt, _>(limit(n))
+        .bind::<BigInt, _>(limit(n))
+}
+
+/// Reads the number the counter bump left in the session.
+pub(crate) fn last_seq_query() -> Query<Mysql> {
+    MysqlConnection::query("SELECT CAST(LAST_INSERT_ID() AS SIGNED) AS last_seq")
+}
+
+/// The last of `n` new numbers of `key`, checked.
+pub(crate) fn checked_last_seq(rows: &[LastSeq], key: &str, n: usize) -> Result<i64, StoreError> {
+    match rows.first().map(|r| r.last_seq) {
+        Some(last) if last >= limit(n) => Ok(last),
+        other => Err(StoreError::new(
+            StoreErrorKind::Other,
+            format!("numbering partition key {key:?} returned {other:?}, expected at least {n}"),
+        )),
+    }
+}
+
+/// Inserts one message with its number.
+pub(crate) fn insert_query(
+    ctx: &Context<MysqlConnection>,
+    m: &NewMessage,
+    seq: Option<i64>,
+) -> Query<Mysql> {
+    bind_message(MysqlConnection::query(&ctx.sql.insert), m, seq)
+}
+
 impl keyed::Keyed for MysqlConnection {
-    /// Bumps the counter (`LAST_INSERT_ID(expr)`), then reads the number back on the same
-    /// session.
+    /// Bumps the counter, then reads the number back on the same session.
     fn next_seq(&mut self, ctx: &Context<Self>, key: &str, n: usize) -> Result<i64, StoreError> {
-        let bump = Self::query(&ctx.sql.next_seq)
-            .bind::<Text, _>(key.to_owned())
-            .bind::<BigInt, _>(limit(n))
-            .bind::<BigInt, _>(limit(n));
-        execute(self, bump)?;
-        let rows: Vec<LastSeq> = load(
-            self,
-            Self::query("SELECT CAST(LAST_INSERT_ID() AS SIGNED) AS last_seq"),
-        )?;
-        match rows.first().map(|r| r.last_seq) {
-            Some(last) if last >= limit(n) => Ok(last),
-            other => Err(StoreError::new(
-                StoreErrorKind::Other,
-                format!(
-                    "numbering partition key {key:?} returned {other:?}, expected at least {n}"
-                ),
-            )),
-        }
+        execute(self, next_seq_query(ctx, key, n))?;
+        let rows: Vec<LastSeq> = load(self, last_seq_query())?;
+        checked_last_seq(&rows, key, n)
     }
 
     fn insert_one(
@@ -340,7 +357,7 @@ impl keyed::Keyed for MysqlConnection {
         m: &NewMessage,
         seq: Option<i64>,
     ) -> Result<(), StoreError> {
-        execute(self, bind_message(Self::query(&ctx.sql.insert), m, seq)).map(|_| ())
+        execute(self, insert_query(ctx, m, seq)).map(|_| ())
     }
 }
 

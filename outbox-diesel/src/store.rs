@@ -77,6 +77,12 @@ impl<C: DieselDialect> DieselOutbox<C> {
         &self.ctx.names
     }
 
+    /// The rendered statements and settings, for the async enqueue.
+    #[cfg_attr(not(feature = "async"), allow(dead_code))]
+    pub(crate) fn context(&self) -> &Context<C> {
+        &self.ctx
+    }
+
     /// Inserts `message` on `conn` — your connection, normally inside
     /// `conn.transaction(|conn| …)`. Never commits and uses no other connection.
     ///

@@ -98,3 +98,50 @@ async fn mysql_passes_the_inbox_suite() {
     })
     .await;
 }
+
+#[cfg(feature = "async")]
+mod on_diesel_async {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn mysql_passes_the_store_and_ordering_suites_enqueueing_on_diesel_async() {
+        let h = || async {
+            common::AsyncHarness {
+                sync: harness(PublishedRows::Keep).await,
+                url: url(),
+            }
+        };
+        store_suite::run_all(h).await;
+        store_suite::run_ordering(h).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn mysql_passes_the_inbox_suite_on_diesel_async() {
+        inbox_suite::run_all(|| async {
+            let names = outbox_sql::TableNames::default()
+                .inbox(&common::fresh_table("diesel_inbox"))
+                .unwrap();
+            let pool = common::pool::<MysqlConnection>("MySQL/MariaDB", VAR, &url(), 2);
+            let inbox = MysqlInbox::with_names(names.clone());
+            inbox.migrate(&pool).await.expect("migrate the inbox");
+            let table = names.inbox_name().name().to_owned();
+            common::AsyncInboxOf {
+                inbox,
+                url: url(),
+                age: names.render(
+                    Dialect::MySql,
+                    "UPDATE {inbox} SET received_at = received_at - INTERVAL ? SECOND",
+                ),
+                keep: Some(Box::new(common::DropAfter {
+                    pool: pool.clone(),
+                    statements: vec![
+                        names.render(Dialect::MySql, "DROP TABLE IF EXISTS {inbox}"),
+                        format!("DELETE FROM outbox_migrations WHERE id LIKE '{table}/%'"),
+                    ],
+                })),
+                pool,
+            }
+        })
+        .await;
+    }
+}

@@ -77,3 +77,43 @@ async fn postgres_passes_the_inbox_suite() {
     })
     .await;
 }
+
+#[cfg(feature = "async")]
+mod on_diesel_async {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres_passes_the_store_and_ordering_suites_enqueueing_on_diesel_async() {
+        let h = || async {
+            common::AsyncHarness {
+                sync: harness(PublishedRows::Keep).await,
+                url: url(),
+            }
+        };
+        store_suite::run_all(h).await;
+        store_suite::run_ordering(h).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres_passes_the_inbox_suite_on_diesel_async() {
+        inbox_suite::run_all(|| async {
+            let names = outbox_sql::TableNames::default()
+                .inbox(&common::fresh_table("diesel_inbox"))
+                .unwrap();
+            let pool = common::pool::<PgConnection>("PostgreSQL", VAR, &url(), 2);
+            let inbox = PgInbox::with_names(names.clone());
+            inbox.migrate(&pool).await.expect("migrate the inbox");
+            common::AsyncInboxOf {
+                inbox,
+                url: url(),
+                pool,
+                age: names.render(
+                    Dialect::Postgres,
+                    "UPDATE {inbox} SET received_at = received_at - $1 * interval '1 second'",
+                ),
+                keep: None,
+            }
+        })
+        .await;
+    }
+}

@@ -16,19 +16,27 @@ use outbox_sql::Dialect;
 /// A pool on a fresh database file, removed with the pool's last user.
 fn pool() -> (Pool<ConnectionManager<SqliteConnection>>, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("a temporary folder");
-    let path = dir.path().join("outbox.db");
-    let pool = Pool::builder()
+    (pool_at(&dir), dir)
+}
+
+fn path(dir: &tempfile::TempDir) -> String {
+    dir.path()
+        .join("outbox.db")
+        .to_str()
+        .expect("a path")
+        .to_owned()
+}
+
+fn pool_at(dir: &tempfile::TempDir) -> Pool<ConnectionManager<SqliteConnection>> {
+    Pool::builder()
         .max_size(8)
         .min_idle(Some(0))
         .connection_timeout(Duration::from_secs(10))
         .connection_customizer(Box::new(Pragmas {
             busy_timeout: Duration::from_secs(10),
         }))
-        .build(ConnectionManager::<SqliteConnection>::new(
-            path.to_str().expect("a path"),
-        ))
-        .expect("a SQLite pool");
-    (pool, dir)
+        .build(ConnectionManager::<SqliteConnection>::new(path(dir)))
+        .expect("a SQLite pool")
 }
 
 async fn harness(mode: PublishedRows) -> common::Harness<SqliteConnection> {
@@ -86,4 +94,46 @@ async fn sqlite_passes_the_inbox_suite() {
         }
     })
     .await;
+}
+
+#[cfg(feature = "async")]
+mod on_diesel_async {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sqlite_passes_the_store_and_ordering_suites_enqueueing_on_diesel_async() {
+        let h = || async {
+            let sync = harness(PublishedRows::Keep).await;
+            let url = sync
+                .keep
+                .as_ref()
+                .and_then(|k| k.downcast_ref::<tempfile::TempDir>())
+                .map(path)
+                .expect("the database folder");
+            common::AsyncHarness { sync, url }
+        };
+        store_suite::run_all(h).await;
+        store_suite::run_ordering(h).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sqlite_passes_the_inbox_suite_on_diesel_async() {
+        inbox_suite::run_all(|| async {
+            let names = outbox_sql::TableNames::default();
+            let (pool, dir) = pool();
+            let inbox = SqliteInbox::with_names(names.clone());
+            inbox.migrate(&pool).await.expect("migrate the inbox");
+            common::AsyncInboxOf {
+                inbox,
+                url: path(&dir),
+                pool,
+                age: names.render(
+                    Dialect::Sqlite,
+                    "UPDATE {inbox} SET received_at = received_at - ?1 * 1000",
+                ),
+                keep: Some(Box::new(dir)),
+            }
+        })
+        .await;
+    }
 }

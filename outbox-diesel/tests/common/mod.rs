@@ -57,7 +57,7 @@ pub struct Harness<C: DieselDialect> {
     pub shift_binds: usize,
     pub per_key: bool,
     /// Kept alive as long as the harness (a database file's folder).
-    pub keep: Option<Box<dyn Send + Sync>>,
+    pub keep: Option<Box<dyn std::any::Any + Send + Sync>>,
 }
 
 impl<C: DieselDialect> StoreHarness for Harness<C>
@@ -124,7 +124,7 @@ pub struct InboxOf<C: DieselDialect> {
     /// Moves the records' times back: one bind, seconds.
     pub age: String,
     /// Kept alive as long as the harness (a database file's folder).
-    pub keep: Option<Box<dyn Send + Sync>>,
+    pub keep: Option<Box<dyn std::any::Any + Send + Sync>>,
 }
 
 /// [`DieselInbox`]'s sync calls, awaited from async code on a connection moved into the
@@ -262,5 +262,163 @@ impl<C: DieselDialect> Drop for DropAfter<C> {
                 let _ = diesel::connection::SimpleConnection::batch_execute(&mut *conn, statement);
             }
         }
+    }
+}
+
+/// The store suite with every enqueue made on a diesel-async connection, inside its
+/// `transaction(async |conn| …)`; the relay side is the same store.
+#[cfg(feature = "async")]
+pub struct AsyncHarness<C: DieselDialect> {
+    pub sync: Harness<C>,
+    /// What the async connection connects to.
+    pub url: String,
+}
+
+/// A diesel-async connection to `url`, with SQLite's busy timeout set where it applies.
+#[cfg(feature = "async")]
+pub async fn connect<A: diesel_async::AsyncConnection>(
+    url: &str,
+    sqlite: bool,
+) -> Result<A, StoreError> {
+    let mut conn = A::establish(url)
+        .await
+        .map_err(|e| StoreError::new(StoreErrorKind::Unavailable, e.to_string()))?;
+    if sqlite {
+        conn.batch_execute("PRAGMA busy_timeout = 10000")
+            .await
+            .map_err(|e| StoreError::new(StoreErrorKind::Other, e.to_string()))?;
+    }
+    Ok(conn)
+}
+
+/// A transaction's failure: diesel's own, or the enqueue's.
+#[cfg(feature = "async")]
+pub enum TxError {
+    Diesel(diesel::result::Error),
+    Store(StoreError),
+}
+
+#[cfg(feature = "async")]
+impl From<diesel::result::Error> for TxError {
+    fn from(error: diesel::result::Error) -> Self {
+        Self::Diesel(error)
+    }
+}
+
+#[cfg(feature = "async")]
+impl<C> StoreHarness for AsyncHarness<C>
+where
+    C: outbox_diesel::AsyncDialect,
+    C::Async: diesel_async::AsyncConnection,
+    Harness<C>: StoreHarness<Store = DieselOutbox<C>>,
+{
+    type Store = DieselOutbox<C>;
+
+    fn store(&self) -> &DieselOutbox<C> {
+        &self.sync.outbox
+    }
+
+    fn name(&self) -> String {
+        format!("{}-async", self.sync.name)
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.sync.capabilities()
+    }
+
+    async fn enqueue(&self, messages: Vec<NewMessage>) -> Result<(), StoreError> {
+        use diesel_async::AsyncConnection;
+        let sqlite = self.sync.name.contains("sqlite");
+        let mut conn: C::Async = connect(&self.url, sqlite).await?;
+        let outbox = &self.sync.outbox;
+        let messages = &messages;
+        conn.transaction::<_, TxError, _>(async |conn| {
+            outbox
+                .enqueue_all_async(conn, messages)
+                .await
+                .map_err(TxError::Store)
+        })
+        .await
+        .map(|_| ())
+        .map_err(|e| match e {
+            TxError::Store(e) => e,
+            TxError::Diesel(e) => StoreError::new(StoreErrorKind::Other, e.to_string()),
+        })
+    }
+
+    async fn advance(&self, by: Duration) {
+        self.sync.advance(by).await;
+    }
+}
+
+/// The inbox suite on diesel-async connections: the inbox's own `Inbox` implementation,
+/// transactions begun and ended through diesel-async's transaction manager.
+#[cfg(feature = "async")]
+pub struct AsyncInboxOf<C: DieselDialect> {
+    pub inbox: DieselInbox<C>,
+    pub url: String,
+    /// A sync pool for ageing the records.
+    pub pool: Pool<ConnectionManager<C>>,
+    pub age: String,
+    pub keep: Option<Box<dyn std::any::Any + Send + Sync>>,
+}
+
+#[cfg(feature = "async")]
+impl<C> InboxHarness for AsyncInboxOf<C>
+where
+    C: outbox_diesel::AsyncDialect,
+    C::Async: diesel_async::AsyncConnection,
+    DieselInbox<C>: outbox_engine::Inbox<Connection = C::Async>,
+    i64: diesel::serialize::ToSql<diesel::sql_types::BigInt, C::Backend>,
+    diesel::query_builder::BoxedSqlQuery<'static, C::Backend, diesel::query_builder::SqlQuery>:
+        diesel::query_dsl::methods::ExecuteDsl<C>,
+{
+    type Inbox = DieselInbox<C>;
+    type Tx = C::Async;
+
+    fn inbox(&self) -> &DieselInbox<C> {
+        &self.inbox
+    }
+
+    async fn begin(&self) -> C::Async {
+        use diesel_async::{AsyncConnection, TransactionManager};
+        let mut conn: C::Async = connect(&self.url, self.url.ends_with(".db"))
+            .await
+            .expect("connect");
+        <C::Async as AsyncConnection>::TransactionManager::begin_transaction(&mut conn)
+            .await
+            .expect("begin");
+        conn
+    }
+
+    fn conn(tx: &mut C::Async) -> &mut C::Async {
+        tx
+    }
+
+    async fn commit(mut tx: C::Async) -> Result<(), StoreError> {
+        use diesel_async::{AsyncConnection, TransactionManager};
+        <C::Async as AsyncConnection>::TransactionManager::commit_transaction(&mut tx)
+            .await
+            .map_err(|e| StoreError::new(StoreErrorKind::Other, e.to_string()))
+    }
+
+    async fn rollback(mut tx: C::Async) {
+        use diesel_async::{AsyncConnection, TransactionManager};
+        <C::Async as AsyncConnection>::TransactionManager::rollback_transaction(&mut tx)
+            .await
+            .expect("rollback");
+    }
+
+    async fn age(&self, by: Duration) {
+        let seconds = i64::try_from(by.as_secs()).expect("seconds");
+        let age = self.age.clone();
+        blocking(&self.pool, move |conn| {
+            diesel::sql_query(age)
+                .into_boxed()
+                .bind::<diesel::sql_types::BigInt, _>(seconds)
+                .execute(conn)
+                .expect("age the inbox records")
+        })
+        .await;
     }
 }
