@@ -5,17 +5,18 @@
 //!
 //! ```no_run
 //! # #[cfg(feature = "postgres")]
-//! # async fn demo(outbox: outbox_diesel::postgres::PgOutbox, conn: &mut diesel_async::AsyncPgConnection) -> Result<(), Box<dyn std::error::Error>> {
+//! # async fn demo(outbox: outbox_diesel::postgres::PgOutbox, conn: &mut diesel_async::AsyncPgConnection) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
 //! use diesel_async::{AsyncConnection, RunQueryDsl};
 //! use outbox_engine::NewMessage;
 //!
+//! type Error = Box<dyn std::error::Error + Send + Sync>;
 //! let message = NewMessage::builder("billing", "order.paid").json(&42).build()?;
-//! conn.transaction::<_, outbox_engine::StoreError, _>(async |conn| {
+//! conn.transaction::<_, Error, _>(async |conn| {
 //!     diesel::sql_query("UPDATE orders SET status = 'paid' WHERE id = 42")
 //!         .execute(conn)
-//!         .await
-//!         .map_err(|e| outbox_engine::StoreError::new(outbox_engine::StoreErrorKind::Other, e.to_string()))?;
-//!     outbox.enqueue_async(conn, &message).await
+//!         .await?;
+//!     outbox.enqueue_async(conn, &message).await?;
+//!     Ok(())
 //! })
 //! .await?;
 //! # Ok(())
