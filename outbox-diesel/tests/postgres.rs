@@ -78,6 +78,38 @@ async fn postgres_passes_the_inbox_suite() {
     .await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_producer_atomicity() {
+    let h = harness(PublishedRows::Keep).await;
+    common::producer_atomicity(
+        h.outbox.clone(),
+        "CREATE TABLE {table} (id bigint PRIMARY KEY)",
+        "INSERT INTO {table} (id) VALUES ($1)",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_table_is_shared_with_the_sqlx_backend() {
+    let h = harness(PublishedRows::Keep).await;
+    let pool = sqlx::PgPool::connect(&url()).await.expect("sqlx pool");
+    let sqlx_store =
+        outbox_sqlx::postgres::PgOutbox::with_names(pool.clone(), h.outbox.names().clone());
+    // Migrated by diesel already: sqlx's migrate finds it done, and accepts it.
+    sqlx_store.migrate().await.expect("sqlx migrate");
+    h.outbox.migrate().await.expect("diesel migrate again");
+    let store = sqlx_store.clone();
+    common::shared_with_sqlx(h.outbox.clone(), sqlx_store, |messages| async move {
+        let mut tx = pool.begin().await.expect("begin");
+        store
+            .enqueue_all(&mut tx, &messages)
+            .await
+            .expect("enqueue");
+        tx.commit().await.expect("commit");
+    })
+    .await;
+}
+
 #[cfg(feature = "async")]
 mod on_diesel_async {
     use super::*;

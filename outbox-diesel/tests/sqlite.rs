@@ -96,6 +96,48 @@ async fn sqlite_passes_the_inbox_suite() {
     .await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_producer_atomicity() {
+    let h = harness(PublishedRows::Keep).await;
+    common::producer_atomicity(
+        h.outbox.clone(),
+        "CREATE TABLE {table} (id INTEGER PRIMARY KEY)",
+        "INSERT INTO {table} (id) VALUES (?1)",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_table_is_shared_with_the_sqlx_backend() {
+    // sqlx creates the table this time; diesel migrates it again and accepts it.
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let options = sqlx::sqlite::SqliteConnectOptions::new()
+        .filename(path(&dir))
+        .create_if_missing(true)
+        .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
+        .busy_timeout(Duration::from_secs(10));
+    let pool = sqlx::sqlite::SqlitePoolOptions::new()
+        .max_connections(4)
+        .connect_with(options)
+        .await
+        .expect("sqlx pool");
+    let names = common::names("outbox");
+    let sqlx_store = outbox_sqlx::sqlite::SqliteOutbox::with_names(pool.clone(), names.clone());
+    sqlx_store.migrate().await.expect("sqlx migrate");
+    let outbox = SqliteOutbox::with_names(pool_at(&dir), names);
+    outbox.migrate().await.expect("diesel migrate");
+    let store = sqlx_store.clone();
+    common::shared_with_sqlx(outbox, sqlx_store, |messages| async move {
+        let mut tx = pool.begin().await.expect("begin");
+        store
+            .enqueue_all(&mut tx, &messages)
+            .await
+            .expect("enqueue");
+        tx.commit().await.expect("commit");
+    })
+    .await;
+}
+
 #[cfg(feature = "async")]
 mod on_diesel_async {
     use super::*;

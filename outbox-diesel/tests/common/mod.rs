@@ -422,3 +422,179 @@ where
         .await;
     }
 }
+
+/// Drains destination `orders` of `store` into a recording sink, within 60 s.
+pub async fn drain_orders<S: outbox_engine::Store + Clone>(
+    store: S,
+) -> (
+    outbox_engine::BatchReport,
+    outbox_engine::testkit::RecordingSink,
+) {
+    let sink = outbox_engine::testkit::RecordingSink::new();
+    let relay = outbox_engine::Relay::builder(store)
+        .route("orders", sink.clone())
+        .batch_size(100)
+        .build()
+        .expect("relay");
+    let report = tokio::time::timeout(Duration::from_secs(60), relay.drain())
+        .await
+        .expect("the drain ends within 60 s")
+        .expect("drain");
+    (report, sink)
+}
+
+/// A small JSON message for `orders`, keyed by `key` when given.
+pub fn order(n: i64, key: Option<&str>) -> NewMessage {
+    let builder = NewMessage::builder("orders", "order.placed")
+        .json(&serde_json::json!({ "order": n }))
+        .header("x-order", n.to_string());
+    match key {
+        Some(key) => builder.partition_key(key),
+        None => builder,
+    }
+    .build()
+    .expect("valid message")
+}
+
+/// 1,000 business transactions on diesel connections, about 30% rolled back, every tenth
+/// enqueueing two messages: the business rows equal the committed transactions, and the
+/// relay delivers exactly the committed messages. `create` and `insert` are the business
+/// table's statements, `{table}` in them replaced, `insert` taking the order number.
+pub async fn producer_atomicity<C>(outbox: DieselOutbox<C>, create: &str, insert: &str)
+where
+    C: DieselDialect,
+    i64: diesel::serialize::ToSql<diesel::sql_types::BigInt, C::Backend>,
+    diesel::query_builder::BoxedSqlQuery<'static, C::Backend, diesel::query_builder::SqlQuery>:
+        diesel::query_dsl::methods::ExecuteDsl<C> + diesel::query_dsl::LoadQuery<'static, C, Count>,
+{
+    use std::collections::HashSet;
+
+    let table = fresh_table("orders");
+    let (create, insert) = (
+        create.replace("{table}", &table),
+        insert.replace("{table}", &table),
+    );
+    let writer = outbox.clone();
+    let count = format!("SELECT COUNT(*) AS n FROM {table}");
+    let drop = format!("DROP TABLE {table}");
+    let (committed, expected, business_rows) = blocking(outbox.pool(), move |conn| {
+        diesel::connection::SimpleConnection::batch_execute(conn, &create)
+            .expect("create the business table");
+        let (mut committed, mut expected) = (0_i64, HashSet::new());
+        for n in 0..1000_i64 {
+            let mut messages = vec![order(n, None)];
+            if n % 10 == 0 {
+                messages.push(order(n, Some("twice")));
+            }
+            let ids: Vec<_> = messages.iter().map(NewMessage::id).collect();
+            let rollback = fastrand::f64() < 0.3;
+            let done = conn.transaction(|conn| {
+                diesel::sql_query(&insert)
+                    .into_boxed()
+                    .bind::<diesel::sql_types::BigInt, _>(n)
+                    .execute(conn)?;
+                writer.enqueue_all(conn, &messages).expect("enqueue");
+                if rollback {
+                    Err(diesel::result::Error::RollbackTransaction)
+                } else {
+                    Ok(())
+                }
+            });
+            match (done, rollback) {
+                (Ok(()), false) => {
+                    committed += 1;
+                    expected.extend(ids);
+                }
+                (Err(diesel::result::Error::RollbackTransaction), true) => {}
+                (other, _) => panic!("transaction {n}: {other:?}"),
+            }
+        }
+        let rows: Vec<Count> = diesel::sql_query(count)
+            .into_boxed()
+            .load(conn)
+            .expect("count");
+        diesel::connection::SimpleConnection::batch_execute(conn, &drop)
+            .expect("drop the business table");
+        (committed, expected, rows[0].n)
+    })
+    .await;
+    assert_eq!(
+        business_rows, committed,
+        "business rows = committed transactions"
+    );
+    assert!(
+        (600..=800).contains(&committed),
+        "about 30% rolled back: {committed}"
+    );
+    let (report, sink) = drain_orders(outbox).await;
+    assert_eq!(
+        report.published,
+        expected.len(),
+        "one publish per committed message"
+    );
+    let delivered: HashSet<_> = sink.messages().iter().map(|m| m.id).collect();
+    assert_eq!(
+        delivered, expected,
+        "outbox rows = the committed transactions' messages, exactly"
+    );
+}
+
+/// A `COUNT(*) AS n` row.
+#[derive(diesel::QueryableByName)]
+pub struct Count {
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    pub n: i64,
+}
+
+/// The messages `sink` received, checked against `sent` field by field (ids, keys,
+/// headers, payloads, partition keys).
+pub fn same_messages(sent: &[NewMessage], sink: &outbox_engine::testkit::RecordingSink) {
+    let got = sink.messages();
+    assert_eq!(got.len(), sent.len(), "every message once");
+    for m in sent {
+        let g = got.iter().find(|g| g.id == m.id()).expect("delivered");
+        assert_eq!(g.idempotency_key, m.idempotency_key());
+        assert_eq!(g.payload, m.payload());
+        assert_eq!(&g.headers, m.headers());
+        assert_eq!(g.partition_key.as_deref(), m.partition_key());
+        assert_eq!(g.event_type, m.event_type());
+    }
+}
+
+/// One table, both backends: messages enqueued through diesel are drained by the sqlx
+/// store's relay, and messages enqueued through sqlx by the diesel store's relay, every
+/// field intact (keyed messages too, numbered by whichever backend enqueued them).
+pub async fn shared_with_sqlx<C, S, F, Fut>(outbox: DieselOutbox<C>, sqlx_store: S, sqlx_enqueue: F)
+where
+    C: DieselDialect,
+    S: outbox_engine::Store + Clone,
+    F: FnOnce(Vec<NewMessage>) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let batch = |from: i64| -> Vec<NewMessage> {
+        (from..from + 20)
+            .map(|n| order(n, (n % 3 == 0).then_some("key-3")))
+            .collect()
+    };
+    let through_diesel = batch(0);
+    let writer = outbox.clone();
+    let sent = through_diesel.clone();
+    blocking(outbox.pool(), move |conn| {
+        conn.transaction(|conn| {
+            writer.enqueue_all(conn, &sent[..10]).expect("enqueue ten");
+            for m in &sent[10..] {
+                writer.enqueue(conn, m).expect("enqueue one");
+            }
+            Ok::<_, diesel::result::Error>(())
+        })
+        .expect("commit")
+    })
+    .await;
+    let (_, sink) = drain_orders(sqlx_store).await;
+    same_messages(&through_diesel, &sink);
+
+    let through_sqlx = batch(100);
+    sqlx_enqueue(through_sqlx.clone()).await;
+    let (_, sink) = drain_orders(outbox).await;
+    same_messages(&through_sqlx, &sink);
+}
