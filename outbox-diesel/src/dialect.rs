@@ -127,6 +127,14 @@ pub trait DieselDialect:
     #[doc(hidden)]
     fn query(sql: &str) -> Query<Self::Backend>;
 
+    /// What every pooled connection needs before use (SQLite's pragmas), for pools the
+    /// crate builds itself.
+    #[doc(hidden)]
+    fn connection_setup()
+    -> Option<Box<dyn diesel::r2d2::CustomizeConnection<Self, diesel::r2d2::Error>>> {
+        None
+    }
+
     /// An age bound as the milliseconds the statements take.
     #[doc(hidden)]
     fn age_ms(age: std::time::Duration) -> i64 {

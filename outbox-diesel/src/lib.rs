@@ -18,11 +18,17 @@
 //! nothing holds a transaction across an `.await`.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
+// Without a dialect feature only the shared layer compiles, and nothing uses it.
+#![cfg_attr(
+    not(any(feature = "postgres", feature = "sqlite", feature = "mysql")),
+    allow(dead_code, unused_imports)
+)]
 
 #[cfg(feature = "async")]
 #[cfg_attr(docsrs, doc(cfg(feature = "async")))]
 mod asynchronous;
 mod dialect;
+mod driver;
 mod error;
 mod inbox;
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
@@ -44,6 +50,12 @@ pub mod sqlite;
 #[cfg(feature = "async")]
 pub use asynchronous::AsyncDialect;
 pub use dialect::DieselDialect;
+#[cfg(feature = "mysql")]
+pub use driver::MYSQL;
+#[cfg(feature = "postgres")]
+pub use driver::POSTGRES;
+#[cfg(feature = "sqlite")]
+pub use driver::SQLITE;
 pub use inbox::DieselInbox;
 pub use outbox_sql::TableNames;
 pub use store::{DieselOutbox, PublishedRows};

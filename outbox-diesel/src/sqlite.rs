@@ -350,6 +350,10 @@ impl DieselDialect for SqliteConnection {
         diesel::sql_query(sql.to_owned()).into_boxed()
     }
 
+    fn connection_setup() -> Option<Box<dyn CustomizeConnection<Self, diesel::r2d2::Error>>> {
+        Some(Box::new(Pragmas::default()))
+    }
+
     /// In one `BEGIN IMMEDIATE` transaction: migrating processes take turns.
     fn migrate(
         &mut self,

@@ -351,6 +351,36 @@ pub struct Admin {
     pub purge: String,
 }
 
+/// The table names a store's settings ask for (`store.schema`, `store.table`,
+/// `store.inbox_table`), for every backend's driver.
+///
+/// # Errors
+///
+/// A configuration [`BuildError`](outbox_engine::registry::BuildError) naming the setting
+/// whose name is not a valid identifier.
+pub fn table_names(
+    settings: &outbox_engine::StoreSettings,
+) -> Result<TableNames, outbox_engine::registry::BuildError> {
+    use outbox_engine::registry::BuildError;
+    let mut names = TableNames::default();
+    if let Some(schema) = &settings.schema {
+        names = names
+            .schema(schema)
+            .map_err(|e| BuildError::config(format!("store.schema: {e}")))?;
+    }
+    if let Some(table) = &settings.table {
+        names = names
+            .outbox(table)
+            .map_err(|e| BuildError::config(format!("store.table: {e}")))?;
+    }
+    if let Some(table) = &settings.inbox_table {
+        names = names
+            .inbox(table)
+            .map_err(|e| BuildError::config(format!("store.inbox_table: {e}")))?;
+    }
+    Ok(names)
+}
+
 /// One migration: an id recorded in the migrations table, and its statements.
 ///
 /// Every statement must be idempotent (`IF NOT EXISTS`, `ADD COLUMN IF NOT EXISTS`, …):

@@ -4,7 +4,6 @@ use std::time::Duration;
 
 use outbox_engine::registry::{BuildError, StoreDriver};
 use outbox_engine::{AnyStore, StoreSettings, redact};
-use outbox_sql::TableNames;
 
 /// How long connecting may take before it is reported as unreachable.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -34,31 +33,13 @@ pub const MYSQL: StoreDriver = StoreDriver {
     schema: Some(|settings| schema(outbox_sql::Dialect::MySql, settings)),
 };
 
-/// The table names the settings ask for.
-fn names(settings: &StoreSettings) -> Result<TableNames, BuildError> {
-    let mut names = TableNames::default();
-    if let Some(schema) = &settings.schema {
-        names = names
-            .schema(schema)
-            .map_err(|e| BuildError::config(format!("store.schema: {e}")))?;
-    }
-    if let Some(table) = &settings.table {
-        names = names
-            .outbox(table)
-            .map_err(|e| BuildError::config(format!("store.table: {e}")))?;
-    }
-    if let Some(table) = &settings.inbox_table {
-        names = names
-            .inbox(table)
-            .map_err(|e| BuildError::config(format!("store.inbox_table: {e}")))?;
-    }
-    Ok(names)
-}
-
 /// The DDL `migrate` runs for these settings' table names.
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 fn schema(dialect: outbox_sql::Dialect, settings: &StoreSettings) -> Result<String, BuildError> {
-    Ok(outbox_sql::schema_script(dialect, &names(settings)?))
+    Ok(outbox_sql::schema_script(
+        dialect,
+        &outbox_sql::table_names(settings)?,
+    ))
 }
 
 fn unreachable(settings: &StoreSettings, reason: impl std::fmt::Display) -> BuildError {
@@ -100,7 +81,7 @@ async fn server_pool<DB: sqlx::Database>(
 
 #[cfg(feature = "postgres")]
 async fn postgres(settings: &StoreSettings) -> Result<AnyStore, BuildError> {
-    let names = names(settings)?;
+    let names = outbox_sql::table_names(settings)?;
     let url = settings.url.replacen("postgresql://", "postgres://", 1);
     let pool = server_pool::<sqlx::Postgres>(settings, &url).await?;
     Ok(AnyStore::new(
@@ -111,7 +92,7 @@ async fn postgres(settings: &StoreSettings) -> Result<AnyStore, BuildError> {
 #[cfg(feature = "sqlite")]
 async fn sqlite(settings: &StoreSettings) -> Result<AnyStore, BuildError> {
     use std::str::FromStr;
-    let names = names(settings)?;
+    let names = outbox_sql::table_names(settings)?;
     let options = sqlx::sqlite::SqliteConnectOptions::from_str(&settings.url)
         .map_err(|e| BuildError::config(format!("store.url: {e}")))?
         .create_if_missing(true)
@@ -130,7 +111,7 @@ async fn sqlite(settings: &StoreSettings) -> Result<AnyStore, BuildError> {
 
 #[cfg(feature = "mysql")]
 async fn mysql(settings: &StoreSettings) -> Result<AnyStore, BuildError> {
-    let names = names(settings)?;
+    let names = outbox_sql::table_names(settings)?;
     let url = settings.url.replacen("mariadb://", "mysql://", 1);
     let pool = server_pool::<sqlx::MySql>(settings, &url).await?;
     Ok(AnyStore::new(

@@ -7,6 +7,7 @@
 //! | feature | gives |
 //! |---|---|
 //! | `postgres`, `sqlite`, `mysql` | [`sqlx`](outbox_sqlx) stores: enqueue in your transaction, relay store, inbox |
+//! | `diesel-postgres`, `diesel-sqlite`, `diesel-mysql`, `diesel-async` | [`diesel`] stores: enqueue in your diesel transaction (sync or diesel-async), relay store, inbox |
 //! | `http` | the HTTP / webhook sink |
 //! | `receiver`, `receiver-axum` | the webhook receiver: verify, dedupe with any [`Inbox`]; an axum extractor. No HTTP client |
 //! | `redis` | the Redis Streams sink |
@@ -51,6 +52,9 @@ pub use registry::Registry;
 /// The HTTP / webhook sink (feature `http`).
 #[cfg(feature = "dashboard")]
 pub use outbox_dashboard as dashboard;
+
+#[cfg(feature = "diesel")]
+pub use outbox_diesel as diesel;
 /// The RabbitMQ (AMQP 0-9-1) sink (feature `amqp`).
 #[cfg(feature = "amqp")]
 pub use outbox_sink_amqp as amqp;

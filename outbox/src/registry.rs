@@ -17,6 +17,11 @@ const KNOWN: &[(&str, &str, &str)] = &[
     ("store", "sqlite", "sqlite"),
     ("store", "mysql", "mysql"),
     ("store", "mariadb", "mysql"),
+    ("store", "diesel+postgres", "diesel-postgres"),
+    ("store", "diesel+postgresql", "diesel-postgres"),
+    ("store", "diesel+sqlite", "diesel-sqlite"),
+    ("store", "diesel+mysql", "diesel-mysql"),
+    ("store", "diesel+mariadb", "diesel-mysql"),
     ("sink", "http", "http"),
     ("sink", "https", "http"),
     ("sink", "redis", "redis"),
@@ -70,6 +75,12 @@ impl Default for Registry {
         registry.stores.push(outbox_sqlx::SQLITE);
         #[cfg(feature = "mysql")]
         registry.stores.push(outbox_sqlx::MYSQL);
+        #[cfg(feature = "diesel-postgres")]
+        registry.stores.push(outbox_diesel::POSTGRES);
+        #[cfg(feature = "diesel-sqlite")]
+        registry.stores.push(outbox_diesel::SQLITE);
+        #[cfg(feature = "diesel-mysql")]
+        registry.stores.push(outbox_diesel::MYSQL);
         #[cfg(feature = "http")]
         registry.sinks.push(outbox_sink_http::DRIVER);
         #[cfg(feature = "redis")]
