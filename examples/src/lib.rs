@@ -1,6 +1,7 @@
 //! The examples' code, shared by `cargo run --example …` and the tests that run them.
 
 pub mod commerce_notifications;
+pub mod diesel_orders;
 pub mod quickstart;
 pub mod saas_event_bus;
 pub mod traced_checkout;
