@@ -9,6 +9,7 @@
 //! `bench:end` markers) and the latency plot next to it.
 
 mod backlog;
+mod diesel;
 mod drain;
 mod enqueue;
 mod gauges;
@@ -94,9 +95,11 @@ enum Scenario {
     Kafka,
     /// SQS sink against a raw `SendMessageBatch` loop (moto).
     Sqs,
+    /// The diesel backend: enqueue against a raw INSERT, its relay against the sqlx relay.
+    Diesel,
 }
 
-const EVERY_SCENARIO: [Scenario; 10] = [
+const EVERY_SCENARIO: [Scenario; 11] = [
     Scenario::Enqueue,
     Scenario::Drain,
     Scenario::Scale,
@@ -104,6 +107,7 @@ const EVERY_SCENARIO: [Scenario; 10] = [
     Scenario::Latency,
     Scenario::Backlog,
     Scenario::Gauges,
+    Scenario::Diesel,
     Scenario::Amqp,
     Scenario::Kafka,
     Scenario::Sqs,
@@ -137,6 +141,7 @@ fn main() {
                 Scenario::Latency => latency::run(&bench, scale, &mut report).await?,
                 Scenario::Backlog => backlog::run(&bench, scale, &mut report).await?,
                 Scenario::Gauges => gauges::run(&bench, scale, &mut report).await?,
+                Scenario::Diesel => diesel::run(&bench, scale, &mut report).await?,
                 Scenario::Amqp => sinks::amqp(&bench, scale, &mut report).await?,
                 Scenario::Kafka => kafka::run(&bench, scale, &mut report).await?,
                 Scenario::Sqs => sqs::run(&bench, scale, &mut report).await?,

@@ -1,0 +1,274 @@
+//! `diesel`: the diesel backend on PostgreSQL, against baselines in the same run.
+//!
+//! - Enqueue: a business transaction (one UPDATE) on diesel's `PgConnection` alone, with
+//!   a raw `INSERT` into the outbox table, and with the diesel store's enqueue, at 1 and
+//!   4 clients (threads, one connection each); rounds interleaved, medians reported. The
+//!   figure of merit is the enqueue's added cost over the raw insert's.
+//! - Drain: the relay on the diesel store (r2d2 pool, blocking pool) against the relay on
+//!   the sqlx store, same backlog, same batch and workers, delete mode, a no-op sink.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering as Atomic};
+use std::time::{Duration, Instant};
+
+use diesel::r2d2::{ConnectionManager, Pool};
+use diesel::sql_types::{Integer, Text};
+use diesel::{Connection, PgConnection, RunQueryDsl};
+use outbox_diesel::postgres::PgOutbox as DieselPgOutbox;
+use outbox_engine::{NewMessage, Relay};
+use outbox_sqlx::PublishedRows;
+
+use crate::Scale;
+use crate::report::{Report, median};
+use crate::setup::{Bench, BoxError};
+
+const ACCOUNTS: i32 = 10_000;
+
+/// An error that crosses threads (the blocking work's).
+type SendError = Box<dyn std::error::Error + Send + Sync>;
+
+fn local(error: SendError) -> BoxError {
+    error
+}
+const MODES: [&str; 3] = ["business only", "+ raw INSERT", "+ diesel enqueue"];
+const TABLE: &str = "bench_diesel_outbox";
+
+pub(crate) async fn run(bench: &Bench, scale: Scale, report: &mut Report) -> Result<(), BoxError> {
+    enqueue(bench, scale, report).await?;
+    drain(bench, scale, report).await
+}
+
+fn diesel_pool(url: &str, size: u32) -> Result<Pool<ConnectionManager<PgConnection>>, SendError> {
+    Ok(Pool::builder()
+        .max_size(size)
+        .build(ConnectionManager::<PgConnection>::new(url))?)
+}
+
+async fn fresh(bench: &Bench, size: u32) -> Result<DieselPgOutbox, BoxError> {
+    sqlx::query(&format!(
+        "DROP TABLE IF EXISTS {TABLE}, {TABLE}_keys CASCADE"
+    ))
+    .execute(&bench.pool)
+    .await?;
+    let url = bench.url.clone();
+    let pool = tokio::task::spawn_blocking(move || diesel_pool(&url, size))
+        .await?
+        .map_err(local)?;
+    let names = outbox_diesel::TableNames::default().outbox(TABLE)?;
+    let outbox = DieselPgOutbox::with_names(pool, names).published_rows(PublishedRows::Delete);
+    outbox.migrate().await?;
+    Ok(outbox)
+}
+
+async fn enqueue(bench: &Bench, scale: Scale, report: &mut Report) -> Result<(), BoxError> {
+    let pool = &bench.pool;
+    sqlx::query("DROP TABLE IF EXISTS bench_diesel_accounts")
+        .execute(pool)
+        .await?;
+    sqlx::query("CREATE TABLE bench_diesel_accounts (id int PRIMARY KEY, balance bigint NOT NULL)")
+        .execute(pool)
+        .await?;
+    sqlx::query("INSERT INTO bench_diesel_accounts SELECT g, 0 FROM generate_series(1, $1) g")
+        .bind(ACCOUNTS)
+        .execute(pool)
+        .await?;
+    let outbox = fresh(bench, 8).await?;
+    let mut rows = Vec::new();
+    let mut json = serde_json::Map::new();
+    for clients in [1usize, 4] {
+        let mut samples: Vec<Vec<f64>> = vec![Vec::new(); MODES.len()];
+        let rounds = scale.rounds.max(MODES.len());
+        for round in 0..rounds {
+            for step in 0..MODES.len() {
+                let mode = (round + step) % MODES.len();
+                let outbox = outbox.clone();
+                let time = scale.enqueue_time;
+                let tps =
+                    tokio::task::spawn_blocking(move || measure(&outbox, mode, clients, time))
+                        .await?
+                        .map_err(local)?;
+                samples[mode].push(tps);
+            }
+        }
+        let tps: Vec<f64> = samples.iter().map(|s| median(s)).collect();
+        let base = 1.0 / tps[0];
+        let cost = |i: usize| (1.0 / tps[i] - base).max(0.0);
+        for (i, mode) in MODES.iter().enumerate() {
+            rows.push(vec![
+                clients.to_string(),
+                (*mode).to_owned(),
+                format!("{:.0}", tps[i]),
+                format!("{:.2}", tps[i] / tps[0]),
+                if i == 0 {
+                    "—".to_owned()
+                } else {
+                    format!("{:.0} µs", cost(i) * 1e6 * clients as f64)
+                },
+            ]);
+        }
+        let added = cost(2) / cost(1).max(f64::EPSILON);
+        rows.push(vec![
+            clients.to_string(),
+            "diesel enqueue / raw INSERT, added cost".to_owned(),
+            String::new(),
+            format!("{added:.2}"),
+            String::new(),
+        ]);
+        json.insert(
+            format!("clients_{clients}"),
+            serde_json::json!({ "tps_business": tps[0], "tps_raw": tps[1], "tps_diesel": tps[2], "diesel_over_raw_added_cost": added }),
+        );
+    }
+    sqlx::query("DROP TABLE bench_diesel_accounts")
+        .execute(pool)
+        .await?;
+    report.section(
+        "diesel-enqueue",
+        "A business transaction (one UPDATE) on diesel's `PgConnection`, alone, with a raw INSERT into the outbox table, and with the diesel store's `enqueue`, each client a thread with its own connection; medians of interleaved rounds. Target: the diesel enqueue's added cost ≤ 1.05 × the raw INSERT's.",
+        &["clients", "mode", "tx/s", "vs business only", "added cost per tx"],
+        rows,
+        serde_json::Value::Object(json),
+    );
+    Ok(())
+}
+
+/// Transactions per second of `mode` with `clients` threads for `time`.
+fn measure(
+    outbox: &DieselPgOutbox,
+    mode: usize,
+    clients: usize,
+    time: Duration,
+) -> Result<f64, SendError> {
+    let done = Arc::new(AtomicUsize::new(0));
+    let started = Instant::now();
+    std::thread::scope(|scope| -> Result<(), SendError> {
+        let mut threads = Vec::new();
+        for client in 0..clients {
+            let (outbox, done) = (outbox.clone(), Arc::clone(&done));
+            threads.push(scope.spawn(move || -> Result<(), SendError> {
+                let mut conn = outbox.pool().get()?;
+                let mut n = client as i32;
+                while started.elapsed() < time {
+                    n = (n + 7919) % ACCOUNTS + 1;
+                    conn.transaction(|conn| {
+                        diesel::sql_query("UPDATE bench_diesel_accounts SET balance = balance + 1 WHERE id = $1")
+                            .bind::<Integer, _>(n)
+                            .execute(conn)?;
+                        match mode {
+                            1 => {
+                                // As the sqlx enqueue bench: a UUIDv7 id bound by hand.
+                                let id = uuid::Uuid::now_v7();
+                                diesel::sql_query(format!(
+                                    "INSERT INTO {TABLE} (id, destination, event_type, idempotency_key, payload, content_type, available_at) \
+                                     VALUES ($1, 'bench', 'bench.event', $2, $3, 'application/json', now())"
+                                ))
+                                .bind::<diesel::sql_types::Uuid, _>(id)
+                                .bind::<Text, _>(id.to_string())
+                                .bind::<diesel::sql_types::Bytea, _>(format!("{{\"n\":{n}}}").into_bytes())
+                                .execute(conn)?;
+                            }
+                            2 => {
+                                let message = NewMessage::builder("bench", "bench.event")
+                                    .json(&serde_json::json!({ "n": n }))
+                                    .build()?;
+                                outbox.enqueue(conn, &message)?;
+                            }
+                            _ => {}
+                        }
+                        Ok::<_, SendError>(())
+                    })?;
+                    done.fetch_add(1, Atomic::Relaxed);
+                }
+                Ok(())
+            }));
+        }
+        for thread in threads {
+            thread.join().map_err(|_| "a client thread panicked")??;
+        }
+        Ok(())
+    })?;
+    Ok(done.load(Atomic::Relaxed) as f64 / started.elapsed().as_secs_f64())
+}
+
+async fn drain(bench: &Bench, scale: Scale, report: &mut Report) -> Result<(), BoxError> {
+    let n = scale.drain_rows;
+    let mut rows = Vec::new();
+    let mut json = serde_json::Map::new();
+    for (batch, workers) in [(100usize, 2usize), (500, 2)] {
+        let mut diesel_rates = Vec::new();
+        let mut sqlx_rates = Vec::new();
+        for _ in 0..scale.rounds {
+            sqlx_rates.push(sqlx_drain(bench, n, batch, workers).await?);
+            diesel_rates.push(diesel_drain(bench, n, batch, workers).await?);
+        }
+        let (d, s) = (median(&diesel_rates), median(&sqlx_rates));
+        rows.push(vec![
+            format!("{batch} × {workers}"),
+            format!("{s:.0}"),
+            format!("{d:.0}"),
+            format!("{:.2}", d / s),
+        ]);
+        json.insert(
+            format!("batch_{batch}_workers_{workers}"),
+            serde_json::json!({ "sqlx": s, "diesel": d, "ratio": d / s }),
+        );
+    }
+    report.section(
+        "diesel-drain",
+        &format!("The relay on the diesel store (r2d2 pool, statements on tokio's blocking pool) against the relay on the sqlx store, {n} unkeyed messages, delete mode, a no-op sink; medians of {} rounds, alternated.", scale.rounds),
+        &["batch × workers", "sqlx relay msg/s", "diesel relay msg/s", "diesel / sqlx"],
+        rows,
+        serde_json::Value::Object(json),
+    );
+    Ok(())
+}
+
+async fn diesel_drain(
+    bench: &Bench,
+    n: usize,
+    batch: usize,
+    workers: usize,
+) -> Result<f64, BoxError> {
+    let outbox = fresh(bench, (workers + 2) as u32).await?;
+    let sqlx_view =
+        outbox_sqlx::postgres::PgOutbox::with_names(bench.pool.clone(), outbox.names().clone());
+    crate::drain::preload(&sqlx_view, &bench.pool, n, false).await?;
+    timed_drain(outbox, n, batch, workers).await
+}
+
+async fn sqlx_drain(
+    bench: &Bench,
+    n: usize,
+    batch: usize,
+    workers: usize,
+) -> Result<f64, BoxError> {
+    let outbox = bench.fresh_outbox(TABLE, PublishedRows::Delete).await?;
+    crate::drain::preload(&outbox, &bench.pool, n, false).await?;
+    timed_drain(outbox, n, batch, workers).await
+}
+
+/// Runs a relay over `store` until `n` messages went through a no-op sink.
+async fn timed_drain<S: outbox_engine::Store>(
+    store: S,
+    n: usize,
+    batch: usize,
+    workers: usize,
+) -> Result<f64, BoxError> {
+    let sink = crate::setup::NoopSink::default();
+    let relay = Relay::builder(store)
+        .route("bench", sink.clone())
+        .batch_size(batch)
+        .concurrency(workers)
+        .poll_interval(Duration::from_millis(20))
+        .build()?;
+    let count = sink.count.clone();
+    let started = Instant::now();
+    relay
+        .run(async move {
+            while count.load(Atomic::Relaxed) < n {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await;
+    Ok(n as f64 / started.elapsed().as_secs_f64())
+}
