@@ -13,6 +13,8 @@
 //! | `mysql` | [`mysql::MysqlOutbox`], [`mysql::MysqlInbox`] on `MysqlConnection` (MySQL 8, MariaDB ≥ 10.6) |
 //! | `async` | enqueue and record on the diesel-async connections of the dialects that are on |
 //!
+//! [`schema`] has the table as diesel `table!`s, to query it with the DSL.
+//!
 //! The relay store runs each call on a pooled connection in tokio's blocking pool
 //! (decision 0029): the relay is async, the statements are diesel's sync ones, and
 //! nothing holds a transaction across an `.await`.
@@ -35,6 +37,7 @@ mod inbox;
 mod keyed;
 mod migrate;
 mod rows;
+pub mod schema;
 mod store;
 
 #[cfg(feature = "mysql")]
