@@ -4,10 +4,15 @@
 
 use std::collections::HashSet;
 
-use diesel::query_builder::{BoxedSqlQuery, SqlQuery};
+use std::marker::PhantomData;
+
+use diesel::backend::Backend;
+use diesel::query_builder::{AstPass, QueryFragment, QueryId};
 use diesel::query_dsl::LoadQuery;
 use diesel::query_dsl::methods::ExecuteDsl;
-use diesel::{Connection, RunQueryDsl};
+use diesel::serialize::ToSql;
+use diesel::sql_types::{HasSqlType, Untyped};
+use diesel::{Connection, QueryResult, RunQueryDsl};
 use outbox_engine::{
     Claim, ClaimRequest, Completion, DeadLetter, DeadLetterFilter, DestinationStats, FoundMessage,
     Gauges, LeaseToken, MessageId, NewMessage, PublishedRows, PurgeRequest, StoreError,
@@ -17,7 +22,91 @@ use outbox_sql::{Dialect, Migration, Shared, TableNames};
 use crate::error::classify;
 
 /// A statement with its binds, for any backend.
-pub(crate) type Query<B> = BoxedSqlQuery<'static, B, SqlQuery>;
+pub(crate) type Query<B> = Statement<B>;
+
+/// One of `outbox-sql`'s statements (its placeholders written in) and the values bound
+/// to them. Unlike diesel's `sql_query`, diesel keeps its prepared form per connection,
+/// keyed by its text, so a statement run again is not parsed and planned again; build
+/// statements whose text varies without bound with [`uncached`](Self::uncached).
+#[doc(hidden)]
+pub struct Statement<DB: Backend> {
+    sql: String,
+    binds: Vec<Box<dyn QueryFragment<DB> + Send>>,
+    cache: bool,
+}
+
+impl<DB: Backend> Statement<DB> {
+    /// `sql`, nothing bound yet.
+    pub(crate) fn new(sql: &str) -> Self {
+        Self {
+            sql: sql.to_owned(),
+            binds: Vec::new(),
+            cache: true,
+        }
+    }
+
+    /// Binds `value` as the next parameter, as SQL type `ST`.
+    pub fn bind<ST, V>(mut self, value: V) -> Self
+    where
+        DB: HasSqlType<ST>,
+        V: ToSql<ST, DB> + Send + 'static,
+        ST: Send + 'static,
+    {
+        self.binds.push(Box::new(Bind {
+            value,
+            sql_type: PhantomData::<fn() -> ST>,
+        }));
+        self
+    }
+
+    /// Not kept prepared: for statements built for one use (a multi-row insert of a
+    /// given length, say).
+    pub(crate) fn uncached(mut self) -> Self {
+        self.cache = false;
+        self
+    }
+}
+
+/// One bound value; its placeholder is in the statement's text already.
+struct Bind<ST, V> {
+    value: V,
+    sql_type: PhantomData<fn() -> ST>,
+}
+
+impl<ST, V, DB> QueryFragment<DB> for Bind<ST, V>
+where
+    DB: Backend + HasSqlType<ST>,
+    V: ToSql<ST, DB>,
+{
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+        out.push_bind_param_value_only::<ST, V>(&self.value)
+    }
+}
+
+impl<DB: Backend> QueryFragment<DB> for Statement<DB> {
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+        if !self.cache {
+            out.unsafe_to_cache_prepared();
+        }
+        out.push_sql(&self.sql);
+        for bind in &self.binds {
+            bind.walk_ast(out.reborrow())?;
+        }
+        Ok(())
+    }
+}
+
+/// No static id: diesel keys the prepared statement by its text and bind types.
+impl<DB: Backend> QueryId for Statement<DB> {
+    type QueryId = ();
+    const HAS_STATIC_QUERY_ID: bool = false;
+}
+
+impl<DB: Backend> diesel::query_builder::Query for Statement<DB> {
+    type SqlType = Untyped;
+}
+
+impl<C: Connection> RunQueryDsl<C> for Statement<C::Backend> {}
 
 /// What a store needs besides its pool: the rendered statements and how it finishes rows.
 #[doc(hidden)]
@@ -125,7 +214,13 @@ pub trait DieselDialect:
 
     /// A statement with its binds, ready to run on this connection.
     #[doc(hidden)]
-    fn query(sql: &str) -> Query<Self::Backend>;
+    fn query(sql: &str) -> Query<Self::Backend> {
+        Statement::new(sql)
+    }
+
+    /// Runs `query` on this connection, returning how many rows it changed.
+    #[doc(hidden)]
+    fn run(&mut self, query: Query<Self::Backend>) -> Result<u64, StoreError>;
 
     /// What every pooled connection needs before use (SQLite's pragmas), for pools the
     /// crate builds itself.

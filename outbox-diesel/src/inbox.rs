@@ -13,7 +13,7 @@ use outbox_engine::{Delivery, StoreError};
 use outbox_sql::TableNames;
 use outbox_sql::values::limit;
 
-use crate::dialect::{DieselDialect, Query, execute};
+use crate::dialect::DieselDialect;
 
 /// The inbox of the receiver that uses diesel: [`record`](Self::record) inside your
 /// `conn.transaction(|conn| …)`, and apply the side effect only for [`Delivery::New`].
@@ -90,14 +90,13 @@ impl<C: DieselDialect> DieselInbox<C> {
     pub fn record(&self, conn: &mut C, consumer: &str, key: &str) -> Result<Delivery, StoreError>
     where
         String: diesel::serialize::ToSql<Text, C::Backend>,
-        Query<C::Backend>: diesel::query_dsl::methods::ExecuteDsl<C>,
     {
         check_key("consumer", consumer)?;
         check_key("key", key)?;
         let query = C::query(&self.sql.0)
             .bind::<Text, _>(consumer.to_owned())
             .bind::<Text, _>(key.to_owned());
-        Ok(if execute(conn, query)? == 1 {
+        Ok(if conn.run(query)? == 1 {
             Delivery::New
         } else {
             Delivery::Duplicate
@@ -117,12 +116,11 @@ impl<C: DieselDialect> DieselInbox<C> {
     ) -> Result<u64, StoreError>
     where
         i64: diesel::serialize::ToSql<BigInt, C::Backend>,
-        Query<C::Backend>: diesel::query_dsl::methods::ExecuteDsl<C>,
     {
         let query = C::query(&self.sql.1)
             .bind::<BigInt, _>(C::age_ms(older_than))
             .bind::<BigInt, _>(limit(batch_size));
-        execute(conn, query)
+        conn.run(query)
     }
 }
 

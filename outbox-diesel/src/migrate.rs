@@ -6,7 +6,7 @@ use diesel::sql_types::Text;
 use outbox_engine::StoreError;
 use outbox_sql::{Migration, Shared};
 
-use crate::dialect::{DieselDialect, execute};
+use crate::dialect::DieselDialect;
 use crate::error::classify;
 
 /// Runs every statement of `migrations` on `conn`, recording each migration. `checks[i]`,
@@ -23,7 +23,6 @@ pub(crate) fn apply<C>(
 where
     C: DieselDialect,
     String: diesel::serialize::ToSql<Text, C::Backend>,
-    crate::dialect::Query<C::Backend>: diesel::query_dsl::methods::ExecuteDsl<C>,
 {
     let simple = |conn: &mut C, statement: &str| conn.batch_execute(statement).map_err(classify);
     simple(conn, &shared.create_migrations)?;
@@ -34,10 +33,7 @@ where
         if let Some(check) = checks.get(i) {
             simple(conn, check)?;
         }
-        execute(
-            conn,
-            C::query(&shared.record_migration).bind::<Text, _>(migration.id.clone()),
-        )?;
+        conn.run(C::query(&shared.record_migration).bind::<Text, _>(migration.id.clone()))?;
     }
     for check in checks {
         simple(conn, check)?;

@@ -373,8 +373,8 @@ impl DieselDialect for MysqlConnection {
         &sql.shared
     }
 
-    fn query(sql: &str) -> Query<Mysql> {
-        diesel::sql_query(sql.to_owned()).into_boxed()
+    fn run(&mut self, query: Query<Mysql>) -> Result<u64, StoreError> {
+        execute(self, query)
     }
 
     fn age_ms(age: std::time::Duration) -> i64 {
@@ -443,7 +443,7 @@ impl DieselDialect for MysqlConnection {
                 }
                 let (chunk, tail) = rest.split_at(rows);
                 let (chunk_seqs, tail_seqs) = rest_seqs.split_at(rows);
-                let mut query = Self::query(&ctx.sql.insert_batch(chunk.len()));
+                let mut query = Self::query(&ctx.sql.insert_batch(chunk.len())).uncached();
                 for (m, seq) in chunk.iter().zip(chunk_seqs) {
                     query = bind_message(query, m, *seq);
                 }

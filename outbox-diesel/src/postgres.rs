@@ -266,8 +266,8 @@ impl DieselDialect for PgConnection {
         &sql.shared
     }
 
-    fn query(sql: &str) -> Query<Pg> {
-        diesel::sql_query(sql.to_owned()).into_boxed()
+    fn run(&mut self, query: Query<Pg>) -> Result<u64, StoreError> {
+        execute(self, query)
     }
 
     /// In one transaction holding the advisory lock the sqlx store takes too.

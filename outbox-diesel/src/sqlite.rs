@@ -346,8 +346,8 @@ impl DieselDialect for SqliteConnection {
         &sql.shared
     }
 
-    fn query(sql: &str) -> Query<Sqlite> {
-        diesel::sql_query(sql.to_owned()).into_boxed()
+    fn run(&mut self, query: Query<Sqlite>) -> Result<u64, StoreError> {
+        execute(self, query)
     }
 
     fn connection_setup() -> Option<Box<dyn CustomizeConnection<Self, diesel::r2d2::Error>>> {
