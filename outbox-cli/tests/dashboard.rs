@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use outbox::postgres::PgOutbox;
 use outbox::{ClaimRequest, Completion, NewMessage, Store, TableNames};
-use outbox_test_support::{ChildGuard, no_server, output_within, server_url, wait_until};
+use outbox_test_support::{ChildGuard, no_server, output_within, server_url, wait_for, wait_until};
 
 mod common;
 
@@ -334,26 +334,32 @@ async fn the_relay_serves_its_rate_and_latency_on_the_dashboard() {
         "[relay]\npoll_interval = \"100ms\"\n\n[routes.billing]\nurl = \"{url}\"\nallow = [\"127.0.0.1\"]\n"
     ));
     setup.started().await;
-    wait_until(
-        "the relay to publish 300 messages",
-        Duration::from_secs(60),
-        || {
-            let n = received.lock().unwrap().len();
-            async move { n >= 300 }
-        },
-    )
-    .await;
+    // The receiver counts a delivery before the relay records its completion: wait
+    // for the page itself to count all 300.
     let request = format!(
         "GET / HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {TOKEN}\r\nconnection: close\r\n\r\n"
     );
-    let page = common::http(&setup.addr, &request).await;
+    let (page, billing) = wait_for(
+        "the overview to count the 300 published messages",
+        Duration::from_secs(60),
+        || {
+            let (addr, request) = (setup.addr.clone(), request.clone());
+            async move {
+                let page = common::http(&addr, &request).await;
+                let at = page.find("<td>billing</td>")?;
+                let row = page[at..][..page[at..].find("</tr>")?].to_owned();
+                row.contains("<td class=\"n\">5.0</td>")
+                    .then_some((page, row))
+            }
+        },
+    )
+    .await;
+    assert!(received.lock().unwrap().len() >= 300);
     assert!(page.starts_with("HTTP/1.1 200"), "{page}");
     assert!(
         page.contains("Relay heartbeat: <span class=\"ok\">"),
         "{page}"
     );
-    let billing = &page[page.find("<td>billing</td>").expect("a billing row")..];
-    let billing = &billing[..billing.find("</tr>").unwrap()];
     let cells: Vec<&str> = billing.split("<td class=\"n\">").skip(1).collect();
     let text = |i: usize| cells[i][..cells[i].find("</td>").unwrap()].to_owned();
     let rate: f64 = text(5).parse().unwrap();

@@ -156,8 +156,6 @@ where
     C: DieselDialect,
     String: diesel::serialize::ToSql<diesel::sql_types::Text, C::Backend>,
     i64: diesel::serialize::ToSql<diesel::sql_types::BigInt, C::Backend>,
-    diesel::query_builder::BoxedSqlQuery<'static, C::Backend, diesel::query_builder::SqlQuery>:
-        diesel::query_dsl::methods::ExecuteDsl<C>,
 {
     type Connection = Held<C>;
 
