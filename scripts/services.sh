@@ -135,8 +135,15 @@ ensure_rabbitmq() {
         apt_install rabbitmq-server
     fi
     if ! rabbitmq_up >/dev/null 2>&1; then
-        log "starting RabbitMQ"
-        as_root sh -c 'rabbitmq-server -detached' >/dev/null 2>&1 || true
+        if as_root rabbitmqctl -q ping >/dev/null 2>&1; then
+            # The node runs but its app is stopped: a broker-fault test was killed before
+            # its guard could start the app again.
+            log "starting RabbitMQ's app (the node was up with the app stopped)"
+            as_root rabbitmqctl -q start_app >/dev/null 2>&1 || true
+        else
+            log "starting RabbitMQ"
+            as_root sh -c 'rabbitmq-server -detached' >/dev/null 2>&1 || true
+        fi
         wait_for RabbitMQ 90 rabbitmq_up
     fi
     if ! as_root rabbitmqctl -q list_vhosts | grep -qx outbox-test; then
