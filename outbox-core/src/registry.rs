@@ -181,7 +181,8 @@ pub enum PublishedRows {
     /// Keep it with status `published` until a retention purge (default).
     #[default]
     Keep,
-    /// Delete it at once; stats then show no published rows.
+    /// Delete it at once; stats then show no published rows. A retention purge is still
+    /// worth running with per-key ordering: it forgets the counters of idle keys.
     Delete,
 }
 

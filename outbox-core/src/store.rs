@@ -630,8 +630,11 @@ impl PurgeRequest {
 
 /// Optional capability: retention.
 pub trait Purge: Send + Sync {
-    /// Deletes at most `request.batch_size` finished rows; returns how many. Call again
-    /// until it returns less than the batch size (see [`purge_all`]).
+    /// Deletes at most `request.batch_size` finished rows and, on stores that number keyed
+    /// rows, the counter rows of at most `request.batch_size` keys left with no pending,
+    /// leased or dead row (a key's numbering then starts again; see decision 0030);
+    /// returns how many rows in all. Call again until it returns less than the batch size
+    /// (see [`purge_all`]).
     fn purge(&self, request: &PurgeRequest)
     -> impl Future<Output = Result<u64, StoreError>> + Send;
 }

@@ -712,11 +712,11 @@ impl DieselDialect for MysqlConnection {
     }
 
     /// Published rows first, then dead letters, at most `batch_size` in all, in one
-    /// transaction.
+    /// transaction; then the counters of idle keys.
     fn purge(&mut self, ctx: &Context<Self>, request: &PurgeRequest) -> Result<u64, StoreError> {
         let batch = limit(request.batch_size);
         let sql = &ctx.sql;
-        relay_transaction(self, |conn| {
+        let rows = relay_transaction(self, |conn| {
             let mut deleted = execute(
                 conn,
                 Self::query(&sql.purge_published)
@@ -735,6 +735,7 @@ impl DieselDialect for MysqlConnection {
                 }
             }
             Ok(deleted)
-        })
+        })?;
+        Ok(rows + rows::forget_idle_keys(self, &sql.shared, request.batch_size)?)
     }
 }

@@ -491,6 +491,7 @@ impl DieselDialect for PgConnection {
             .bind::<BigInt, _>(millis(request.published_older_than))
             .bind::<Nullable<BigInt>, _>(request.dead_older_than.map(millis))
             .bind::<BigInt, _>(outbox_sql::values::limit(request.batch_size));
-        execute(self, query)
+        let rows = execute(self, query)?;
+        Ok(rows + rows::forget_idle_keys(self, &ctx.sql.shared, request.batch_size)?)
     }
 }

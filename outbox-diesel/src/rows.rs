@@ -2,6 +2,7 @@
 //! written once over them.
 
 use diesel::query_dsl::LoadQuery;
+use diesel::query_dsl::methods::ExecuteDsl;
 use diesel::serialize::ToSql;
 use diesel::sql_types::{BigInt, Text};
 use diesel::{Connection, QueryableByName};
@@ -9,7 +10,8 @@ use outbox_engine::{Gauges, StoreError};
 use outbox_sql::Shared;
 use outbox_sql::values::{count, limit};
 
-use crate::dialect::{DieselDialect, Query, load};
+use crate::dialect::{DieselDialect, Query, execute, load};
+use crate::migrate::in_transaction;
 
 /// The gauges: the unfinished rows through the due index, the dead ones through the dead
 /// index, each at most `bound` rows, and the halted keys from the dead keyed rows.
@@ -59,6 +61,50 @@ where
 {
     let rows: Vec<Dead> = load(conn, query)?;
     Ok(rows.first().map_or(0, |r| count(r.dead)))
+}
+
+/// Deletes the counter rows of at most `bound` keys left with no pending, leased or dead
+/// row; returns how many. Each key is locked, then judged again by a statement of its own
+/// (see `Shared::forget_key` in `outbox-sql`); SQLite, with one writer at a time, only
+/// runs the delete.
+pub(crate) fn forget_idle_keys<C>(
+    conn: &mut C,
+    shared: &Shared,
+    bound: usize,
+) -> Result<u64, StoreError>
+where
+    C: DieselDialect,
+    i64: ToSql<BigInt, C::Backend>,
+    String: ToSql<Text, C::Backend>,
+    Query<C::Backend>: LoadQuery<'static, C, IdleKey> + ExecuteDsl<C>,
+{
+    let idle: Vec<IdleKey> = load(
+        conn,
+        C::query(&shared.idle_keys).bind::<BigInt, _>(limit(bound)),
+    )?;
+    let mut forgotten = 0;
+    for IdleKey { partition_key: key } in idle {
+        let forget = C::query(&shared.forget_key).bind::<Text, _>(key.clone());
+        if C::DIALECT == outbox_sql::Dialect::Sqlite {
+            forgotten += execute(conn, forget)?;
+            continue;
+        }
+        forgotten += in_transaction(conn, |conn| {
+            let held: Vec<IdleKey> = load(conn, C::query(&shared.lock_key).bind::<Text, _>(key))?;
+            if held.is_empty() {
+                return Ok(0);
+            }
+            execute(conn, forget)
+        })?;
+    }
+    Ok(forgotten)
+}
+
+/// An `idle_keys` or `lock_key` row.
+#[derive(QueryableByName)]
+pub(crate) struct IdleKey {
+    #[diesel(sql_type = Text)]
+    pub(crate) partition_key: String,
 }
 
 /// A `gauges_dead` row.

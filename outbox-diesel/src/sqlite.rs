@@ -575,6 +575,7 @@ impl DieselDialect for SqliteConnection {
             .bind::<BigInt, _>(millis(request.published_older_than))
             .bind::<Nullable<BigInt>, _>(request.dead_older_than.map(millis))
             .bind::<BigInt, _>(limit(request.batch_size));
-        execute(self, query)
+        let rows = execute(self, query)?;
+        Ok(rows + rows::forget_idle_keys(self, &ctx.sql.shared, request.batch_size)?)
     }
 }

@@ -300,6 +300,10 @@ impl TableNames {
     }
 }
 
+/// No row of the key of counter row `k` holds the counter: none pending, leased or dead
+/// (published rows are never compared by the ordered claim).
+const KEY_IDLE: &str = "NOT EXISTS (SELECT 1 FROM {outbox} AS o WHERE o.partition_key = k.partition_key AND o.status IN ('pending', 'leased', 'dead'))";
+
 /// The statements every dialect has, with the same parameters in the same order, so a
 /// backend runs them from code written once.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -329,6 +333,20 @@ pub struct Shared {
     pub inbox_record: String,
     /// Deletes one bounded batch of old inbox rows: `(age ms, limit)`.
     pub inbox_purge: String,
+    /// Keys whose counter row is left with no pending, leased or dead row of the key, at
+    /// most `(limit)`: → partition_key. Reads without locks; `forget_key` checks again.
+    pub idle_keys: String,
+    /// Locks one key's counter row unless a writer holds it: `(key)` → partition_key, no
+    /// row when it is held or gone. SQLite has no row locks and reads it only.
+    pub lock_key: String,
+    /// Deletes one key's counter row if the key still has no pending, leased or dead row:
+    /// `(key)`. Run after `lock_key`, in its transaction, as a statement of its own: its
+    /// snapshot then holds every row numbered before the lock was taken, and no writer
+    /// numbers a row of the key until the transaction ends. (A single `DELETE … WHERE NOT
+    /// EXISTS` would judge the key on a snapshot taken before it waited for the lock.)
+    /// The key's next row is numbered from 1 again, which keeps commit order: no row the
+    /// ordered claim compares it with is left.
+    pub forget_key: String,
 }
 
 /// The operator's statements of the dialects that bind a whole dead-letter filter

@@ -43,6 +43,8 @@
 //! | `migration_unlock`, `migration_applied`, `record_migration` | name / migration id |
 //! | `inbox_record` | consumer, message id → 1 row affected if new, 0 if a duplicate |
 //! | `inbox_purge` | age ms, limit |
+//! | `idle_keys` | limit → partition_key |
+//! | `lock_key`, `forget_key` | partition key |
 //!
 //! Millisecond parameters are multiplied by 1,000 in SQL, so they must stay below about
 //! 9.2 × 10¹⁵; callers clamp durations to a sane maximum (far beyond any retry delay).
@@ -78,7 +80,7 @@
 //! view, at `READ COMMITTED`) run once the candidates are locked, and only the rows it
 //! returns are leased.
 
-use crate::{Dialect, Shared, TableNames};
+use crate::{Dialect, KEY_IDLE, Shared, TableNames};
 
 /// Migration files of the outbox table.
 pub const OUTBOX_MIGRATIONS: &[(&str, &str)] = &[
@@ -241,6 +243,15 @@ impl Statements {
                 inbox_purge: r(
                     "DELETE FROM {inbox} WHERE received_at <= {now} - INTERVAL (? * 1000) MICROSECOND ORDER BY received_at, consumer, message_id LIMIT ?",
                 ),
+                idle_keys: r(&format!(
+                    "SELECT k.partition_key FROM {{outbox_keys}} AS k WHERE {KEY_IDLE} LIMIT ?"
+                )),
+                lock_key: r(
+                    "SELECT partition_key FROM {outbox_keys} WHERE partition_key = ? FOR UPDATE SKIP LOCKED",
+                ),
+                forget_key: r(&format!(
+                    "DELETE k FROM {{outbox_keys}} AS k WHERE k.partition_key = ? AND {KEY_IDLE}"
+                )),
             },
         }
     }
@@ -589,6 +600,9 @@ mod tests {
         assert_eq!(count(&sql.purge_dead), 2);
         assert_eq!(count(&sql.shared.inbox_record), 2);
         assert_eq!(count(&sql.shared.inbox_purge), 2);
+        assert_eq!(count(&sql.shared.idle_keys), 1);
+        assert_eq!(count(&sql.shared.lock_key), 1);
+        assert_eq!(count(&sql.shared.forget_key), 1);
         let shape = DeadFilterShape {
             ids: 2,
             destinations: 1,

@@ -20,6 +20,8 @@
 //! | `purge` | 1 published age ms, 2 dead age ms (NULL keeps dead letters), 3 limit |
 //! | `inbox_record` | 1 consumer, 2 message id |
 //! | `inbox_purge` | 1 age ms, 2 limit |
+//! | `idle_keys` | 1 limit → partition_key |
+//! | `lock_key`, `forget_key` | 1 partition key |
 //! | `notify` | 1 payload (the qualified outbox table name) |
 //! | `migration_lock` | 1 lock key bigint |
 //!
@@ -28,7 +30,7 @@
 //! commit, or the transaction's start without commit timestamps, to the claim) and
 //! `from_commit` (1 or 0).
 
-use crate::{Admin, Dialect, Shared, TableNames};
+use crate::{Admin, Dialect, KEY_IDLE, Shared, TableNames};
 
 /// Migration files of the outbox table.
 pub const OUTBOX_MIGRATIONS: &[(&str, &str)] = &[
@@ -149,6 +151,15 @@ impl Statements {
                 inbox_purge: r(
                     "DELETE FROM {inbox} WHERE ctid IN (SELECT ctid FROM {inbox} WHERE received_at <= now() - $1 * interval '1 millisecond' LIMIT $2)",
                 ),
+                idle_keys: r(&format!(
+                    "SELECT k.partition_key FROM {{outbox_keys}} AS k WHERE {KEY_IDLE} LIMIT $1"
+                )),
+                lock_key: r(
+                    "SELECT partition_key FROM {outbox_keys} WHERE partition_key = $1 FOR UPDATE SKIP LOCKED",
+                ),
+                forget_key: r(&format!(
+                    "DELETE FROM {{outbox_keys}} AS k WHERE k.partition_key = $1 AND {KEY_IDLE}"
+                )),
             },
             notify: format!("SELECT pg_notify('{NOTIFY_CHANNEL}', $1)"),
         }

@@ -23,6 +23,8 @@
 //! | `purge` | 1 published age ms, 2 dead age ms (NULL keeps dead letters), 3 limit |
 //! | `inbox_record` | 1 consumer, 2 message id |
 //! | `inbox_purge` | 1 age ms, 2 limit |
+//! | `idle_keys` | 1 limit → partition_key |
+//! | `lock_key`, `forget_key` | 1 partition key |
 //! | `migration_applied`, `record_migration` | 1 migration id |
 //!
 //! Rows read back (claim, `list_dead`) have the columns of [`MESSAGE_COLUMNS`] in order,
@@ -45,7 +47,7 @@
 //! `seq` is pending or leased (or dead, under [`DeadHead::Halt`](outbox_engine::DeadHead)).
 //! The claim is one statement, so it sees one consistent state of the table.
 
-use crate::{Admin, Dialect, Shared, TableNames};
+use crate::{Admin, Dialect, KEY_IDLE, Shared, TableNames};
 
 /// Migration files of the outbox table.
 pub const OUTBOX_MIGRATIONS: &[(&str, &str)] = &[
@@ -152,6 +154,13 @@ impl Statements {
                 inbox_purge: r(
                     "DELETE FROM {inbox} WHERE rowid IN (SELECT rowid FROM {inbox} WHERE received_at <= {now} - ?1 LIMIT ?2)",
                 ),
+                idle_keys: r(&format!(
+                    "SELECT k.partition_key FROM {{outbox_keys}} AS k WHERE {KEY_IDLE} LIMIT ?1"
+                )),
+                lock_key: r("SELECT partition_key FROM {outbox_keys} WHERE partition_key = ?1"),
+                forget_key: r(&format!(
+                    "DELETE FROM {{outbox_keys}} AS k WHERE k.partition_key = ?1 AND {KEY_IDLE}"
+                )),
             },
         }
     }

@@ -278,8 +278,64 @@ impl<DB: AdminDialect> FindMessages for SqlOutbox<DB> {
     }
 }
 
-impl<DB: AdminDialect> Purge for SqlOutbox<DB> {
+impl<DB> Purge for SqlOutbox<DB>
+where
+    DB: AdminDialect,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+    for<'q> i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'q> String: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+{
+    /// Old finished rows as the request says, then the counter rows of up to
+    /// `batch_size` keys left with no pending, leased or dead row; returns both counts
+    /// summed.
     async fn purge(&self, request: &PurgeRequest) -> Result<u64, StoreError> {
-        DB::purge(self, request).await
+        let rows = DB::purge(self, request).await?;
+        Ok(rows + self.forget_idle_keys(request.batch_size).await?)
+    }
+}
+
+impl<DB> SqlOutbox<DB>
+where
+    DB: SqlDialect,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+    for<'q> i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'q> String: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+{
+    /// Deletes the counter rows of at most `bound` idle keys (see `Shared::forget_key`
+    /// in `outbox-sql` for why each takes a lock and a second look); returns how many.
+    async fn forget_idle_keys(&self, bound: usize) -> Result<u64, StoreError> {
+        let shared = DB::shared(&self.sql);
+        let idle = sqlx::query(&shared.idle_keys)
+            .bind(crate::common::limit(bound))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(classify)?;
+        let mut forgotten = 0;
+        for row in &idle {
+            let Some(key) = DB::text(row, "partition_key").map_err(classify)? else {
+                continue;
+            };
+            let forget = sqlx::query(&shared.forget_key).bind(key.clone());
+            if DB::DIALECT == outbox_sql::Dialect::Sqlite {
+                // One writer at a time: the delete alone judges the key on current rows.
+                let done = forget.execute(&self.pool).await.map_err(classify)?;
+                forgotten += DB::rows_affected(&done);
+                continue;
+            }
+            let mut tx = self.pool.begin().await.map_err(classify)?;
+            let held = sqlx::query(&shared.lock_key)
+                .bind(key)
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(classify)?;
+            if held.is_some() {
+                let done = forget.execute(&mut *tx).await.map_err(classify)?;
+                forgotten += DB::rows_affected(&done);
+            }
+            tx.commit().await.map_err(classify)?;
+        }
+        Ok(forgotten)
     }
 }

@@ -1519,3 +1519,16 @@ async fn an_older_table_is_upgraded_in_place() {
     );
     common::minimal_rows_are_delivered(h.outbox.clone(), 2).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counter_cleanup_under_concurrent_writers_keeps_commit_order() {
+    let h = MySqlHarness::new().await;
+    common::counter_cleanup_keeps_commit_order(common::CounterCleanup {
+        pool: h.outbox.pool(),
+        store: h.outbox.clone(),
+        enqueue: Arc::new(|outbox, conn, message| {
+            Box::pin(async move { outbox.enqueue(conn, &message).await })
+        }),
+    })
+    .await;
+}

@@ -566,3 +566,162 @@ where
     assert_eq!(canary_rows, 1, "the canary table survived");
     created
 }
+
+/// A dialect's run of [`counter_cleanup_keeps_commit_order`].
+pub struct CounterCleanup<'a, DB: sqlx::Database, S> {
+    pub pool: &'a sqlx::Pool<DB>,
+    /// A migrated store on a fresh table.
+    pub store: S,
+    pub enqueue: std::sync::Arc<EnqueueInto<'static, DB, S>>,
+}
+
+/// Eight writers commit messages of one key while an ordered relay publishes them (a
+/// tenth of the attempts fail and are retried) and a purger forgets the key's counter
+/// whenever the key is idle. Each writer transaction first bumps a witness row, whose
+/// lock it holds until it commits, so the witness values are the commit order; the
+/// message carries its value. The receiver must see 1, 2, 3, … with nothing lost, and
+/// the purger must have forgotten the counter while the writers ran.
+pub async fn counter_cleanup_keeps_commit_order<DB, S>(h: CounterCleanup<'_, DB, S>)
+where
+    DB: sqlx::Database,
+    S: outbox_engine::Store + outbox_engine::Purge + Clone + 'static,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    for<'c> &'c sqlx::Pool<DB>: sqlx::Executor<'c, Database = DB>,
+    for<'q> i64: sqlx::Decode<'q, DB> + sqlx::Type<DB>,
+    for<'q> <DB as sqlx::Database>::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+    (i64,): for<'r> sqlx::FromRow<'r, DB::Row>,
+{
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::time::Duration;
+
+    use outbox_engine::testkit::{FlakySink, RecordingSink};
+    use outbox_engine::{DeadHead, MessageOrder, PurgeRequest, Relay, RetryPolicy};
+
+    const WRITERS: u64 = 8;
+    const ROUNDS: u64 = 25;
+    const PER_ROUND: u64 = 3;
+
+    let witness = fresh_table("witness");
+    for statement in [
+        format!("CREATE TABLE {witness} (id INT PRIMARY KEY, v BIGINT NOT NULL)"),
+        format!("INSERT INTO {witness} VALUES (1, 0)"),
+    ] {
+        sqlx::query(&statement)
+            .execute(h.pool)
+            .await
+            .expect("witness table");
+    }
+
+    let sink = RecordingSink::new();
+    let relay = Relay::builder(h.store.clone())
+        .route("orders", FlakySink::new(sink.clone()).retryable_rate(0.1))
+        .ordering(MessageOrder::PerKey(DeadHead::Skip))
+        .batch_size(10)
+        .concurrency(2)
+        .poll_interval(Duration::from_millis(5))
+        .retry(
+            RetryPolicy::default()
+                .initial_delay(Duration::from_millis(2))
+                .max_delay(Duration::from_millis(10))
+                .max_attempts(10_000),
+        )
+        .build()
+        .expect("relay");
+    let (stop_relay, stopped) = tokio::sync::oneshot::channel::<()>();
+    let relay = tokio::spawn(relay.run(async move {
+        let _ = stopped.await;
+    }));
+
+    // Published rows stay (a day is far off): every row a purge deletes is a counter.
+    let purging = Arc::new(AtomicBool::new(true));
+    let forgotten = Arc::new(AtomicU64::new(0));
+    let purger = tokio::spawn({
+        let (store, purging, forgotten) = (h.store.clone(), purging.clone(), forgotten.clone());
+        async move {
+            let request = PurgeRequest::published_older_than(Duration::from_secs(86_400));
+            while purging.load(Ordering::Relaxed) {
+                let n = store.purge(&request).await.expect("purge");
+                forgotten.fetch_add(n, Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_micros(fastrand::u64(0..1_000))).await;
+            }
+        }
+    });
+
+    let bump = format!("UPDATE {witness} SET v = v + 1 WHERE id = 1");
+    let read = format!("SELECT v FROM {witness} WHERE id = 1");
+    for round in 0..ROUNDS {
+        let mut writers = tokio::task::JoinSet::new();
+        for _ in 0..WRITERS {
+            let (pool, store, enqueue) = (h.pool.clone(), h.store.clone(), h.enqueue.clone());
+            let (bump, read) = (bump.clone(), read.clone());
+            writers.spawn(async move {
+                for _ in 0..PER_ROUND {
+                    tokio::time::sleep(Duration::from_micros(fastrand::u64(0..500))).await;
+                    let mut tx = pool.begin().await.expect("begin");
+                    sqlx::query(&bump)
+                        .execute(&mut *tx)
+                        .await
+                        .expect("bump the witness");
+                    let (v,): (i64,) = sqlx::query_as(&read)
+                        .fetch_one(&mut *tx)
+                        .await
+                        .expect("witness");
+                    let message = NewMessage::builder("orders", "order.changed")
+                        .json(&serde_json::json!({ "v": v }))
+                        .partition_key("order-1")
+                        .build()
+                        .expect("message");
+                    enqueue(&store, &mut tx, message).await.expect("enqueue");
+                    tx.commit().await.expect("commit");
+                }
+            });
+        }
+        while let Some(done) = writers.join_next().await {
+            done.expect("writer");
+        }
+        let committed = ((round + 1) * WRITERS * PER_ROUND) as usize;
+        assert!(
+            sink.wait_for(committed, Duration::from_secs(30)).await,
+            "round {round}: waited 30 s for {committed} deliveries, saw {}",
+            sink.len()
+        );
+        // The relay marks the last rows soon after they arrive: the key falls idle in
+        // this pause, or while the next round's writers begin, as the purger looks.
+        tokio::time::sleep(Duration::from_millis(fastrand::u64(0..20))).await;
+    }
+    purging.store(false, Ordering::Relaxed);
+    purger.await.expect("purger");
+    let _ = stop_relay.send(());
+    relay.await.expect("relay");
+
+    let received: Vec<Option<i64>> = sink
+        .messages()
+        .iter()
+        .map(|m| {
+            serde_json::from_slice::<serde_json::Value>(&m.payload).expect("json")["v"].as_i64()
+        })
+        .collect();
+    let total = (ROUNDS * WRITERS * PER_ROUND) as i64;
+    let first_wrong = (1..=total)
+        .map(Some)
+        .zip(&received)
+        .position(|(want, got)| want != *got);
+    assert!(
+        first_wrong.is_none() && received.len() == total as usize,
+        "received once each in commit order: {} of {total} received, first out of order at \
+         delivery {first_wrong:?}: {:?}",
+        received.len(),
+        first_wrong.map(|at| &received[at..received.len().min(at + 8)])
+    );
+    let forgotten = forgotten.load(Ordering::Relaxed);
+    eprintln!("counter cleanup: {total} messages, counter forgotten {forgotten} times");
+    assert!(
+        forgotten >= 3,
+        "the purger forgot the key's counter between the writers' rounds ({forgotten} times)"
+    );
+    sqlx::query(&format!("DROP TABLE {witness}"))
+        .execute(h.pool)
+        .await
+        .expect("drop witness");
+}
