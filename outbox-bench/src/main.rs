@@ -1,7 +1,7 @@
 //! `outbox-bench`: every figure is a ratio against a baseline measured in the same run.
 //!
 //! ```text
-//! cargo run --release -p outbox-bench -- [all|enqueue|drain|scale|ordered|latency|backlog|gauges|amqp|kafka|sqs] [--quick] [--write BENCHMARKS.md]
+//! cargo run --release -p outbox-bench -- [all|enqueue|drain|scale|ordered|latency|backlog|held-xmin|gauges|amqp|kafka|sqs] [--quick] [--write BENCHMARKS.md]
 //! ```
 //!
 //! Each scenario prints a table and, as its last line, one JSON object with its figures.
@@ -19,6 +19,7 @@ mod report;
 mod setup;
 mod sinks;
 mod sqs;
+mod xmin;
 
 use std::time::Duration;
 
@@ -37,6 +38,8 @@ pub(crate) struct Scale {
     pub(crate) rounds: usize,
     /// Finished rows present in the table for the backlog scenario.
     pub(crate) finished_rows: usize,
+    /// How long the held-xmin scenario holds the horizon back.
+    pub(crate) xmin_hold: Duration,
 }
 
 const FULL: Scale = Scale {
@@ -45,6 +48,7 @@ const FULL: Scale = Scale {
     latency_time: Duration::from_secs(6),
     rounds: 3,
     finished_rows: 10_000_000,
+    xmin_hold: Duration::from_secs(600),
 };
 
 const QUICK: Scale = Scale {
@@ -53,6 +57,7 @@ const QUICK: Scale = Scale {
     latency_time: Duration::from_secs(2),
     rounds: 1,
     finished_rows: 1_000_000,
+    xmin_hold: Duration::from_secs(60),
 };
 
 /// Benchmarks of the outbox, each reported as a ratio against a baseline measured in
@@ -87,6 +92,8 @@ enum Scenario {
     Latency,
     /// Drain with millions of finished rows in the table.
     Backlog,
+    /// Drain while another transaction holds the xmin horizon back.
+    HeldXmin,
     /// The relay's gauges on millions of finished rows, against the full stats scan.
     Gauges,
     /// RabbitMQ sink against a raw lapin publishing loop.
@@ -99,13 +106,14 @@ enum Scenario {
     Diesel,
 }
 
-const EVERY_SCENARIO: [Scenario; 11] = [
+const EVERY_SCENARIO: [Scenario; 12] = [
     Scenario::Enqueue,
     Scenario::Drain,
     Scenario::Scale,
     Scenario::Ordered,
     Scenario::Latency,
     Scenario::Backlog,
+    Scenario::HeldXmin,
     Scenario::Gauges,
     Scenario::Diesel,
     Scenario::Amqp,
@@ -140,6 +148,7 @@ fn main() {
                 Scenario::Scale => drain::scale(&bench, scale, &mut report).await?,
                 Scenario::Latency => latency::run(&bench, scale, &mut report).await?,
                 Scenario::Backlog => backlog::run(&bench, scale, &mut report).await?,
+                Scenario::HeldXmin => xmin::run(&bench, scale, &mut report).await?,
                 Scenario::Gauges => gauges::run(&bench, scale, &mut report).await?,
                 Scenario::Diesel => diesel::run(&bench, scale, &mut report).await?,
                 Scenario::Amqp => sinks::amqp(&bench, scale, &mut report).await?,
