@@ -1,6 +1,7 @@
 //! `backlog`: does a table full of finished rows slow the relay down? Drains N messages in
 //! mark-published mode on an empty table, then again after M published rows were added
-//! (10 million in a full run), and reports the ratio.
+//! (10 million in a full run, `--finished-rows` to change it), and reports the ratio,
+//! for the plain table and for the rotate layout's slots.
 
 use std::sync::atomic::Ordering as Atomic;
 use std::time::{Duration, Instant};
@@ -14,39 +15,54 @@ use crate::setup::{Bench, BoxError, NoopSink};
 
 pub(crate) async fn run(bench: &Bench, scale: Scale, report: &mut Report) -> Result<(), BoxError> {
     let n = scale.drain_rows;
-    // Empty, full, empty again: the baseline is the mean of the two empty runs, so a drift
-    // of the machine during the long bulk insert does not count as backlog cost.
-    let before = drain(bench, n, 0).await?;
     let finished = scale.finished_rows;
-    let full = drain(bench, n, finished).await?;
-    let after = drain(bench, n, 0).await?;
-    let empty = (before + after) / 2.0;
-    let rows = vec![
-        vec!["0".to_owned(), format!("{empty:.0}"), "1.00".to_owned()],
-        vec![
+    let mut rows = Vec::new();
+    let mut json = serde_json::Map::new();
+    for (layout, mode) in [
+        ("keep", PublishedRows::Keep),
+        ("rotate", PublishedRows::Rotate),
+    ] {
+        // Empty, full, empty again: the baseline is the mean of the two empty runs, so a
+        // drift of the machine during the long bulk insert does not count as backlog cost.
+        let before = drain(bench, n, 0, mode).await?;
+        let full = drain(bench, n, finished, mode).await?;
+        let after = drain(bench, n, 0, mode).await?;
+        let empty = (before + after) / 2.0;
+        rows.push(vec![
+            layout.to_owned(),
+            format!("{empty:.0}"),
             finished.to_string(),
             format!("{full:.0}"),
             format!("{:.2}", full / empty),
-        ],
-    ];
+        ]);
+        json.insert(
+            layout.to_owned(),
+            serde_json::json!({ "empty": empty, "with_finished": full, "ratio": full / empty }),
+        );
+    }
+    json.insert("finished_rows".to_owned(), finished.into());
     report.section(
         "backlog",
-        &format!("Relay drain of {n} messages (mark-published mode, batch 500 × 2 workers), with and without finished rows already in the table, messages/s."),
-        &["finished rows in table", "messages/s", "vs empty table"],
+        &format!("Relay drain of {n} messages (published rows kept, batch 500 × 2 workers), on an empty table and with finished rows already in it, messages/s. `keep`: one table; `rotate`: the three slots of decision 0031, the finished rows spread over them."),
+        &["layout", "empty table msg/s", "finished rows", "msg/s", "vs empty table"],
         rows,
-        serde_json::json!({ "empty": empty, "with_finished": full, "finished_rows": finished, "ratio": full / empty }),
+        serde_json::Value::Object(json),
     );
     Ok(())
 }
 
-async fn drain(bench: &Bench, n: usize, finished: usize) -> Result<f64, BoxError> {
-    let outbox = bench
-        .fresh_outbox("bench_backlog_outbox", PublishedRows::Keep)
-        .await?;
+async fn drain(
+    bench: &Bench,
+    n: usize,
+    finished: usize,
+    mode: PublishedRows,
+) -> Result<f64, BoxError> {
+    let outbox = bench.fresh_outbox("bench_backlog_outbox", mode).await?;
     let pool = &bench.pool;
     if finished > 0 {
+        let slots = mode == PublishedRows::Rotate;
         bench
-            .fill_published("bench_backlog_outbox", finished)
+            .fill_published("bench_backlog_outbox", finished, slots)
             .await?;
     }
     for start in (0..n).step_by(1000) {
@@ -82,7 +98,7 @@ async fn drain(bench: &Bench, n: usize, finished: usize) -> Result<f64, BoxError
         })
         .await;
     let rate = n as f64 / started.elapsed().as_secs_f64();
-    sqlx::query("DROP TABLE bench_backlog_outbox CASCADE")
+    sqlx::query("DROP TABLE IF EXISTS bench_backlog_outbox, bench_backlog_outbox_slots CASCADE")
         .execute(pool)
         .await?;
     Ok(rate)

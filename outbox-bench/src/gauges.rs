@@ -95,7 +95,7 @@ async fn postgres(bench: &Bench, finished: usize) -> Result<(Duration, Duration)
         .await?;
     let pool = &bench.pool;
     bench
-        .fill_published("bench_gauges_outbox", finished)
+        .fill_published("bench_gauges_outbox", finished, false)
         .await?;
     let mut tx = pool.begin().await?;
     outbox.enqueue_all(&mut tx, &messages(PENDING)).await?;

@@ -71,6 +71,10 @@ struct Cli {
     /// Smaller sizes and shorter runs (figures are noisier).
     #[arg(long)]
     quick: bool,
+    /// Finished rows for the backlog scenario (default: 10 million, 1 million with
+    /// `--quick`).
+    #[arg(long, value_name = "N")]
+    finished_rows: Option<usize>,
     /// Rewrite the generated part of this file (BENCHMARKS.md) and its latency plot.
     #[arg(long, value_name = "FILE")]
     write: Option<String>,
@@ -90,7 +94,7 @@ enum Scenario {
     Ordered,
     /// Commit-to-publish latency at a fixed offered rate, wakeups against polling.
     Latency,
-    /// Drain with millions of finished rows in the table.
+    /// Drain with millions of finished rows in the table, kept in one table or in slots.
     Backlog,
     /// Drain while another transaction holds the xmin horizon back.
     HeldXmin,
@@ -124,7 +128,10 @@ const EVERY_SCENARIO: [Scenario; 12] = [
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let cli = <Cli as clap::Parser>::parse();
-    let scale = if cli.quick { QUICK } else { FULL };
+    let mut scale = if cli.quick { QUICK } else { FULL };
+    if let Some(rows) = cli.finished_rows {
+        scale.finished_rows = rows;
+    }
     let write = cli.write;
     let scenarios = if cli.scenarios.is_empty() || cli.scenarios.contains(&Scenario::All) {
         EVERY_SCENARIO.to_vec()

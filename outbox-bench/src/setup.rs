@@ -35,9 +35,11 @@ impl Bench {
         name: &str,
         rows: PublishedRows,
     ) -> Result<PgOutbox, BoxError> {
-        sqlx::query(&format!("DROP TABLE IF EXISTS {name}, {name}_keys CASCADE"))
-            .execute(&self.pool)
-            .await?;
+        sqlx::query(&format!(
+            "DROP TABLE IF EXISTS {name}, {name}_keys, {name}_slots CASCADE"
+        ))
+        .execute(&self.pool)
+        .await?;
         sqlx::query("DELETE FROM outbox_migrations WHERE id LIKE $1")
             .bind(format!("{name}/%"))
             .execute(&self.pool)
@@ -50,14 +52,25 @@ impl Bench {
     }
 
     /// Adds `n` published rows to `table` as the relay leaves them (available_at NULL),
-    /// a day old, in bulk statements of a million rows.
-    pub(crate) async fn fill_published(&self, table: &str, n: usize) -> Result<(), BoxError> {
+    /// a day old, in bulk statements of a million rows. `slots`: the table is in the
+    /// rotate layout, and the rows go to its three slots in turn.
+    pub(crate) async fn fill_published(
+        &self,
+        table: &str,
+        n: usize,
+        slots: bool,
+    ) -> Result<(), BoxError> {
+        let (slot_column, slot) = if slots {
+            (", slot", ", (g % 3)::smallint")
+        } else {
+            ("", "")
+        };
         for start in (0..n).step_by(1_000_000) {
             let end = (start + 1_000_000).min(n);
             sqlx::query(&format!(
-                "INSERT INTO {table} (id, destination, event_type, idempotency_key, payload, content_type, status, attempts, available_at, created_at, published_at) \
+                "INSERT INTO {table} (id, destination, event_type, idempotency_key, payload, content_type, status, attempts, available_at, created_at, published_at{slot_column}) \
                  SELECT gen_random_uuid(), 'bench', 'bench.event', g::text, convert_to('{{\"n\":' || g || '}}', 'UTF8'), 'application/json', 'published', 1, NULL, \
-                        now() - interval '1 day', now() - interval '1 day' FROM generate_series($1::bigint, $2::bigint) g"
+                        now() - interval '1 day', now() - interval '1 day'{slot} FROM generate_series($1::bigint, $2::bigint) g"
             ))
             .bind(start as i64)
             .bind(end as i64 - 1)

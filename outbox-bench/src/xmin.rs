@@ -2,17 +2,17 @@
 //! row version left by the relay can be vacuumed away (a forgotten `BEGIN` in a psql
 //! session, a long report, a replica with `hot_standby_feedback`).
 //!
-//! Two outbox tables, one keeping published rows and one deleting them on publish, take
-//! rounds in turn: enqueue a batch of messages (not timed), then drain it with the relay
+//! Three outbox tables, keeping published rows, deleting them on publish, and keeping
+//! them in rotating slots (rotated after each of its rounds), take rounds in turn: enqueue a batch of messages (not timed), then drain it with the relay
 //! (timed). A few rounds run first with nothing held (the baseline); then one connection
 //! opens a `REPEATABLE READ` transaction with an xid and keeps it for the hold time while
-//! the rounds go on; then it ends, both tables are vacuumed, and one more round each
+//! the rounds go on; then it ends, the tables are vacuumed, and one more round each
 //! shows the recovery. Reported per minute of the hold, against each table's baseline.
 
 use std::sync::atomic::Ordering as Atomic;
 use std::time::{Duration, Instant};
 
-use outbox_engine::{NewMessage, Relay};
+use outbox_engine::{NewMessage, Purge, PurgeRequest, Relay};
 use outbox_sqlx::PublishedRows;
 use outbox_sqlx::postgres::PgOutbox;
 
@@ -20,9 +20,10 @@ use crate::Scale;
 use crate::report::{Report, median};
 use crate::setup::{Bench, BoxError, NoopSink};
 
-const TABLES: [(&str, PublishedRows); 2] = [
+const TABLES: [(&str, PublishedRows); 3] = [
     ("bench_xmin_keep", PublishedRows::Keep),
     ("bench_xmin_delete", PublishedRows::Delete),
+    ("bench_xmin_rotate", PublishedRows::Rotate),
 ];
 const BASELINE_ROUNDS: usize = 3;
 
@@ -30,10 +31,10 @@ pub(crate) async fn run(bench: &Bench, scale: Scale, report: &mut Report) -> Res
     let n = scale.drain_rows / 2;
     let mut outboxes = Vec::new();
     for (name, mode) in TABLES {
-        outboxes.push(bench.fresh_outbox(name, mode).await?);
+        outboxes.push((bench.fresh_outbox(name, mode).await?, mode));
     }
 
-    let mut baseline = [Vec::new(), Vec::new()];
+    let mut baseline = [Vec::new(), Vec::new(), Vec::new()];
     for _ in 0..BASELINE_ROUNDS {
         for (i, outbox) in outboxes.iter().enumerate() {
             baseline[i].push(round(bench, outbox, n).await?);
@@ -51,11 +52,11 @@ pub(crate) async fn run(bench: &Bench, scale: Scale, report: &mut Report) -> Res
         .await?;
     let started = Instant::now();
     // Per minute of the hold: each table's rates, and the dead row versions at its end.
-    let mut minutes: Vec<([Vec<f64>; 2], i64)> = Vec::new();
+    let mut minutes: Vec<([Vec<f64>; 3], i64)> = Vec::new();
     while started.elapsed() < scale.xmin_hold {
         let minute = (started.elapsed().as_secs() / 60) as usize;
         if minutes.len() <= minute {
-            minutes.push(([Vec::new(), Vec::new()], 0));
+            minutes.push(([Vec::new(), Vec::new(), Vec::new()], 0));
         }
         for (i, outbox) in outboxes.iter().enumerate() {
             let rate = round(bench, outbox, n).await?;
@@ -69,7 +70,7 @@ pub(crate) async fn run(bench: &Bench, scale: Scale, report: &mut Report) -> Res
             .execute(&bench.pool)
             .await?;
     }
-    let mut after = [0.0; 2];
+    let mut after = [0.0; 3];
     for (i, outbox) in outboxes.iter().enumerate() {
         after[i] = round(bench, outbox, n).await?;
     }
@@ -81,23 +82,27 @@ pub(crate) async fn run(bench: &Bench, scale: Scale, report: &mut Report) -> Res
         "1.00".to_owned(),
         format!("{:.0}", baseline[1]),
         "1.00".to_owned(),
+        format!("{:.0}", baseline[2]),
+        "1.00".to_owned(),
         "—".to_owned(),
     ]];
     let mut curve = Vec::new();
     for (minute, (rates, dead)) in minutes.iter().enumerate() {
-        let rates = [median(&rates[0]), median(&rates[1])];
+        let rates = rates.each_ref().map(|r| median(r));
         rows.push(vec![
             format!("held, minute {}", minute + 1),
             format!("{:.0}", rates[0]),
             ratio(rates[0], 0),
             format!("{:.0}", rates[1]),
             ratio(rates[1], 1),
+            format!("{:.0}", rates[2]),
+            ratio(rates[2], 2),
             dead.to_string(),
         ]);
         curve.push(serde_json::json!({
-            "minute": minute + 1, "keep": rates[0], "delete": rates[1],
+            "minute": minute + 1, "keep": rates[0], "delete": rates[1], "rotate": rates[2],
             "keep_ratio": rates[0] / baseline[0], "delete_ratio": rates[1] / baseline[1],
-            "dead_versions": dead,
+            "rotate_ratio": rates[2] / baseline[2], "dead_versions": dead,
         }));
     }
     rows.push(vec![
@@ -106,16 +111,19 @@ pub(crate) async fn run(bench: &Bench, scale: Scale, report: &mut Report) -> Res
         ratio(after[0], 0),
         format!("{:.0}", after[1]),
         ratio(after[1], 1),
+        format!("{:.0}", after[2]),
+        ratio(after[2], 2),
         "—".to_owned(),
     ]);
     report.section(
         "held-xmin",
         &format!(
             "Relay drain of {n} messages per round (batch 500 × 2 workers, no-op sink), rounds \
-             alternating between a table that keeps published rows and one that deletes them, \
+             alternating between a table that keeps published rows, one that deletes them and \
+             one in rotating slots (rotated after each of its rounds), \
              while another transaction holds the xmin horizon for {} s; median per minute, \
              messages/s, against the same table's rounds before the hold. Dead row versions: \
-             `n_dead_tup` of both tables at the minute's end.",
+             `n_dead_tup` of the three tables at the minute's end.",
             scale.xmin_hold.as_secs()
         ),
         &[
@@ -124,26 +132,36 @@ pub(crate) async fn run(bench: &Bench, scale: Scale, report: &mut Report) -> Res
             "keep vs before",
             "delete msg/s",
             "delete vs before",
+            "rotate msg/s",
+            "rotate vs before",
             "dead row versions",
         ],
         rows,
         serde_json::json!({
             "messages_per_round": n, "hold_s": scale.xmin_hold.as_secs(),
-            "before": { "keep": baseline[0], "delete": baseline[1] },
+            "before": { "keep": baseline[0], "delete": baseline[1], "rotate": baseline[2] },
             "held": curve,
-            "after": { "keep": after[0], "delete": after[1] },
+            "after": { "keep": after[0], "delete": after[1], "rotate": after[2] },
         }),
     );
     for (name, _) in TABLES {
-        sqlx::query(&format!("DROP TABLE {name}, {name}_keys CASCADE"))
-            .execute(&bench.pool)
-            .await?;
+        sqlx::query(&format!(
+            "DROP TABLE IF EXISTS {name}, {name}_keys, {name}_slots CASCADE"
+        ))
+        .execute(&bench.pool)
+        .await?;
     }
     Ok(())
 }
 
 /// Enqueues `n` messages (not timed), then drains them with a relay; returns messages/s.
-async fn round(bench: &Bench, outbox: &PgOutbox, n: usize) -> Result<f64, BoxError> {
+/// A rotate table then rotates once (not timed; age zero stands for the hours between
+/// rotations in service), so the drained rows leave two rounds later.
+async fn round(
+    bench: &Bench,
+    (outbox, mode): &(PgOutbox, PublishedRows),
+    n: usize,
+) -> Result<f64, BoxError> {
     for start in (0..n).step_by(1000) {
         let messages: Vec<NewMessage> = (start..(start + 1000).min(n))
             .map(|i| {
@@ -173,14 +191,22 @@ async fn round(bench: &Bench, outbox: &PgOutbox, n: usize) -> Result<f64, BoxErr
             }
         })
         .await;
-    Ok(n as f64 / started.elapsed().as_secs_f64())
+    let rate = n as f64 / started.elapsed().as_secs_f64();
+    if *mode == PublishedRows::Rotate {
+        outbox
+            .purge(&PurgeRequest::published_older_than(Duration::ZERO))
+            .await?;
+    }
+    Ok(rate)
 }
 
-/// Dead row versions of both tables, as the statistics collector last counted them.
+/// Dead row versions of the tables (the rotate table's slots), as the statistics
+/// collector last counted them.
 async fn dead_versions(bench: &Bench) -> Result<i64, BoxError> {
     Ok(sqlx::query_scalar(
         "SELECT COALESCE(sum(n_dead_tup), 0)::bigint FROM pg_stat_user_tables \
-         WHERE relname IN ('bench_xmin_keep', 'bench_xmin_delete')",
+         WHERE relname IN ('bench_xmin_keep', 'bench_xmin_delete') \
+            OR relname LIKE 'bench\\_xmin\\_rotate\\_slot\\__'",
     )
     .fetch_one(&bench.pool)
     .await?)

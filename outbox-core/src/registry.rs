@@ -184,6 +184,12 @@ pub enum PublishedRows {
     /// Delete it at once; stats then show no published rows. A retention purge is still
     /// worth running with per-key ordering: it forgets the counters of idle keys.
     Delete,
+    /// Keep it in one of three slots of a partitioned table (PostgreSQL only, chosen when
+    /// the table is created): a retention purge empties the oldest slot with `TRUNCATE`
+    /// after moving its unfinished rows and dead letters out, instead of deleting row by
+    /// row, so the table does not bloat even while a long transaction holds back VACUUM.
+    /// Published rows stay between one and one and a half times the purge's age.
+    Rotate,
 }
 
 /// Where the outbox table lives and how to reach it; what a store driver gets.

@@ -45,6 +45,7 @@ fn schema(dialect: outbox_sql::Dialect, settings: &StoreSettings) -> Result<Stri
     Ok(outbox_sql::schema_script(
         dialect,
         &outbox_sql::table_names(settings)?,
+        outbox_sql::published_rows(dialect, settings)?,
     ))
 }
 
@@ -83,6 +84,7 @@ where
     DieselOutbox<C>: outbox_engine::backend::DynStore,
 {
     let names = outbox_sql::table_names(settings)?;
+    let published = outbox_sql::published_rows(C::DIALECT, settings)?;
     let url = connection_url(&settings.url, scheme)?;
     let size = settings.max_connections.max(1);
     // r2d2 connects while it builds the pool: a blocking call.
@@ -105,7 +107,7 @@ where
         ))
     })?;
     Ok(AnyStore::new(
-        DieselOutbox::with_names(pool, names).published_rows(settings.published_rows),
+        DieselOutbox::with_names(pool, names).published_rows(published),
     ))
 }
 

@@ -584,7 +584,8 @@ impl DieselDialect for MysqlConnection {
             }
             if !published.is_empty() {
                 let build = match ctx.published {
-                    PublishedRows::Keep => Statements::publish,
+                    // No slots on MySQL: `migrate` refuses `Rotate`.
+                    PublishedRows::Keep | PublishedRows::Rotate => Statements::publish,
                     PublishedRows::Delete => Statements::delete_published,
                 };
                 for_ids(conn, sql, build, &published, &token_text)?;

@@ -35,8 +35,8 @@ use diesel::sql_types::{
 };
 use outbox_engine::{
     Claim, ClaimRequest, Completion, DeadLetter, DeadLetterFilter, DestinationStats, FoundMessage,
-    Gauges, LeaseToken, Message, MessageId, NewMessage, PurgeRequest, Rejected, Status, StoreError,
-    Waited, WaitedSince,
+    Gauges, LeaseToken, Message, MessageId, NewMessage, PublishedRows, PurgeRequest, Rejected,
+    Status, StoreError, Waited, WaitedSince,
 };
 use outbox_sql::postgres::Statements;
 use outbox_sql::values::{
@@ -142,6 +142,13 @@ struct FoundRow {
     published_at: Option<DateTime<Utc>>,
     #[diesel(sql_type = Nullable<Timestamptz>)]
     dead_at: Option<DateTime<Utc>>,
+}
+
+/// What `<outbox>_rotate` returns.
+#[derive(QueryableByName)]
+struct Emptied {
+    #[diesel(sql_type = BigInt)]
+    emptied: i64,
 }
 
 #[derive(QueryableByName)]
@@ -487,6 +494,14 @@ impl DieselDialect for PgConnection {
     }
 
     fn purge(&mut self, ctx: &Context<Self>, request: &PurgeRequest) -> Result<u64, StoreError> {
+        if ctx.published == PublishedRows::Rotate {
+            let query = Self::query(&ctx.sql.rotate)
+                .bind::<BigInt, _>(millis(request.published_older_than))
+                .bind::<Nullable<BigInt>, _>(request.dead_older_than.map(millis));
+            let emptied: Vec<Emptied> = load(self, query)?;
+            let emptied = emptied.first().map_or(0, |r| count(r.emptied));
+            return Ok(emptied + rows::forget_idle_keys(self, &ctx.sql.shared, request.batch_size)?);
+        }
         let query = Self::query(&ctx.sql.admin.purge)
             .bind::<BigInt, _>(millis(request.published_older_than))
             .bind::<Nullable<BigInt>, _>(request.dead_older_than.map(millis))

@@ -53,8 +53,9 @@ impl<C: DieselDialect> DieselOutbox<C> {
         }
     }
 
-    /// Keeps published rows (the default; `outbox purge` removes old ones) or deletes
-    /// each row once it is published.
+    /// Keeps published rows (the default; `outbox purge` removes old ones), deletes
+    /// each row once it is published, or keeps them in slots a purge empties whole
+    /// (`Rotate`: PostgreSQL only, for a table created in that layout).
     #[must_use]
     pub fn published_rows(self, mode: PublishedRows) -> Self {
         Self {
@@ -112,7 +113,10 @@ impl<C: DieselDialect> DieselOutbox<C> {
     ///
     /// A [`StoreError`] if a statement fails.
     pub async fn migrate(&self) -> Result<(), StoreError> {
-        let migrations = outbox_sql::outbox_migrations(C::DIALECT, &self.ctx.names);
+        let published = self.ctx.published;
+        outbox_sql::check_published_rows(C::DIALECT, published)
+            .map_err(|e| StoreError::new(outbox_engine::StoreErrorKind::Schema, e))?;
+        let migrations = outbox_sql::outbox_migrations(C::DIALECT, &self.ctx.names, published);
         self.run(move |conn, ctx| C::migrate(conn, &ctx.sql, &migrations, false))
             .await
     }

@@ -17,13 +17,21 @@ fn url() -> String {
 
 async fn harness(mode: PublishedRows) -> common::Harness<PgConnection> {
     let names = common::names("diesel_outbox");
+    // In rotate mode the slots age with the rows.
+    let slots = match mode {
+        PublishedRows::Rotate => {
+            "WITH slots AS (UPDATE {outbox_fn:slots} SET since = since - $1 * interval '1 millisecond') "
+        }
+        _ => "",
+    };
     let shift = names.render(
         Dialect::Postgres,
-        "UPDATE {outbox} SET created_at = created_at - $1 * interval '1 millisecond', \
+        &(slots.to_owned()
+            + "UPDATE {outbox} SET created_at = created_at - $1 * interval '1 millisecond', \
          available_at = available_at - $1 * interval '1 millisecond', \
          lease_until = lease_until - $1 * interval '1 millisecond', \
          published_at = published_at - $1 * interval '1 millisecond', \
-         dead_at = dead_at - $1 * interval '1 millisecond'",
+         dead_at = dead_at - $1 * interval '1 millisecond'"),
     );
     // Enough for the suite's eight concurrent claimers.
     let pool = common::pool::<PgConnection>("PostgreSQL", VAR, &url(), 10);
@@ -49,6 +57,12 @@ async fn postgres_passes_the_store_suite() {
 async fn postgres_passes_the_store_and_ordering_suites_in_delete_mode() {
     store_suite::run_all(|| harness(PublishedRows::Delete)).await;
     store_suite::run_ordering(|| harness(PublishedRows::Delete)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_passes_the_store_and_ordering_suites_in_rotate_mode() {
+    store_suite::run_all(|| harness(PublishedRows::Rotate)).await;
+    store_suite::run_ordering(|| harness(PublishedRows::Rotate)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

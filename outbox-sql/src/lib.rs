@@ -272,15 +272,15 @@ impl TableNames {
 }
 
 impl TableNames {
-    /// `{outbox_fn:NAME}` is the schema-qualified routine `<outbox>_NAME`,
-    /// `{outbox_trg:NAME}` the trigger `<outbox>_NAME` (schema-qualified in SQLite); NAME
-    /// is `[a-z0-9_]+`.
+    /// `{outbox_fn:NAME}` is the schema-qualified routine or table `<outbox>_NAME`,
+    /// `{outbox_lit:NAME}` the same name as a string literal, `{outbox_trg:NAME}` the
+    /// trigger `<outbox>_NAME` (schema-qualified in SQLite); NAME is `[a-z0-9_]+`.
     fn derived_placeholder<'t>(
         &self,
         dialect: Dialect,
         text: &'t str,
     ) -> Option<(String, &'t str)> {
-        let (kind, rest) = ["{outbox_fn:", "{outbox_trg:"]
+        let (kind, rest) = ["{outbox_fn:", "{outbox_trg:", "{outbox_lit:"]
             .into_iter()
             .find_map(|kind| Some((kind, text.strip_prefix(kind)?)))?;
         let end = rest.find('}')?;
@@ -294,6 +294,10 @@ impl TableNames {
         }
         let value = match kind {
             "{outbox_fn:" => self.qualified(dialect, &self.outbox.derived(&format!("_{name}"))),
+            "{outbox_lit:" => {
+                let qualified = self.qualified(dialect, &self.outbox.derived(&format!("_{name}")));
+                format!("'{}'", qualified.replace('\'', "''"))
+            }
             _ => self.index(dialect, &self.outbox, &format!("_{name}")),
         };
         Some((value, &rest[end + 1..]))
@@ -399,6 +403,22 @@ pub fn table_names(
     Ok(names)
 }
 
+/// The `store.published_rows` of `settings`, if `dialect` supports it (see
+/// [`check_published_rows`]), for every backend's driver.
+///
+/// # Errors
+///
+/// A configuration [`BuildError`](outbox_engine::registry::BuildError) naming the setting.
+pub fn published_rows(
+    dialect: Dialect,
+    settings: &outbox_engine::StoreSettings,
+) -> Result<outbox_engine::PublishedRows, outbox_engine::registry::BuildError> {
+    check_published_rows(dialect, settings.published_rows).map_err(|e| {
+        outbox_engine::registry::BuildError::config(format!("store.published_rows: {e}"))
+    })?;
+    Ok(settings.published_rows)
+}
+
 /// One migration: an id recorded in the migrations table, and its statements.
 ///
 /// Every statement must be idempotent (`IF NOT EXISTS`, `ADD COLUMN IF NOT EXISTS`, …):
@@ -412,14 +432,48 @@ pub struct Migration {
     pub statements: Vec<String>,
 }
 
-/// The outbox table's migrations for `dialect`, oldest first.
-pub fn outbox_migrations(dialect: Dialect, names: &TableNames) -> Vec<Migration> {
+/// The outbox table's migrations for `dialect`, oldest first. With
+/// [`PublishedRows::Rotate`](outbox_engine::PublishedRows::Rotate) on PostgreSQL the first
+/// creates the table in three slots ([`postgres::SLOT_MIGRATION`]); the other dialects
+/// have no slots, and their backends refuse that mode before asking (see
+/// [`check_published_rows`]).
+pub fn outbox_migrations(
+    dialect: Dialect,
+    names: &TableNames,
+    published: outbox_engine::PublishedRows,
+) -> Vec<Migration> {
     let files = match dialect {
         Dialect::Postgres => postgres::OUTBOX_MIGRATIONS,
         Dialect::Sqlite => sqlite::OUTBOX_MIGRATIONS,
         Dialect::MySql => mysql::OUTBOX_MIGRATIONS,
     };
-    migrations(dialect, names, names.outbox_name(), files)
+    let slots = (dialect == Dialect::Postgres && published == outbox_engine::PublishedRows::Rotate)
+        .then_some(postgres::SLOT_MIGRATION);
+    let files: Vec<_> = slots.into_iter().chain(files.iter().copied()).collect();
+    migrations(dialect, names, names.outbox_name(), &files)
+}
+
+/// Whether `dialect` supports `published`: only PostgreSQL has the slots of
+/// [`PublishedRows::Rotate`](outbox_engine::PublishedRows::Rotate). The error is a
+/// sentence for the user.
+///
+/// ```
+/// use outbox_engine::PublishedRows;
+/// use outbox_sql::{Dialect, check_published_rows};
+///
+/// assert!(check_published_rows(Dialect::Postgres, PublishedRows::Rotate).is_ok());
+/// assert!(check_published_rows(Dialect::Sqlite, PublishedRows::Rotate).is_err());
+/// ```
+pub fn check_published_rows(
+    dialect: Dialect,
+    published: outbox_engine::PublishedRows,
+) -> Result<(), String> {
+    if published == outbox_engine::PublishedRows::Rotate && dialect != Dialect::Postgres {
+        return Err(format!(
+            "published_rows = \"rotate\" needs PostgreSQL (its slots are table partitions); {dialect:?} offers \"keep\" and \"delete\""
+        ));
+    }
+    Ok(())
 }
 
 /// The inbox table's migrations for `dialect`, oldest first.
@@ -456,17 +510,22 @@ fn migrations(
 /// statements with bodies are wrapped in `DELIMITER` lines.
 ///
 /// ```
+/// use outbox_engine::PublishedRows;
 /// use outbox_sql::{Dialect, TableNames, schema_script};
 ///
-/// let script = schema_script(Dialect::Postgres, &TableNames::default());
+/// let script = schema_script(Dialect::Postgres, &TableNames::default(), PublishedRows::Keep);
 /// assert!(script.contains("CREATE TABLE IF NOT EXISTS \"outbox\""));
 /// assert!(script.contains("FUNCTION \"outbox_enqueue\""));
 /// ```
-pub fn schema_script(dialect: Dialect, names: &TableNames) -> String {
+pub fn schema_script(
+    dialect: Dialect,
+    names: &TableNames,
+    published: outbox_engine::PublishedRows,
+) -> String {
     let mut script = String::from(
         "-- The outbox schema, as `migrate` applies it. Every statement is idempotent.\n",
     );
-    let all = outbox_migrations(dialect, names)
+    let all = outbox_migrations(dialect, names, published)
         .into_iter()
         .chain(inbox_migrations(dialect, names));
     for migration in all {
@@ -580,7 +639,8 @@ mod tests {
     fn migrations_render_without_leftover_placeholders() {
         for dialect in [Dialect::Postgres, Dialect::Sqlite, Dialect::MySql] {
             let names = TableNames::default();
-            for m in outbox_migrations(dialect, &names)
+            let rotate = outbox_engine::PublishedRows::Rotate;
+            for m in outbox_migrations(dialect, &names, rotate)
                 .into_iter()
                 .chain(inbox_migrations(dialect, &names))
             {

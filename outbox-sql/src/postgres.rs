@@ -18,6 +18,7 @@
 //! | dead-letter filter (`list_dead`, `count_dead`, `replay_dead`, `discard_dead`) | 1 ids uuid[]?, 2 destinations text[]?, 3 event types text[]?, 4 created after?, 5 created before?, 6 error text?, 7 ids above uuid?; `list_dead` adds 8 limit |
 //! | `find` | 1 id uuid?, 2 idempotency key, 3 limit → [`MESSAGE_COLUMNS`], `status`, `last_error`, `published_at`, `dead_at` |
 //! | `purge` | 1 published age ms, 2 dead age ms (NULL keeps dead letters), 3 limit |
+//! | `rotate` | 1 published age ms, 2 dead age ms (NULL keeps dead letters) → `emptied` |
 //! | `inbox_record` | 1 consumer, 2 message id |
 //! | `inbox_purge` | 1 age ms, 2 limit |
 //! | `idle_keys` | 1 limit → partition_key |
@@ -52,6 +53,10 @@ pub const OUTBOX_MIGRATIONS: &[(&str, &str)] = &[
         include_str!("../sql/postgres/005_commit_time.sql"),
     ),
 ];
+/// The migration that comes first in the `rotate` layout: the table in three slots and
+/// `<outbox>_rotate` (see the file).
+pub const SLOT_MIGRATION: (&str, &str) =
+    ("000_slots", include_str!("../sql/postgres/000_slots.sql"));
 /// Migration files of the inbox table.
 pub const INBOX_MIGRATIONS: &[(&str, &str)] =
     &[("001_inbox", include_str!("../sql/postgres/001_inbox.sql"))];
@@ -90,6 +95,8 @@ pub struct Statements {
     pub delete_published: String,
     /// Gives leased rows back.
     pub release: String,
+    /// Retires the oldest slot if due (the `rotate` layout): the purge of that layout.
+    pub rotate: String,
     /// Sends a wakeup after commit: `(channel payload text)`.
     pub notify: String,
     /// The statements every dialect has, with the same parameters.
@@ -123,6 +130,7 @@ impl Statements {
                 "DELETE FROM {outbox} WHERE id = ANY($2) AND status = 'leased' AND lease_token = $1 RETURNING id",
             ),
             release: r(RELEASE),
+            rotate: r("SELECT {outbox_fn:rotate}($1, $2) AS emptied"),
             admin: Admin {
                 list_dead: dead(LIST_DEAD),
                 count_dead: dead("SELECT COUNT(*) AS dead FROM {outbox} WHERE {dead_filter}"),

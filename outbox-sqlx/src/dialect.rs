@@ -208,9 +208,13 @@ pub enum Tables {
 
 impl Tables {
     /// The migrations of these tables for dialect `DB`.
-    pub(crate) fn migrations<DB: SqlDialect>(self, names: &TableNames) -> Vec<Migration> {
+    pub(crate) fn migrations<DB: SqlDialect>(
+        self,
+        names: &TableNames,
+        published: outbox_engine::PublishedRows,
+    ) -> Vec<Migration> {
         match self {
-            Self::Outbox => outbox_sql::outbox_migrations(DB::DIALECT, names),
+            Self::Outbox => outbox_sql::outbox_migrations(DB::DIALECT, names, published),
             Self::Inbox => outbox_sql::inbox_migrations(DB::DIALECT, names),
         }
     }

@@ -39,6 +39,7 @@ fn schema(dialect: outbox_sql::Dialect, settings: &StoreSettings) -> Result<Stri
     Ok(outbox_sql::schema_script(
         dialect,
         &outbox_sql::table_names(settings)?,
+        outbox_sql::published_rows(dialect, settings)?,
     ))
 }
 
@@ -82,10 +83,11 @@ async fn server_pool<DB: sqlx::Database>(
 #[cfg(feature = "postgres")]
 async fn postgres(settings: &StoreSettings) -> Result<AnyStore, BuildError> {
     let names = outbox_sql::table_names(settings)?;
+    let published = outbox_sql::published_rows(outbox_sql::Dialect::Postgres, settings)?;
     let url = settings.url.replacen("postgresql://", "postgres://", 1);
     let pool = server_pool::<sqlx::Postgres>(settings, &url).await?;
     Ok(AnyStore::new(
-        crate::postgres::PgOutbox::with_names(pool, names).published_rows(settings.published_rows),
+        crate::postgres::PgOutbox::with_names(pool, names).published_rows(published),
     ))
 }
 
@@ -93,6 +95,7 @@ async fn postgres(settings: &StoreSettings) -> Result<AnyStore, BuildError> {
 async fn sqlite(settings: &StoreSettings) -> Result<AnyStore, BuildError> {
     use std::str::FromStr;
     let names = outbox_sql::table_names(settings)?;
+    let published = outbox_sql::published_rows(outbox_sql::Dialect::Sqlite, settings)?;
     let options = sqlx::sqlite::SqliteConnectOptions::from_str(&settings.url)
         .map_err(|e| BuildError::config(format!("store.url: {e}")))?
         .create_if_missing(true)
@@ -104,17 +107,17 @@ async fn sqlite(settings: &StoreSettings) -> Result<AnyStore, BuildError> {
         .await
         .map_err(|e| unreachable(settings, e))?;
     Ok(AnyStore::new(
-        crate::sqlite::SqliteOutbox::with_names(pool, names)
-            .published_rows(settings.published_rows),
+        crate::sqlite::SqliteOutbox::with_names(pool, names).published_rows(published),
     ))
 }
 
 #[cfg(feature = "mysql")]
 async fn mysql(settings: &StoreSettings) -> Result<AnyStore, BuildError> {
     let names = outbox_sql::table_names(settings)?;
+    let published = outbox_sql::published_rows(outbox_sql::Dialect::MySql, settings)?;
     let url = settings.url.replacen("mariadb://", "mysql://", 1);
     let pool = server_pool::<sqlx::MySql>(settings, &url).await?;
     Ok(AnyStore::new(
-        crate::mysql::MySqlOutbox::with_names(pool, names).published_rows(settings.published_rows),
+        crate::mysql::MySqlOutbox::with_names(pool, names).published_rows(published),
     ))
 }

@@ -2,7 +2,7 @@
 //! take the whole filter as bound values and whose purge is one statement (PostgreSQL,
 //! SQLite). MySQL builds its statements for each filter's shape instead.
 
-use outbox_engine::{DeadLetterFilter, PurgeRequest, StoreError};
+use outbox_engine::{DeadLetterFilter, PublishedRows, PurgeRequest, StoreError, StoreErrorKind};
 use outbox_sql::Admin;
 use sqlx::query::Query;
 
@@ -27,6 +27,12 @@ pub trait FilteredDialect: SqlDialect {
     /// The `find` statement with `key` bound as an id (as the dialect stores ids) and as
     /// an idempotency key.
     fn find_query<'q>(statement: &'q str, key: &str) -> Query<'q, Self, Self::Arguments<'q>>;
+
+    /// The purge of the `rotate` layout, taking `(published age ms, dead age ms or NULL)`
+    /// and returning `emptied`; `None` where the dialect has no slots.
+    fn rotate(_sql: &Self::Statements) -> Option<&str> {
+        None
+    }
 }
 
 impl<DB> AdminDialect for DB
@@ -91,8 +97,24 @@ where
             .map_err(classify)
     }
 
-    /// One statement taking `(published age ms, dead age ms or NULL, limit)`.
+    /// One statement taking `(published age ms, dead age ms or NULL, limit)`; in the
+    /// `rotate` layout, one call of `<outbox>_rotate` instead, which empties a whole slot
+    /// or nothing.
     async fn purge(store: &SqlOutbox<DB>, request: &PurgeRequest) -> Result<u64, StoreError> {
+        if store.published == PublishedRows::Rotate {
+            outbox_sql::check_published_rows(DB::DIALECT, store.published)
+                .map_err(|e| StoreError::new(StoreErrorKind::Schema, e))?;
+            let rotate = DB::rotate(&store.sql).expect("checked: the dialect has slots");
+            let row = sqlx::query(rotate)
+                .bind(millis(request.published_older_than))
+                .bind(request.dead_older_than.map(millis))
+                .fetch_one(&store.pool)
+                .await
+                .map_err(classify)?;
+            return DB::count(&row, "emptied")
+                .map(crate::common::count)
+                .map_err(classify);
+        }
         let done = sqlx::query(&DB::admin(&store.sql).purge)
             .bind(millis(request.published_older_than))
             .bind(request.dead_older_than.map(millis))

@@ -67,7 +67,8 @@ impl<DB: SqlDialect> SqlInbox<DB> {
     /// A [`StoreError`] if a statement fails, of kind `Schema` if a table of that name
     /// exists but is not an inbox (MySQL).
     pub async fn migrate(&self, pool: &sqlx::Pool<DB>) -> Result<(), StoreError> {
-        let migrations = Tables::Inbox.migrations::<DB>(&self.names);
+        // The layout of published rows concerns the outbox table only.
+        let migrations = Tables::Inbox.migrations::<DB>(&self.names, Default::default());
         DB::migrate(
             pool,
             &DB::statements(&self.names),

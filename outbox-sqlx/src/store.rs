@@ -52,7 +52,9 @@ impl<DB: SqlDialect> SqlOutbox<DB> {
         }
     }
 
-    /// Keeps or deletes rows once published (default: keep, purge later).
+    /// Keeps or deletes rows once published (default: keep, purge later), or keeps them
+    /// in slots that a purge empties whole (`Rotate`: PostgreSQL only, and the table must
+    /// be created in that layout; `migrate` refuses it elsewhere).
     pub fn published_rows(mut self, mode: PublishedRows) -> Self {
         self.published = mode;
         self
@@ -79,7 +81,9 @@ impl<DB: SqlDialect> SqlOutbox<DB> {
     /// tables); of kind `Schema` if a table of that name exists but is not an outbox
     /// (MySQL, SQLite), `Timeout` if another MySQL migration held the lock for two minutes.
     pub async fn migrate(&self) -> Result<(), StoreError> {
-        let migrations = Tables::Outbox.migrations::<DB>(&self.names);
+        outbox_sql::check_published_rows(DB::DIALECT, self.published)
+            .map_err(|e| StoreError::new(outbox_engine::StoreErrorKind::Schema, e))?;
+        let migrations = Tables::Outbox.migrations::<DB>(&self.names, self.published);
         DB::migrate(&self.pool, &self.sql, &migrations, Tables::Outbox).await
     }
 }

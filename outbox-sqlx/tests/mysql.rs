@@ -1492,7 +1492,9 @@ async fn an_older_table_is_upgraded_in_place() {
     let mut cleanup = Cleanup::new(&pool);
     cleanup.tables.push(outbox_table(&names));
     cleanup.tables.push(keys_table(&names));
-    for migration in &outbox_sql::outbox_migrations(Dialect::MySql, &names)[..2] {
+    for migration in
+        &outbox_sql::outbox_migrations(Dialect::MySql, &names, PublishedRows::Keep)[..2]
+    {
         for statement in &migration.statements {
             sqlx::raw_sql(statement).execute(&pool).await.unwrap();
         }

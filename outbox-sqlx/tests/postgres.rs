@@ -99,6 +99,19 @@ impl StoreHarness for PgHarness {
 
     async fn advance(&self, by: Duration) {
         let ms = by.as_millis() as i64;
+        if self.mode == PublishedRows::Rotate {
+            let slots = self
+                .outbox
+                .names()
+                .render(Dialect::Postgres, "{outbox_fn:slots}");
+            sqlx::query(&format!(
+                "UPDATE {slots} SET since = since - $1 * interval '1 millisecond'"
+            ))
+            .bind(ms)
+            .execute(self.outbox.pool())
+            .await
+            .unwrap();
+        }
         let sql = format!(
             "UPDATE {} SET created_at = created_at - $1 * interval '1 millisecond', \
              available_at = available_at - $1 * interval '1 millisecond', \
@@ -125,6 +138,234 @@ async fn postgres_passes_the_store_and_ordering_suites_in_delete_mode() {
     let h = || PgHarness::with_mode(PublishedRows::Delete);
     store_suite::run_all(h).await;
     store_suite::run_ordering(h).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_passes_the_store_and_ordering_suites_in_rotate_mode() {
+    let h = || PgHarness::with_mode(PublishedRows::Rotate);
+    store_suite::run_all(h).await;
+    store_suite::run_ordering(h).await;
+}
+
+/// Relays publish keyed messages as a producer writes them while a purger rotates the
+/// slots as fast as it can (age zero: every call empties the oldest slot). Nothing
+/// committed may be lost, each key must arrive in order (the rows a rotation moves keep
+/// their numbers), and dead letters written before the first rotation must outlive every
+/// slot they were in, listed and replayable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rotation_while_relays_run_loses_no_pending_or_dead_row() {
+    use std::collections::{HashMap, HashSet};
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+    use outbox_engine::testkit::FlakySink;
+    use outbox_engine::{
+        ClaimRequest, Completion, DeadHead, DeadLetterFilter, DeadLetters, MessageOrder, Purge,
+        PurgeRequest, RetryPolicy, Store,
+    };
+
+    const MESSAGES: u64 = 2_000;
+    let h = PgHarness::with_mode(PublishedRows::Rotate).await;
+    let store = h.outbox.clone();
+
+    h.enqueue((0..5).map(|n| common::message("audit", n)).collect())
+        .await
+        .unwrap();
+    let claim = store
+        .claim(&ClaimRequest::new("setup", 5, Duration::from_secs(30)))
+        .await
+        .unwrap();
+    let dead: HashSet<_> = claim.messages.iter().map(|m| m.id).collect();
+    let completions: Vec<_> = dead
+        .iter()
+        .map(|id| Completion::dead(*id, "refused"))
+        .collect();
+    store
+        .complete(claim.lease.token, &completions)
+        .await
+        .unwrap();
+    assert_eq!(dead.len(), 5, "five dead letters to begin with");
+
+    // A backlog in two slots before any relay runs; the third rotation moves the older
+    // half (and the dead letters) into the current slot, behind rows of the same keys
+    // committed later, whose numbers must still say who comes first.
+    let mut written = HashSet::new();
+    let now = PurgeRequest::published_older_than(Duration::ZERO);
+    let backlog = MESSAGES / 4;
+    let mut n = 0;
+    while n < backlog {
+        n = write_keyed(&h, n, backlog, &mut written).await;
+    }
+    store.purge(&now).await.unwrap();
+    while n < 2 * backlog {
+        n = write_keyed(&h, n, 2 * backlog, &mut written).await;
+    }
+    store.purge(&now).await.unwrap();
+    assert_eq!(
+        store.purge(&now).await.unwrap(),
+        0,
+        "the first slot held no published row"
+    );
+
+    let orders = RecordingSink::new();
+    let audit = RecordingSink::new();
+    let mut relays = Vec::new();
+    for _ in 0..2 {
+        let relay = Relay::builder(store.clone())
+            .route("orders", FlakySink::new(orders.clone()).retryable_rate(0.1))
+            .route("audit", audit.clone())
+            .ordering(MessageOrder::PerKey(DeadHead::Skip))
+            .batch_size(20)
+            .poll_interval(Duration::from_millis(5))
+            .retry(
+                RetryPolicy::default()
+                    .initial_delay(Duration::from_millis(2))
+                    .max_delay(Duration::from_millis(10))
+                    .max_attempts(10_000),
+            )
+            .build()
+            .unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        relays.push((
+            stop,
+            tokio::spawn(relay.run(async move {
+                let _ = stopped.await;
+            })),
+        ));
+    }
+
+    let rotating = Arc::new(AtomicBool::new(true));
+    let rotations = Arc::new(AtomicU64::new(0));
+    let rotator = tokio::spawn({
+        let (store, rotating, rotations) = (store.clone(), rotating.clone(), rotations.clone());
+        async move {
+            while rotating.load(Ordering::Relaxed) {
+                store.purge(&now).await.expect("rotate");
+                rotations.fetch_add(1, Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(fastrand::u64(5..30))).await;
+            }
+        }
+    });
+
+    while n < MESSAGES {
+        n = write_keyed(&h, n, MESSAGES, &mut written).await;
+        tokio::time::sleep(Duration::from_micros(fastrand::u64(0..1_000))).await;
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let seen: HashSet<_> = orders.messages().iter().map(|m| m.id).collect();
+        if written.is_subset(&seen) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "waited 60 s for every committed message: {} of {MESSAGES} delivered",
+            written.intersection(&seen).count()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    rotating.store(false, Ordering::Relaxed);
+    rotator.await.expect("rotator");
+    let rotations = rotations.load(Ordering::Relaxed);
+    eprintln!("rotation under load: {MESSAGES} messages, {rotations} rotations");
+    assert!(
+        rotations >= 9,
+        "every slot emptied three times over: {rotations} rotations"
+    );
+
+    let mut next: HashMap<u64, u64> = HashMap::new();
+    let mut seen = HashSet::new();
+    for m in orders.messages() {
+        if !seen.insert(m.id) {
+            continue;
+        }
+        let v: serde_json::Value = serde_json::from_slice(&m.payload).unwrap();
+        let (key, n) = (v["key"].as_u64().unwrap(), v["n"].as_u64().unwrap());
+        let expected = next.entry(key).or_default();
+        assert_eq!(n, *expected, "key {key} out of order");
+        *expected += 1;
+    }
+
+    let audit_only = DeadLetterFilter::all().destination("audit");
+    let listed: HashSet<_> = store
+        .list_dead(&audit_only, 10)
+        .await
+        .unwrap()
+        .iter()
+        .map(|d| d.message.id)
+        .collect();
+    assert_eq!(listed, dead, "the dead letters outlived their slots");
+    assert_eq!(store.replay_dead(&audit_only).await.unwrap(), 5);
+    assert!(
+        audit.wait_for(5, Duration::from_secs(30)).await,
+        "waited 30 s for the five replayed dead letters, saw {}",
+        audit.len()
+    );
+    for (stop, relay) in relays {
+        let _ = stop.send(());
+        relay.await.unwrap();
+    }
+}
+
+/// Commits messages `from..` (at most five, below `to`) in one transaction, each of key
+/// `i % 10` with its place in the key; returns where the next write starts.
+async fn write_keyed(
+    h: &PgHarness,
+    from: u64,
+    to: u64,
+    written: &mut std::collections::HashSet<outbox_engine::MessageId>,
+) -> u64 {
+    let end = to.min(from + fastrand::u64(1..6));
+    let batch: Vec<_> = (from..end)
+        .map(|i| {
+            NewMessage::builder("orders", "order.changed")
+                .json(&serde_json::json!({ "key": i % 10, "n": i / 10 }))
+                .partition_key(format!("order-{}", i % 10))
+                .build()
+                .unwrap()
+        })
+        .collect();
+    written.extend(batch.iter().map(NewMessage::id));
+    h.enqueue(batch).await.unwrap();
+    end
+}
+
+/// The slots table outlives a hand-dropped outbox; `migrate` recreates the partitions and
+/// points the slots at them, so rotation goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rotate_layout_is_recreated_after_the_table_is_dropped() {
+    use outbox_engine::{Purge, PurgeRequest};
+
+    let h = PgHarness::with_mode(PublishedRows::Rotate).await;
+    let now = PurgeRequest::published_older_than(Duration::ZERO);
+    h.outbox.purge(&now).await.unwrap();
+    sqlx::query(&format!("DROP TABLE {}", h.table()))
+        .execute(h.outbox.pool())
+        .await
+        .unwrap();
+    h.outbox.migrate().await.unwrap();
+    h.enqueue(vec![common::message("orders", 1)]).await.unwrap();
+    let relay = Relay::builder(h.outbox.clone())
+        .route("orders", RecordingSink::new())
+        .build()
+        .unwrap();
+    assert_eq!(relay.drain().await.unwrap().published, 1);
+    let mut emptied = 0;
+    for _ in 0..3 {
+        emptied += h.outbox.purge(&now).await.unwrap();
+    }
+    assert_eq!(emptied, 1, "the published row left with its slot");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rotate_refuses_a_table_created_without_slots() {
+    let h = PgHarness::new().await;
+    let rotating = PgOutbox::with_names(h.outbox.pool().clone(), h.outbox.names().clone())
+        .published_rows(PublishedRows::Rotate);
+    let error = rotating.migrate().await.unwrap_err().to_string();
+    assert!(
+        error.contains("exists without slots") && error.contains("rotate"),
+        "{error}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -774,7 +1015,10 @@ async fn an_older_table_is_upgraded_in_place() {
     let names = TableNames::default()
         .outbox(&common::fresh_table("outbox"))
         .unwrap();
-    for migration in &outbox_sql::outbox_migrations(outbox_sql::Dialect::Postgres, &names)[..2] {
+    for migration in
+        &outbox_sql::outbox_migrations(outbox_sql::Dialect::Postgres, &names, PublishedRows::Keep)
+            [..2]
+    {
         for statement in &migration.statements {
             sqlx::raw_sql(statement).execute(&pool).await.unwrap();
         }

@@ -1340,7 +1340,9 @@ async fn an_older_table_is_upgraded_in_place() {
     let names = TableNames::default()
         .outbox(&common::fresh_table("outbox"))
         .unwrap();
-    for migration in &outbox_sql::outbox_migrations(Dialect::Sqlite, &names)[..2] {
+    for migration in
+        &outbox_sql::outbox_migrations(Dialect::Sqlite, &names, PublishedRows::Keep)[..2]
+    {
         for statement in &migration.statements {
             sqlx::raw_sql(statement).execute(&db.pool).await.unwrap();
         }
@@ -1374,4 +1376,17 @@ async fn counter_cleanup_under_concurrent_writers_keeps_commit_order() {
         }),
     })
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rotate_is_refused_with_a_reason_and_nothing_created() {
+    let db = TestDb::new().await;
+    let outbox = SqliteOutbox::new(db.pool.clone()).published_rows(PublishedRows::Rotate);
+    let error = outbox.migrate().await.unwrap_err().to_string();
+    assert!(error.contains("\"rotate\" needs PostgreSQL"), "{error}");
+    let tables: i64 = sqlx::query_scalar("SELECT count(*) FROM sqlite_master WHERE type = 'table'")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(tables, 0, "migrate created nothing");
 }

@@ -15,6 +15,10 @@ CREATE OR REPLACE FUNCTION {outbox_seq_fn}() RETURNS trigger LANGUAGE plpgsql AS
 DECLARE
     next_seq bigint;
 BEGIN
+    -- A row a rotation moves between slots (000_slots) keeps its number.
+    IF current_setting('outbox.rotating', true) = 'on' THEN
+        RETURN NULL;
+    END IF;
     INSERT INTO {outbox_keys} AS k (partition_key, last_seq) VALUES (NEW.partition_key, 1)
     ON CONFLICT (partition_key) DO UPDATE SET last_seq = k.last_seq + 1
     RETURNING k.last_seq INTO next_seq;

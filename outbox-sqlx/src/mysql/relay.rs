@@ -159,7 +159,8 @@ impl RelayDialect for MySql {
         }
         if !published.is_empty() {
             match store.published {
-                PublishedRows::Keep => {
+                // No slots on MySQL: `migrate` refuses `Rotate`.
+                PublishedRows::Keep | PublishedRows::Rotate => {
                     store
                         .for_ids(&mut tx, Statements::publish, &published, token)
                         .await?

@@ -30,6 +30,10 @@ impl FilteredDialect for Postgres {
             .bind(filter.after_id.map(|id| *id.as_uuid()))
     }
 
+    fn rotate(sql: &Statements) -> Option<&str> {
+        Some(&sql.rotate)
+    }
+
     fn find_query<'q>(sql: &'q str, key: &str) -> Query<'q, Postgres, PgArguments> {
         sqlx::query(sql)
             .bind(Uuid::parse_str(key).ok())

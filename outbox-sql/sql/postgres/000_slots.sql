@@ -1,0 +1,107 @@
+-- The `rotate` layout (published_rows = "rotate"; PostgreSQL 13 or later), run before
+-- 001, whose CREATE TABLE IF NOT EXISTS then finds this table. The outbox is partitioned
+-- by `slot` into three slots; one is current, and the `slot` default puts every new row
+-- there, so writers in other languages need not know. Finished rows leave with their
+-- slot: `<outbox>_rotate` moves the oldest slot's pending, leased and dead rows to the
+-- current slot, empties it with TRUNCATE (no dead tuples, no VACUUM, whatever snapshot
+-- another session holds) and makes it current. See decision 0031.
+CREATE TABLE IF NOT EXISTS {outbox_fn:slots} (
+    slot    smallint    PRIMARY KEY CHECK (slot BETWEEN 0 AND 2),
+    part    regclass    NOT NULL,
+    current boolean     NOT NULL,
+    since   timestamptz NOT NULL DEFAULT now()
+);
+CREATE OR REPLACE FUNCTION {outbox_fn:current_slot}() RETURNS smallint
+    LANGUAGE sql STABLE AS {body_tag}
+SELECT slot FROM {outbox_fn:slots} WHERE current
+{body_tag};
+CREATE TABLE IF NOT EXISTS {outbox} (
+    id              uuid        NOT NULL,
+    destination     text        NOT NULL,
+    event_type      text        NOT NULL,
+    aggregate_type  text,
+    aggregate_id    text,
+    partition_key   text,
+    tenant_id       text,
+    idempotency_key text        NOT NULL,
+    payload         bytea       NOT NULL,
+    content_type    text        NOT NULL,
+    headers         jsonb       NOT NULL DEFAULT '{}',
+    status          text        NOT NULL DEFAULT 'pending'
+                                CHECK (status IN ('pending', 'leased', 'published', 'dead')),
+    attempts        integer     NOT NULL DEFAULT 0,
+    available_at    timestamptz,
+    lease_owner     text,
+    lease_token     uuid,
+    lease_until     timestamptz,
+    last_error      text,
+    created_at      timestamptz NOT NULL DEFAULT now(),
+    published_at    timestamptz,
+    dead_at         timestamptz,
+    slot            smallint    NOT NULL DEFAULT {outbox_fn:current_slot}(),
+    PRIMARY KEY (id, slot)
+) PARTITION BY LIST (slot);
+DO {body_tag}
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_partitioned_table WHERE partrelid = {outbox_literal}::regclass) THEN
+        RAISE EXCEPTION USING ERRCODE = 'wrong_object_type',
+            MESSAGE = format('table %s exists without slots: published_rows = rotate needs a table created in that layout (decision 0031 shows how to move rows over)', {outbox_literal});
+    END IF;
+END
+{body_tag};
+CREATE TABLE IF NOT EXISTS {outbox_fn:slot_0} PARTITION OF {outbox} FOR VALUES IN (0);
+CREATE TABLE IF NOT EXISTS {outbox_fn:slot_1} PARTITION OF {outbox} FOR VALUES IN (1);
+CREATE TABLE IF NOT EXISTS {outbox_fn:slot_2} PARTITION OF {outbox} FOR VALUES IN (2);
+INSERT INTO {outbox_fn:slots} (slot, part, current) VALUES
+    (0, {outbox_lit:slot_0}::regclass, true),
+    (1, {outbox_lit:slot_1}::regclass, false),
+    (2, {outbox_lit:slot_2}::regclass, false)
+-- A slot keeps its state across migrations; its partition is looked up again, in case the
+-- table was dropped and created anew.
+ON CONFLICT (slot) DO UPDATE SET part = EXCLUDED.part;
+-- Retires the oldest slot if it is due; returns how many rows left with it (0 if not due).
+-- Due when the current slot has been current for half of `published_age_ms` and no row of
+-- the oldest slot was published within `published_age_ms`: published rows then stay
+-- between one and one and a half times the age. Dead letters move unless `dead_age_ms` is
+-- set and they died longer ago than that. Rows free to move move first, locked row by row
+-- (relays skip them and go on); then the slot is locked whole (waiting at most 2 s, so
+-- relays stall no longer than that) for the rows leased meanwhile and the TRUNCATE. The
+-- moves are flagged (`outbox.rotating`) so the per-key numbering trigger, which
+-- PostgreSQL fires for a row moved between partitions, leaves their numbers alone; a
+-- row's commit time is kept before its move rewrites `xmin`.
+CREATE OR REPLACE FUNCTION {outbox_fn:rotate}(published_age_ms bigint, dead_age_ms bigint DEFAULT NULL)
+    RETURNS bigint LANGUAGE plpgsql AS {body_tag}
+DECLARE
+    live {outbox_fn:slots}%ROWTYPE;
+    oldest {outbox_fn:slots}%ROWTYPE;
+    published_age interval := published_age_ms * interval '1 millisecond';
+    dead_age interval := dead_age_ms * interval '1 millisecond';
+    emptied bigint;
+BEGIN
+    SELECT * INTO live FROM {outbox_fn:slots} WHERE current FOR UPDATE;
+    SELECT * INTO oldest FROM {outbox_fn:slots} WHERE slot = (live.slot + 1) % 3 FOR UPDATE;
+    IF now() - live.since < published_age / 2 OR EXISTS (
+        SELECT 1 FROM {outbox} WHERE slot = oldest.slot AND status = 'published'
+            AND published_at > now() - published_age) THEN
+        RETURN 0;
+    END IF;
+    PERFORM set_config('outbox.rotating', 'on', true);
+    UPDATE {outbox} SET slot = live.slot,
+        committed_at = COALESCE(committed_at, CASE WHEN current_setting('track_commit_timestamp') = 'on' THEN pg_xact_commit_timestamp(xmin) END)
+    WHERE slot = oldest.slot AND id IN (
+        SELECT id FROM {outbox} WHERE slot = oldest.slot
+            AND (status = 'pending' OR (status = 'dead' AND (dead_age IS NULL OR dead_at > now() - dead_age)))
+        FOR UPDATE SKIP LOCKED);
+    PERFORM set_config('lock_timeout', '2s', true);
+    EXECUTE format('LOCK TABLE %s IN ACCESS EXCLUSIVE MODE', oldest.part);
+    UPDATE {outbox} SET slot = live.slot,
+        committed_at = COALESCE(committed_at, CASE WHEN current_setting('track_commit_timestamp') = 'on' THEN pg_xact_commit_timestamp(xmin) END)
+    WHERE slot = oldest.slot
+        AND (status IN ('pending', 'leased') OR (status = 'dead' AND (dead_age IS NULL OR dead_at > now() - dead_age)));
+    EXECUTE format('SELECT count(*) FROM %s', oldest.part) INTO emptied;
+    EXECUTE format('TRUNCATE %s', oldest.part);
+    UPDATE {outbox_fn:slots} SET current = (slot = oldest.slot),
+        since = CASE WHEN slot = oldest.slot THEN now() ELSE since END;
+    RETURN emptied;
+END
+{body_tag};
