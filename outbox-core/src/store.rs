@@ -630,7 +630,9 @@ impl PurgeRequest {
 
 /// Optional capability: retention.
 pub trait Purge: Send + Sync {
-    /// Deletes at most `request.batch_size` finished rows and, on stores that number keyed
+    /// Deletes at most `request.batch_size` finished rows (a store in the
+    /// [`Rotate`](crate::PublishedRows::Rotate) layout instead empties its oldest slot when
+    /// that is due, whatever it holds) and, on stores that number keyed
     /// rows, the counter rows of at most `request.batch_size` keys left with no pending,
     /// leased or dead row (a key's numbering then starts again; see decision 0030);
     /// returns how many rows in all. Call again until it returns less than the batch size

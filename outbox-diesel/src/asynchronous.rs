@@ -230,7 +230,7 @@ impl AsyncDialect for diesel::SqliteConnection {
         ctx: &Context<Self>,
         messages: &[NewMessage],
     ) -> Result<u64, StoreError> {
-        let sql = Self::statements(&ctx.names);
+        let sql = Self::statements(&ctx.names, ctx.published);
         let (names, published, messages) = (ctx.names.clone(), ctx.published, messages.to_vec());
         conn.spawn_blocking(move |conn| {
             let ctx = Context {

@@ -138,8 +138,9 @@ pub trait DieselDialect:
     #[doc(hidden)]
     const DIALECT: Dialect;
 
+    /// Every statement, rendered for `names` and the layout `published` implies.
     #[doc(hidden)]
-    fn statements(names: &TableNames) -> Self::Statements;
+    fn statements(names: &TableNames, published: PublishedRows) -> Self::Statements;
     #[doc(hidden)]
     fn shared(sql: &Self::Statements) -> &Shared;
 

@@ -52,7 +52,7 @@ impl<C: DieselDialect> DieselInbox<C> {
 
     /// The inbox in the table `names` gives.
     pub fn with_names(names: TableNames) -> Self {
-        let sql = C::statements(&names);
+        let sql = C::statements(&names, Default::default());
         let shared = C::shared(&sql);
         Self {
             sql: Arc::new((shared.inbox_record.clone(), shared.inbox_purge.clone())),

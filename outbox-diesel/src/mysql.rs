@@ -365,7 +365,7 @@ impl DieselDialect for MysqlConnection {
     type Statements = Statements;
     const DIALECT: Dialect = Dialect::MySql;
 
-    fn statements(names: &TableNames) -> Statements {
+    fn statements(names: &TableNames, _: PublishedRows) -> Statements {
         Statements::new(names)
     }
 

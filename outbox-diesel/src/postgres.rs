@@ -265,8 +265,8 @@ impl DieselDialect for PgConnection {
     type Statements = Statements;
     const DIALECT: Dialect = Dialect::Postgres;
 
-    fn statements(names: &TableNames) -> Statements {
-        Statements::new(names)
+    fn statements(names: &TableNames, published: PublishedRows) -> Statements {
+        Statements::for_rows(names, published)
     }
 
     fn shared(sql: &Statements) -> &Shared {

@@ -338,7 +338,7 @@ impl DieselDialect for SqliteConnection {
     type Statements = Statements;
     const DIALECT: Dialect = Dialect::Sqlite;
 
-    fn statements(names: &TableNames) -> Statements {
+    fn statements(names: &TableNames, _: outbox_engine::PublishedRows) -> Statements {
         Statements::new(names)
     }
 

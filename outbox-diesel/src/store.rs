@@ -45,7 +45,7 @@ impl<C: DieselDialect> DieselOutbox<C> {
         Self {
             pool,
             ctx: Arc::new(Context {
-                sql: C::statements(&names),
+                sql: C::statements(&names, PublishedRows::Keep),
                 names,
                 published: PublishedRows::Keep,
             }),
@@ -60,7 +60,7 @@ impl<C: DieselDialect> DieselOutbox<C> {
     pub fn published_rows(self, mode: PublishedRows) -> Self {
         Self {
             ctx: Arc::new(Context {
-                sql: C::statements(&self.ctx.names),
+                sql: C::statements(&self.ctx.names, mode),
                 names: self.ctx.names.clone(),
                 published: mode,
             }),
@@ -146,7 +146,7 @@ pub(crate) async fn migrate<C: DieselDialect>(
     inbox: bool,
 ) -> Result<(), StoreError> {
     let pool = pool.clone();
-    let sql = C::statements(names);
+    let sql = C::statements(names, PublishedRows::default());
     tokio::task::spawn_blocking(move || {
         let mut conn = pool.get().map_err(error::pool)?;
         C::migrate(&mut conn, &sql, &migrations, inbox)

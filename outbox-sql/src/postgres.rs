@@ -175,6 +175,24 @@ impl Statements {
 }
 
 impl Statements {
+    /// The statements for a table whose published rows are kept as `published` says: in
+    /// the `rotate` layout the claims search each slot by itself.
+    pub fn for_rows(names: &TableNames, published: outbox_engine::PublishedRows) -> Self {
+        let mut sql = Self::new(names);
+        if published == outbox_engine::PublishedRows::Rotate {
+            let r = |t: &str| names.render(Dialect::Postgres, t);
+            sql.claim = r(&claim_in_slots("", ""));
+            sql.claim_filtered = r(&claim_in_slots(FILTER, ""));
+            sql.claim_ordered = [
+                r(&claim_in_slots("", &ordered(""))),
+                r(&claim_in_slots(FILTER, &ordered(""))),
+                r(&claim_in_slots("", &ordered(", 'dead'"))),
+                r(&claim_in_slots(FILTER, &ordered(", 'dead'"))),
+            ];
+        }
+        sql
+    }
+
     /// The claim for per-key ordering; `halt` keeps keys behind a dead head.
     pub fn claim_ordered(&self, filtered: bool, halt: bool) -> &str {
         &self.claim_ordered[usize::from(halt) * 2 + usize::from(filtered)]
@@ -193,9 +211,46 @@ impl Statements {
 const FILTER: &str = "AND d.destination = ANY($5)";
 
 fn claim(filter: &str, ordering: &str) -> String {
-    CLAIM
-        .replace("{filter}", filter)
-        .replace("{ordering}", ordering)
+    CLAIM.replace("{due}", &due("d.id", filter, ordering, ""))
+}
+
+/// The claim of the `rotate` layout: each slot is searched by a query of its own, so each
+/// is planned as one table read in due-index order up to the limit, as the plain table
+/// is. Searched together, the planner may sort every due row of all slots instead, which
+/// it does when a slot's statistics date from when it held published rows only: the cost
+/// of each claim then grows with the backlog.
+fn claim_in_slots(filter: &str, ordering: &str) -> String {
+    let slots: Vec<String> = (0..3)
+        .map(|slot| {
+            format!(
+                "SELECT * FROM ({}) AS s{slot}",
+                due(
+                    "d.id, d.available_at",
+                    filter,
+                    ordering,
+                    &format!("AND d.slot = {slot}")
+                )
+            )
+        })
+        .collect();
+    CLAIM.replace(
+        "{due}",
+        &format!(
+            "SELECT due.id FROM (\n    {}\n) AS due ORDER BY due.available_at, due.id LIMIT $1",
+            slots.join("\n    UNION ALL ")
+        ),
+    )
+}
+
+/// Locks the due rows to lease, earliest first, at most `$1`, returning `columns`.
+fn due(columns: &str, filter: &str, ordering: &str, slot: &str) -> String {
+    format!(
+        "SELECT {columns} FROM {{outbox}} AS d
+    WHERE d.status IN ('pending', 'leased') AND d.available_at <= now() {slot} {filter} {ordering}
+    ORDER BY d.available_at, d.id
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED"
+    )
 }
 
 /// A row is claimable only when no row of its key and destination with a lower `seq` still holds the key:
@@ -236,11 +291,7 @@ SET status = 'leased', lease_owner = $2, lease_token = $3,
     attempts = o.attempts + 1,
     committed_at = COALESCE(o.committed_at, CASE WHEN current_setting('track_commit_timestamp') = 'on' THEN pg_xact_commit_timestamp(o.xmin) END)
 WHERE o.id = ANY(ARRAY(
-    SELECT d.id FROM {outbox} AS d
-    WHERE d.status IN ('pending', 'leased') AND d.available_at <= now() {filter} {ordering}
-    ORDER BY d.available_at, d.id
-    LIMIT $1
-    FOR UPDATE SKIP LOCKED
+    {due}
 ))
 RETURNING o.id, o.destination, o.event_type, o.aggregate_type, o.aggregate_id, o.partition_key, o.tenant_id, o.idempotency_key, o.payload, o.content_type, o.headers::text AS headers, o.attempts, o.created_at,
     CAST(EXTRACT(EPOCH FROM now() - COALESCE(o.committed_at, o.created_at)) * 1000 AS bigint) AS waited_ms,

@@ -29,9 +29,9 @@ pub trait SqlDialect: sqlx::Database + sealed::Sealed {
     #[doc(hidden)]
     const DIALECT: outbox_sql::Dialect;
 
-    /// Every statement, rendered for `names`.
+    /// Every statement, rendered for `names` and the layout `published` implies.
     #[doc(hidden)]
-    fn statements(names: &TableNames) -> Self::Statements;
+    fn statements(names: &TableNames, published: outbox_engine::PublishedRows) -> Self::Statements;
 
     /// The statements every dialect has.
     #[doc(hidden)]

@@ -50,7 +50,7 @@ impl<DB: SqlDialect> SqlInbox<DB> {
     pub fn with_names(names: TableNames) -> Self {
         Self {
             sql: Arc::new({
-                let sql = DB::statements(&names);
+                let sql = DB::statements(&names, Default::default());
                 let shared = DB::shared(&sql);
                 (shared.inbox_record.clone(), shared.inbox_purge.clone())
             }),
@@ -71,7 +71,7 @@ impl<DB: SqlDialect> SqlInbox<DB> {
         let migrations = Tables::Inbox.migrations::<DB>(&self.names, Default::default());
         DB::migrate(
             pool,
-            &DB::statements(&self.names),
+            &DB::statements(&self.names, Default::default()),
             &migrations,
             Tables::Inbox,
         )

@@ -45,7 +45,7 @@ impl<DB: SqlDialect> SqlOutbox<DB> {
     pub fn with_names(pool: sqlx::Pool<DB>, names: TableNames) -> Self {
         Self {
             pool,
-            sql: Arc::new(DB::statements(&names)),
+            sql: Arc::new(DB::statements(&names, PublishedRows::Keep)),
             names: Arc::new(names),
             published: PublishedRows::Keep,
             wakeup: Wakeup::new(),
@@ -57,6 +57,7 @@ impl<DB: SqlDialect> SqlOutbox<DB> {
     /// be created in that layout; `migrate` refuses it elsewhere).
     pub fn published_rows(mut self, mode: PublishedRows) -> Self {
         self.published = mode;
+        self.sql = Arc::new(DB::statements(&self.names, mode));
         self
     }
 

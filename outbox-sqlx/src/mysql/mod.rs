@@ -115,7 +115,7 @@ impl SqlDialect for MySql {
     type Statements = Statements;
     const DIALECT: Dialect = Dialect::MySql;
 
-    fn statements(names: &TableNames) -> Statements {
+    fn statements(names: &TableNames, _: outbox_engine::PublishedRows) -> Statements {
         Statements::new(names)
     }
 

@@ -57,8 +57,8 @@ impl SqlDialect for Postgres {
     type Statements = Statements;
     const DIALECT: Dialect = Dialect::Postgres;
 
-    fn statements(names: &TableNames) -> Statements {
-        Statements::new(names)
+    fn statements(names: &TableNames, published: outbox_engine::PublishedRows) -> Statements {
+        Statements::for_rows(names, published)
     }
 
     fn shared(sql: &Statements) -> &Shared {

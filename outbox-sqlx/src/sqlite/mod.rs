@@ -134,7 +134,7 @@ impl SqlDialect for Sqlite {
     type Statements = Statements;
     const DIALECT: Dialect = Dialect::Sqlite;
 
-    fn statements(names: &TableNames) -> Statements {
+    fn statements(names: &TableNames, _: outbox_engine::PublishedRows) -> Statements {
         Statements::new(names)
     }
 
