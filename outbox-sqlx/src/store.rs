@@ -80,7 +80,9 @@ impl<DB: SqlDialect> SqlOutbox<DB> {
     ///
     /// A [`StoreError`] if a statement fails (for example, no permission to create
     /// tables); of kind `Schema` if a table of that name exists but is not an outbox
-    /// (MySQL, SQLite), `Timeout` if another MySQL migration held the lock for two minutes.
+    /// (MySQL, SQLite) or `Rotate` is asked of a dialect without slots, `Timeout` if
+    /// another MySQL migration held the lock for two minutes. In the `Rotate` layout a
+    /// table created without slots fails with a message saying so, unchanged.
     pub async fn migrate(&self) -> Result<(), StoreError> {
         outbox_sql::check_published_rows(DB::DIALECT, self.published)
             .map_err(|e| StoreError::new(outbox_engine::StoreErrorKind::Schema, e))?;

@@ -329,6 +329,85 @@ async fn write_keyed(
     end
 }
 
+/// A slot that drained is analyzed as holding published rows only; the planner must still
+/// claim from it through the due index, and complete without a per-row scan, when a
+/// backlog arrives. (Searched as one partitioned table, the claim sorted every due row; with an
+/// `(id, slot)` key, each completion combined the key index with a whole partial index.
+/// Both made every call cost the backlog.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rotate_plans_stay_index_probes_under_stale_statistics() {
+    let h = PgHarness::with_mode(PublishedRows::Rotate).await;
+    let (pool, table) = (h.outbox.pool(), h.table());
+    for statement in [
+        format!(
+            "INSERT INTO {table} (destination, event_type, payload, status, available_at, published_at) \
+             SELECT 'orders', 'e', '\\x7b7d', 'published', NULL, now() FROM generate_series(1, 5000)"
+        ),
+        format!("ANALYZE {table}"),
+    ] {
+        sqlx::query(&statement).execute(pool).await.unwrap();
+    }
+    for batch in 0..5 {
+        h.enqueue(
+            (0..1000)
+                .map(|n| common::message("orders", batch * 1000 + n))
+                .collect(),
+        )
+        .await
+        .unwrap();
+    }
+    let sql = outbox_sql::postgres::Statements::for_rows(h.outbox.names(), PublishedRows::Rotate);
+    let plan = |rows: Vec<(String,)>| {
+        rows.into_iter()
+            .map(|(line,)| line)
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let claim = plan(
+        sqlx::query_as(&format!("EXPLAIN {}", sql.claim))
+            .bind(100_i64)
+            .bind("planner")
+            .bind(uuid::Uuid::new_v4())
+            .bind(30_000_i64)
+            .fetch_all(pool)
+            .await
+            .unwrap(),
+    );
+    let slot = table.trim_matches('"').to_owned() + "_slot_0";
+    assert!(
+        claim.contains(&format!(
+            "Index Scan using {slot}_available_at_id_idx on {slot}"
+        )),
+        "the claim reads the due index of the slot with the backlog:\n{claim}"
+    );
+    let ids: Vec<uuid::Uuid> = sqlx::query_scalar(&format!(
+        "SELECT id FROM {table} WHERE status = 'pending' LIMIT 100"
+    ))
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    let n = ids.len();
+    let complete = plan(
+        sqlx::query_as(&format!("EXPLAIN {}", sql.complete))
+            .bind(uuid::Uuid::new_v4())
+            .bind(ids)
+            .bind(vec!["published"; n])
+            .bind(vec![0_i64; n])
+            .bind(vec![None::<String>; n])
+            .fetch_all(pool)
+            .await
+            .unwrap(),
+    );
+    // One pass over the slot (a hash join) or one id probe per row; never another index
+    // combined into each probe, or read whole once per row.
+    let per_row = complete.contains("Nested Loop");
+    assert!(
+        !complete.contains("BitmapAnd")
+            && (!per_row || complete.contains(&format!("using {slot}_id on {slot}"))),
+        "completed rows are found through the slot's id index or in one pass:\n{complete}"
+    );
+}
+
 /// The slots table outlives a hand-dropped outbox; `migrate` recreates the partitions and
 /// points the slots at them, so rotation goes on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
