@@ -21,7 +21,8 @@
 //! let names = TableNames::default().outbox("billing_outbox")?;
 //! let sql = postgres::Statements::new(&names);
 //! assert!(sql.claim.contains("FOR UPDATE SKIP LOCKED"));
-//! assert!(outbox_migrations(Dialect::Postgres, &names)[0].statements[0].contains("\"billing_outbox\""));
+//! let keep = outbox_engine::PublishedRows::Keep;
+//! assert!(outbox_migrations(Dialect::Postgres, &names, keep)[0].statements[0].contains("\"billing_outbox\""));
 //! # Ok::<(), outbox_sql::IdentError>(())
 //! ```
 
