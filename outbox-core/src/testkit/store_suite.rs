@@ -1044,18 +1044,8 @@ pub async fn purge_is_bounded_and_keeps_unfinished<H: StoreHarness>(h: &H) {
     if h.capabilities().published_rows == PublishedRows::Rotate {
         return purge_retires_slots_and_keeps_unfinished(h).await;
     }
-    let ids = enqueue_n(h, "orders", 8).await;
+    finish_five_kill_one(h).await;
     let store = h.store();
-    let claim = store.claim(&request(7)).await.expect("claim");
-    let mut done: Vec<_> = ids[..5]
-        .iter()
-        .map(|id| Completion::published(*id))
-        .collect();
-    done.push(Completion::dead(ids[5], "bad"));
-    store
-        .complete(claim.lease.token, &done)
-        .await
-        .expect("complete"); // ids[6] stays leased
     let hour = Duration::from_secs(3600);
     assert_eq!(
         store
@@ -1088,11 +1078,8 @@ pub async fn purge_is_bounded_and_keeps_unfinished<H: StoreHarness>(h: &H) {
     assert_eq!(counts(h, "orders").await, (1, 1, 0, 0));
 }
 
-/// With [`PublishedRows::Rotate`] purge empties the oldest of three slots once the current
-/// one is half the age old and the oldest holds nothing published more recently than the
-/// age; the slot's pending, leased and dead rows move on first. So rows written now leave
-/// at the third rotation, and every other row stays.
-pub async fn purge_retires_slots_and_keeps_unfinished<H: StoreHarness>(h: &H) {
+/// Of eight `orders` rows: five published, one dead, one left leased, one pending.
+async fn finish_five_kill_one<H: StoreHarness>(h: &H) {
     let ids = enqueue_n(h, "orders", 8).await;
     let store = h.store();
     let claim = store.claim(&request(7)).await.expect("claim");
@@ -1105,6 +1092,15 @@ pub async fn purge_retires_slots_and_keeps_unfinished<H: StoreHarness>(h: &H) {
         .complete(claim.lease.token, &done)
         .await
         .expect("complete"); // ids[6] stays leased
+}
+
+/// With [`PublishedRows::Rotate`] purge empties the oldest of three slots once the current
+/// one is half the age old and the oldest holds nothing published more recently than the
+/// age; the slot's pending, leased and dead rows move on first. So rows written now leave
+/// at the third rotation, and every other row stays.
+pub async fn purge_retires_slots_and_keeps_unfinished<H: StoreHarness>(h: &H) {
+    finish_five_kill_one(h).await;
+    let store = h.store();
     let hour = Duration::from_secs(3600);
     let request = PurgeRequest::published_older_than(hour);
     assert_eq!(store.purge(&request).await.expect("purge"), 0, "too young");
