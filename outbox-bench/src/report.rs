@@ -10,6 +10,7 @@ pub(crate) struct Report {
     sections: Vec<String>,
     figures: serde_json::Map<String, serde_json::Value>,
     pub(crate) latency_runs: Vec<Run>,
+    pub(crate) soak: Vec<crate::soak::Sample>,
 }
 
 pub(crate) fn median(samples: &[f64]) -> f64 {
@@ -72,6 +73,7 @@ impl Report {
             sections: Vec::new(),
             figures: serde_json::Map::new(),
             latency_runs: Vec::new(),
+            soak: Vec::new(),
         })
     }
 
@@ -119,6 +121,12 @@ impl Report {
             generated
                 .push_str("![commit→publish latency distribution](docs/bench-latency.svg)\n\n");
         }
+        if !self.soak.is_empty() {
+            let plot = std::path::Path::new(path).with_file_name("docs/bench-soak.svg");
+            std::fs::create_dir_all(plot.parent().expect("parent"))?;
+            std::fs::write(&plot, self.soak_svg())?;
+            generated.push_str("![resident memory during the soak](docs/bench-soak.svg)\n\n");
+        }
         generated.push_str(&format!(
             "<details><summary>figures as JSON</summary>\n\n```json\n{}\n```\n\n</details>\n\n",
             serde_json::to_string_pretty(&self.figures)?
@@ -126,6 +134,53 @@ impl Report {
         let out = format!("{}{generated}{}", &existing[..a], &existing[b..]);
         std::fs::write(path, out)?;
         Ok(())
+    }
+
+    /// Resident memory over the soak, as a small hand-written SVG.
+    fn soak_svg(&self) -> String {
+        let (w, h, left, bottom) = (720.0, 300.0, 60.0, 40.0);
+        let end_s = self.soak.last().map_or(1.0, |s| s.at_s).max(1.0);
+        let top_mib = (self.soak.iter().map(|s| s.rss_mib).fold(0.0, f64::max) * 1.25).max(1.0);
+        let x = |s: f64| left + s / end_s * (w - left - 20.0);
+        let y = |mib: f64| (h - bottom) - mib / top_mib * (h - bottom - 20.0);
+        let mut svg = format!(
+            r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12"><rect width="100%" height="100%" fill="white"/>"#
+        );
+        svg.push_str(&format!(r#"<line x1="{left}" y1="{}" x2="{}" y2="{}" stroke="black"/><line x1="{left}" y1="20" x2="{left}" y2="{}" stroke="black"/>"#, h - bottom, w - 20.0, h - bottom, h - bottom));
+        let minutes = (end_s / 60.0).ceil() as u64;
+        let step = (minutes / 6).max(1);
+        for minute in (0..=minutes).step_by(step as usize) {
+            svg.push_str(&format!(
+                r#"<text x="{:.1}" y="{}" text-anchor="middle">{minute}</text>"#,
+                x(minute as f64 * 60.0),
+                h - bottom + 16.0
+            ));
+        }
+        svg.push_str(&format!(
+            r#"<text x="{:.1}" y="{}" text-anchor="middle">minutes</text>"#,
+            (w + left) / 2.0,
+            h - 6.0
+        ));
+        for k in 0..=4 {
+            let mib = top_mib * f64::from(k) / 4.0;
+            svg.push_str(&format!(
+                r#"<text x="{}" y="{:.1}" text-anchor="end">{mib:.0}</text>"#,
+                left - 6.0,
+                y(mib) + 4.0
+            ));
+        }
+        let points: Vec<String> = self
+            .soak
+            .iter()
+            .map(|s| format!("{:.1},{:.1}", x(s.at_s), y(s.rss_mib)))
+            .collect();
+        svg.push_str(&format!(
+            r##"<polyline fill="none" stroke="#1f77b4" stroke-width="1.5" points="{}"/><text x="{}" y="36" fill="#1f77b4">resident memory, MiB (every 10 s)</text></svg>"##,
+            points.join(" "),
+            left + 10.0
+        ));
+        svg.push('\n');
+        svg
     }
 
     /// A cumulative distribution of latency per run, as a small hand-written SVG.
