@@ -114,7 +114,10 @@ pub(crate) async fn run(bench: &Bench, scale: Scale, report: &mut Report) -> Res
     relay.abort();
     let delivered = sink.count.load(Ordering::Relaxed) as u64;
     if delivered < total {
-        return Err(format!("only {delivered} of {total} committed messages were delivered within 30 s of the end").into());
+        return Err(format!(
+            "only {delivered} of {total} committed messages were delivered within 30 s of the end"
+        )
+        .into());
     }
     summarize(&samples, time, report)
 }
@@ -130,18 +133,27 @@ fn summarize(samples: &[Sample], time: Duration, report: &mut Report) -> Result<
     } else {
         settled
     };
-    let min = settled.iter().map(|s| s.rss_mib).fold(f64::INFINITY, f64::min);
+    let min = settled
+        .iter()
+        .map(|s| s.rss_mib)
+        .fold(f64::INFINITY, f64::min);
     let max = settled.iter().map(|s| s.rss_mib).fold(0.0, f64::max);
     let rate = (last.committed - first.committed) as f64 / (last.at_s - first.at_s).max(1.0);
     let mut rows = Vec::new();
     let mut previous: Option<&Sample> = None;
     for s in samples {
-        let every = if time >= Duration::from_secs(600) { 300.0 } else { 30.0 };
+        let every = if time >= Duration::from_secs(600) {
+            300.0
+        } else {
+            30.0
+        };
         let due = previous.is_none_or(|p| s.at_s - p.at_s >= every - 1.0);
         if !due && !std::ptr::eq(s, last) {
             continue;
         }
-        let window = previous.map_or((s.committed, s.at_s), |p| (s.committed - p.committed, s.at_s - p.at_s));
+        let window = previous.map_or((s.committed, s.at_s), |p| {
+            (s.committed - p.committed, s.at_s - p.at_s)
+        });
         rows.push(vec![
             format!("{:.1}", s.at_s / 60.0),
             format!("{:.1}", s.rss_mib),

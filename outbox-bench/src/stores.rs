@@ -105,8 +105,11 @@ async fn run(
         .await?;
     for start in (1..=ACCOUNTS).step_by(1000) {
         let values: Vec<String> = (start..start + 1000).map(|i| format!("({i}, 0)")).collect();
-        db.execute(&format!("INSERT INTO bench_accounts VALUES {}", values.join(", ")))
-            .await?;
+        db.execute(&format!(
+            "INSERT INTO bench_accounts VALUES {}",
+            values.join(", ")
+        ))
+        .await?;
     }
     db.fresh().await?;
     let mut rows = Vec::new();
@@ -132,7 +135,10 @@ async fn run(
                     format!("{:.0} µs added", cost(i))
                 },
                 if i == 2 {
-                    format!("{:.2} × raw's added cost", cost(2) / cost(1).max(f64::EPSILON))
+                    format!(
+                        "{:.2} × raw's added cost",
+                        cost(2) / cost(1).max(f64::EPSILON)
+                    )
                 } else {
                     "—".to_owned()
                 },
@@ -205,7 +211,9 @@ async fn enqueue_rate(
     }
     let mut total = 0;
     while let Some(done) = tasks.join_next().await {
-        total += done.map_err(|e| e.to_string())?.map_err(|e| e.to_string())?;
+        total += done
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())?;
     }
     Ok(total as f64 / started.elapsed().as_secs_f64())
 }
@@ -255,7 +263,8 @@ impl Db {
     }
 
     async fn drop_table(&self) -> Result<(), BoxError> {
-        self.execute(&format!("DROP TABLE IF EXISTS {TABLE}")).await?;
+        self.execute(&format!("DROP TABLE IF EXISTS {TABLE}"))
+            .await?;
         self.execute(&format!("DROP TABLE IF EXISTS {TABLE}_keys"))
             .await?;
         let forget = format!("DELETE FROM outbox_migrations WHERE id LIKE '{TABLE}/%'");
@@ -394,7 +403,8 @@ impl Db {
             });
         }
         while let Some(done) = tasks.join_next().await {
-            done.map_err(|e| e.to_string())?.map_err(|e| e.to_string())?;
+            done.map_err(|e| e.to_string())?
+                .map_err(|e| e.to_string())?;
         }
         Ok(n as f64 / started.elapsed().as_secs_f64())
     }

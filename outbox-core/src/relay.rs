@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{Notify, mpsc, watch};
 use tokio::task::JoinSet;
 use tracing::{Instrument, debug, debug_span, info, info_span, warn};
 
@@ -52,6 +52,7 @@ pub struct RelayBuilder<S> {
     shutdown_grace: Duration,
     dead_letter_unrouted: bool,
     wakeup: Option<Wakeup>,
+    min_wakeup_interval: Duration,
     retry: RetryPolicy,
     ordering: MessageOrder,
     clock: Arc<dyn Clock>,
@@ -72,6 +73,7 @@ impl<S: Store> RelayBuilder<S> {
             shutdown_grace: Duration::from_secs(10),
             dead_letter_unrouted: false,
             wakeup: None,
+            min_wakeup_interval: Duration::from_millis(1),
             retry: RetryPolicy::default(),
             ordering: MessageOrder::Unordered,
             clock: Arc::new(SystemClock),
@@ -152,6 +154,18 @@ impl<S: Store> RelayBuilder<S> {
     /// Several sources can share one signal. Polling stays on as the fallback.
     pub fn wakeup(mut self, wakeup: Wakeup) -> Self {
         self.wakeup = Some(wakeup);
+        self
+    }
+
+    /// The shortest time between two claims caused by wakeups (default 1 ms). A wakeup
+    /// wakes one idle worker; the wakeups raised during the next `interval` are coalesced
+    /// into one more claim at its end. Under load (a wakeup per commit) this turns
+    /// thousands of one-row claims per second into at most one claim per interval, each
+    /// taking every row committed meanwhile, so the relay does not tax the writers'
+    /// database; a lone commit is still claimed at once. `Duration::ZERO` claims on every
+    /// wakeup.
+    pub fn min_wakeup_interval(mut self, interval: Duration) -> Self {
+        self.min_wakeup_interval = interval;
         self
     }
 
@@ -312,6 +326,7 @@ impl<S: Store> RelayBuilder<S> {
             poll_interval: self.poll_interval,
             shutdown_grace: self.shutdown_grace,
             wakeup: self.wakeup.unwrap_or_default(),
+            min_wakeup_interval: self.min_wakeup_interval,
             ordering: self.ordering,
         })
     }
@@ -327,6 +342,7 @@ pub struct Relay<S> {
     poll_interval: Duration,
     shutdown_grace: Duration,
     wakeup: Wakeup,
+    min_wakeup_interval: Duration,
     ordering: MessageOrder,
     gauges: Option<GaugeSettings>,
 }
@@ -434,14 +450,31 @@ impl<S: Store> Relay<S> {
     /// Store errors never stop the relay: a worker logs them and backs off.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send) {
         let (stop_tx, stop_rx) = watch::channel(false);
+        // Wakeups reach the workers through a pacer: each raise wakes one idle worker
+        // (or is kept for the next one to wait), and raises during the following
+        // `min_wakeup_interval` wait for its end and count as one.
+        let wakeups = Arc::new(Notify::new());
+        let mut pacer = JoinSet::new();
+        {
+            let mut raised = self.wakeup.subscribe();
+            let wakeups = Arc::clone(&wakeups);
+            let interval = self.min_wakeup_interval;
+            pacer.spawn(async move {
+                loop {
+                    raised.wait().await;
+                    wakeups.notify_one();
+                    tokio::time::sleep(interval).await;
+                }
+            });
+        }
         let mut workers = JoinSet::new();
         for worker in 0..self.concurrency {
             let inner = Arc::clone(&self.inner);
-            let listener = self.wakeup.subscribe();
+            let wakeups = Arc::clone(&wakeups);
             let stop = stop_rx.clone();
             let poll = self.poll_interval;
             let span = info_span!("outbox_relay_worker", owner = %inner.claim.owner, worker);
-            workers.spawn(inner.work(listener, stop, poll).instrument(span));
+            workers.spawn(inner.work(wakeups, stop, poll).instrument(span));
         }
         // In a JoinSet, so the reader ends with this future even when it is dropped.
         let mut gauges = JoinSet::new();
@@ -462,6 +495,7 @@ impl<S: Store> Relay<S> {
         self.inner.health.stop();
         let _ = stop_tx.send(true);
         gauges.abort_all();
+        pacer.abort_all();
         let finished = tokio::time::timeout(self.shutdown_grace, async {
             while workers.join_next().await.is_some() {}
         })
@@ -477,7 +511,7 @@ impl<S: Store> Relay<S> {
 impl<S: Store> Inner<S> {
     async fn work(
         self: Arc<Self>,
-        mut listener: crate::wakeup::WakeupListener,
+        wakeups: Arc<Notify>,
         mut stop: watch::Receiver<bool>,
         poll: Duration,
     ) {
@@ -485,7 +519,6 @@ impl<S: Store> Inner<S> {
         while !*stop.borrow() {
             metrics::gauge!("outbox_relay_heartbeat_seconds").set(unix_seconds(self.clock.now()));
             self.health.beat();
-            listener.mark_seen();
             let wait = match self.process_batch().await {
                 Ok(report) => {
                     failures = 0;
@@ -508,7 +541,7 @@ impl<S: Store> Inner<S> {
                 }
             };
             tokio::select! {
-                () = listener.wait() => {}
+                () = wakeups.notified() => {}
                 () = tokio::time::sleep(wait) => {}
                 _ = stop.changed() => {}
             }

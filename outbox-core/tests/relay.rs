@@ -418,6 +418,83 @@ async fn wakeups_beat_the_poll_interval() {
     running.await.unwrap();
 }
 
+/// Counts publish calls, i.e. claimed batches, and the messages in them.
+#[derive(Clone, Default)]
+struct CountingSink {
+    batches: Arc<AtomicUsize>,
+    messages: Arc<AtomicUsize>,
+}
+
+impl Sink for CountingSink {
+    async fn publish(
+        &self,
+        batch: &[Message],
+        _cx: &outbox_engine::PublishContext,
+    ) -> Result<Vec<Outcome>, Failure> {
+        self.batches.fetch_add(1, AtomicOrdering::SeqCst);
+        self.messages.fetch_add(batch.len(), AtomicOrdering::SeqCst);
+        Ok(vec![Outcome::published(); batch.len()])
+    }
+}
+
+/// One message, then 20 more 5 ms apart, each raising the wakeup; returns how many
+/// batches the relay claimed for the 21 messages.
+async fn batches_for_a_burst(min_wakeup_interval: Duration) -> usize {
+    let store = MemoryStore::new();
+    let sink = CountingSink::default();
+    let relay = Relay::builder(store.clone())
+        .route("orders", sink.clone())
+        .poll_interval(Duration::from_secs(3600))
+        .wakeup(store.wakeup())
+        .min_wakeup_interval(min_wakeup_interval)
+        .concurrency(2)
+        .build()
+        .unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(relay.run(async {
+        let _ = stopped.await;
+    }));
+    tokio::time::sleep(Duration::from_millis(100)).await; // workers are idle now
+    store.enqueue(msg("orders", "first")).unwrap();
+    outbox_test_support::wait_until(
+        "the first message published",
+        Duration::from_secs(5),
+        || async { sink.messages.load(AtomicOrdering::SeqCst) == 1 },
+    )
+    .await;
+    for i in 0..20 {
+        store.enqueue(msg("orders", &format!("e{i}"))).unwrap();
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    outbox_test_support::wait_until(
+        "all 21 messages published",
+        Duration::from_secs(10),
+        || async { sink.messages.load(AtomicOrdering::SeqCst) == 21 },
+    )
+    .await;
+    stop.send(()).unwrap();
+    running.await.unwrap();
+    sink.batches.load(AtomicOrdering::SeqCst)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wakeups_within_the_min_interval_coalesce_into_one_claim() {
+    // The first message is claimed at once; the 20 wakeups of the next ~100 ms fall in
+    // the 2 s interval that follows and make one claim at its end.
+    let paced = batches_for_a_burst(Duration::from_secs(2)).await;
+    assert_eq!(
+        paced, 2,
+        "one claim for the first message, one for the burst"
+    );
+    // Without an interval every wakeup is a claim of its own (the control: the count
+    // above is the pacing's doing).
+    let unpaced = batches_for_a_burst(Duration::ZERO).await;
+    assert!(
+        unpaced >= 10,
+        "without pacing each wakeup claims: {unpaced} batches"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_waits_for_in_flight_batches_within_the_grace() {
     let store = MemoryStore::new();

@@ -616,6 +616,25 @@ async fn notify_wakes_a_listening_relay_and_survives_backend_termination() {
     running.abort();
 }
 
+/// A notifier dropped right after `notify` still sends that NOTIFY: its task ends only
+/// after the NOTIFY it owes, so a writer that notifies and exits wakes the relay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_notifier_sends_the_notify_it_owes() {
+    let h = PgHarness::new().await;
+    let listener = h.outbox.listen().await.unwrap();
+    let mut woken = listener.wakeup().subscribe();
+    let notifier = h.outbox.notifier();
+    notifier.notify();
+    tokio::time::timeout(Duration::from_secs(10), woken.wait())
+        .await
+        .expect("the first NOTIFY reached the listener within 10 s");
+    notifier.notify();
+    drop(notifier);
+    tokio::time::timeout(Duration::from_secs(10), woken.wait())
+        .await
+        .expect("the NOTIFY owed by the dropped notifier reached the listener within 10 s");
+}
+
 /// Hostile names are either rejected or used exactly as quoted; a canary table survives.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_identifiers_are_rejected_or_quoted_exactly() {
