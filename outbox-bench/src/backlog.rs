@@ -13,7 +13,21 @@ use crate::Scale;
 use crate::report::Report;
 use crate::setup::{Bench, BoxError, NoopSink};
 
-pub(crate) async fn run(bench: &Bench, scale: Scale, report: &mut Report) -> Result<(), BoxError> {
+/// A table layout the backlog scenario can run on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Layout {
+    /// One table, published rows kept.
+    Keep,
+    /// The rotate layout's three slots.
+    Rotate,
+}
+
+pub(crate) async fn run(
+    bench: &Bench,
+    scale: Scale,
+    layouts: &[Layout],
+    report: &mut Report,
+) -> Result<(), BoxError> {
     let n = scale.drain_rows;
     let finished = scale.finished_rows;
     let mut rows = Vec::new();
@@ -22,6 +36,14 @@ pub(crate) async fn run(bench: &Bench, scale: Scale, report: &mut Report) -> Res
         ("keep", PublishedRows::Keep),
         ("rotate", PublishedRows::Rotate),
     ] {
+        let chosen = if mode == PublishedRows::Rotate {
+            Layout::Rotate
+        } else {
+            Layout::Keep
+        };
+        if !layouts.is_empty() && !layouts.contains(&chosen) {
+            continue;
+        }
         // Empty, full, empty again: the baseline is the mean of the two empty runs, so a
         // drift of the machine during the long bulk insert does not count as backlog cost.
         let before = drain(bench, n, 0, mode).await?;

@@ -81,6 +81,9 @@ struct Cli {
     /// `--quick`).
     #[arg(long, value_name = "N")]
     finished_rows: Option<usize>,
+    /// Run the backlog scenario on these layouts only (default: keep and rotate).
+    #[arg(long, value_enum, value_name = "LAYOUT")]
+    backlog_layout: Vec<backlog::Layout>,
     /// Rewrite the generated part of this file (BENCHMARKS.md) and its latency plot.
     #[arg(long, value_name = "FILE")]
     write: Option<String>,
@@ -146,11 +149,11 @@ fn main() {
     if let Some(rows) = cli.finished_rows {
         scale.finished_rows = rows;
     }
-    let write = cli.write;
+    let write = cli.write.clone();
     let scenarios = if cli.scenarios.is_empty() || cli.scenarios.contains(&Scenario::All) {
         EVERY_SCENARIO.to_vec()
     } else {
-        cli.scenarios
+        cli.scenarios.clone()
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -168,7 +171,9 @@ fn main() {
                 Scenario::Ordered => drain::run(&bench, scale, &mut report, true).await?,
                 Scenario::Scale => drain::scale(&bench, scale, &mut report).await?,
                 Scenario::Latency => latency::run(&bench, scale, &mut report).await?,
-                Scenario::Backlog => backlog::run(&bench, scale, &mut report).await?,
+                Scenario::Backlog => {
+                    backlog::run(&bench, scale, &cli.backlog_layout, &mut report).await?;
+                }
                 Scenario::HeldXmin => xmin::run(&bench, scale, &mut report).await?,
                 Scenario::Sqlite => stores::sqlite(scale, &mut report).await?,
                 Scenario::Mysql => stores::mysql(scale, &mut report).await?,
