@@ -50,14 +50,16 @@ pub(crate) async fn run(bench: &Bench, scale: Scale, report: &mut Report) -> Res
     let stop = Arc::new(AtomicBool::new(false));
     let started = Instant::now();
     let mut producers = tokio::task::JoinSet::new();
+    // One notifier per process, shared by its writers (as `PgOutbox::notifier` says).
+    let notifier = outbox.notifier();
     for _ in 0..PRODUCERS {
-        let (pool, outbox, committed, stop) = (
+        let (pool, outbox, committed, stop, notifier) = (
             bench.pool.clone(),
             outbox.clone(),
             committed.clone(),
             stop.clone(),
+            notifier.clone(),
         );
-        let notifier = outbox.notifier();
         let period = Duration::from_secs_f64(PRODUCERS as f64 / RATE as f64);
         producers.spawn(async move {
             let mut ticks = tokio::time::interval(period);
