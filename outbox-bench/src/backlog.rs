@@ -32,18 +32,16 @@ pub(crate) async fn run(
     let finished = scale.finished_rows;
     let mut rows = Vec::new();
     let mut json = serde_json::Map::new();
-    for (layout, mode) in [
-        ("keep", PublishedRows::Keep),
-        ("rotate", PublishedRows::Rotate),
-    ] {
-        let chosen = if mode == PublishedRows::Rotate {
-            Layout::Rotate
-        } else {
-            Layout::Keep
+    let layouts = if layouts.is_empty() {
+        &[Layout::Keep, Layout::Rotate][..]
+    } else {
+        layouts
+    };
+    for &chosen in layouts {
+        let (layout, mode) = match chosen {
+            Layout::Keep => ("keep", PublishedRows::Keep),
+            Layout::Rotate => ("rotate", PublishedRows::Rotate),
         };
-        if !layouts.is_empty() && !layouts.contains(&chosen) {
-            continue;
-        }
         // Empty, full, empty again: the baseline is the mean of the two empty runs, so a
         // drift of the machine during the long bulk insert does not count as backlog cost.
         let before = drain(bench, n, 0, mode).await?;

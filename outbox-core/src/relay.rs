@@ -205,6 +205,9 @@ impl<S: Store> RelayBuilder<S> {
         if let Some(poll) = settings.poll_interval {
             self.poll_interval = poll;
         }
+        if let Some(interval) = settings.min_wakeup_interval {
+            self.min_wakeup_interval = interval;
+        }
         if let Some(grace) = settings.shutdown_grace {
             self.shutdown_grace = grace;
         }

@@ -56,6 +56,9 @@ pub struct RelaySettings {
     pub dead_head: Option<DeadHead>,
     /// Listen for wakeups where the store has them (default on).
     pub wakeups: Option<bool>,
+    /// Shortest time between two claims caused by wakeups.
+    #[serde(with = "crate::duration::optional")]
+    pub min_wakeup_interval: Option<Duration>,
     /// Read and export the store's gauges (default on).
     pub gauges: Option<bool>,
     /// How often the gauges are read.

@@ -11,6 +11,7 @@
 //! concurrency = 2
 //! lease = "30s"
 //! poll_interval = "1s"
+//! min_wakeup_interval = "1ms"        # wakeups within it make one claim
 //! ordering = "per-key"               # or "unordered" (default)
 //! dead_head = "skip"                 # or "halt"
 //!
