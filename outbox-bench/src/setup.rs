@@ -52,7 +52,8 @@ impl Bench {
     }
 
     /// Adds `n` published rows to `table` as the relay leaves them (available_at NULL),
-    /// a day old, in bulk statements of a million rows. `slots`: the table is in the
+    /// a day old, in bulk statements of a million rows. Their ids are UUIDv7 of that
+    /// time, as the SDK writes them, so they sort before the ids of new messages. `slots`: the table is in the
     /// rotate layout, and the rows go to its three slots in turn.
     pub(crate) async fn fill_published(
         &self,
@@ -69,7 +70,7 @@ impl Bench {
             let end = (start + 1_000_000).min(n);
             sqlx::query(&format!(
                 "INSERT INTO {table} (id, destination, event_type, idempotency_key, payload, content_type, status, attempts, available_at, created_at, published_at{slot_column}) \
-                 SELECT gen_random_uuid(), 'bench', 'bench.event', g::text, convert_to('{{\"n\":' || g || '}}', 'UTF8'), 'application/json', 'published', 1, NULL, \
+                 SELECT (lpad(to_hex((extract(epoch FROM now() - interval '1 day') * 1000)::bigint + g / 1000), 12, '0') || '7' || substr(md5(g::text), 1, 3) || '8' || substr(md5(g::text), 4, 15))::uuid, 'bench', 'bench.event', g::text, convert_to('{{\"n\":' || g || '}}', 'UTF8'), 'application/json', 'published', 1, NULL, \
                         now() - interval '1 day', now() - interval '1 day'{slot} FROM generate_series($1::bigint, $2::bigint) g"
             ))
             .bind(start as i64)
