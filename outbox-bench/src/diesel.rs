@@ -15,7 +15,7 @@ use diesel::r2d2::{ConnectionManager, Pool};
 use diesel::sql_types::{Integer, Text};
 use diesel::{Connection, PgConnection, RunQueryDsl};
 use outbox_diesel::postgres::PgOutbox as DieselPgOutbox;
-use outbox_engine::{NewMessage, Relay};
+use outbox_engine::NewMessage;
 use outbox_sqlx::PublishedRows;
 
 use crate::Scale;
@@ -233,7 +233,7 @@ async fn diesel_drain(
     let sqlx_view =
         outbox_sqlx::postgres::PgOutbox::with_names(bench.pool.clone(), outbox.names().clone());
     crate::drain::preload(&sqlx_view, &bench.pool, n, false).await?;
-    timed_drain(outbox, n, batch, workers).await
+    crate::setup::timed_drain(outbox, n, batch, workers).await
 }
 
 async fn sqlx_drain(
@@ -244,31 +244,5 @@ async fn sqlx_drain(
 ) -> Result<f64, BoxError> {
     let outbox = bench.fresh_outbox(TABLE, PublishedRows::Delete).await?;
     crate::drain::preload(&outbox, &bench.pool, n, false).await?;
-    timed_drain(outbox, n, batch, workers).await
-}
-
-/// Runs a relay over `store` until `n` messages went through a no-op sink.
-async fn timed_drain<S: outbox_engine::Store>(
-    store: S,
-    n: usize,
-    batch: usize,
-    workers: usize,
-) -> Result<f64, BoxError> {
-    let sink = crate::setup::NoopSink::default();
-    let relay = Relay::builder(store)
-        .route("bench", sink.clone())
-        .batch_size(batch)
-        .concurrency(workers)
-        .poll_interval(Duration::from_millis(20))
-        .build()?;
-    let count = sink.count.clone();
-    let started = Instant::now();
-    relay
-        .run(async move {
-            while count.load(Atomic::Relaxed) < n {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        })
-        .await;
-    Ok(n as f64 / started.elapsed().as_secs_f64())
+    crate::setup::timed_drain(outbox, n, batch, workers).await
 }

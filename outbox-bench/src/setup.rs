@@ -113,3 +113,29 @@ pub(crate) fn memory_mib() -> (f64, f64) {
     };
     (field("VmHWM:"), field("VmRSS:"))
 }
+
+/// Runs a relay over `store` until `n` messages went through a no-op sink.
+pub(crate) async fn timed_drain<S: outbox_engine::Store>(
+    store: S,
+    n: usize,
+    batch: usize,
+    workers: usize,
+) -> Result<f64, BoxError> {
+    let sink = NoopSink::default();
+    let relay = outbox_engine::Relay::builder(store)
+        .route("bench", sink.clone())
+        .batch_size(batch)
+        .concurrency(workers)
+        .poll_interval(std::time::Duration::from_millis(20))
+        .build()?;
+    let count = sink.count.clone();
+    let started = std::time::Instant::now();
+    relay
+        .run(async move {
+            while count.load(std::sync::atomic::Ordering::Relaxed) < n {
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+        })
+        .await;
+    Ok(n as f64 / started.elapsed().as_secs_f64())
+}

@@ -9,10 +9,9 @@
 //!   `READ COMMITTED` transaction (`SELECT … FOR UPDATE SKIP LOCKED` on the due index,
 //!   then `UPDATE`), then a batch `DELETE`.
 
-use std::sync::atomic::Ordering as Atomic;
 use std::time::{Duration, Instant};
 
-use outbox_engine::{NewMessage, Relay, Store};
+use outbox_engine::NewMessage;
 use outbox_sqlx::PublishedRows;
 use outbox_sqlx::mysql::MySqlOutbox;
 use outbox_sqlx::sqlite::SqliteOutbox;
@@ -22,7 +21,7 @@ use sqlx::{Executor, Row};
 
 use crate::Scale;
 use crate::report::{Report, median};
-use crate::setup::{BoxError, NoopSink};
+use crate::setup::{BoxError, timed_drain};
 
 const ACCOUNTS: i32 = 10_000;
 const TABLE: &str = "bench_store_outbox";
@@ -218,32 +217,6 @@ async fn enqueue_rate(
     Ok(total as f64 / started.elapsed().as_secs_f64())
 }
 
-/// Drains `n` messages with a relay over `store`.
-async fn drain_with<S: Store + 'static>(
-    store: S,
-    n: usize,
-    batch: usize,
-    workers: usize,
-) -> Result<f64, BoxError> {
-    let sink = NoopSink::default();
-    let relay = Relay::builder(store)
-        .route("bench", sink.clone())
-        .batch_size(batch)
-        .concurrency(workers)
-        .poll_interval(Duration::from_millis(20))
-        .build()?;
-    let count = sink.count.clone();
-    let started = Instant::now();
-    relay
-        .run(async move {
-            while count.load(Atomic::Relaxed) < n {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        })
-        .await;
-    Ok(n as f64 / started.elapsed().as_secs_f64())
-}
-
 /// `?, ?, …` for `n` parameters.
 fn params(n: usize) -> String {
     vec!["?"; n].join(", ")
@@ -386,8 +359,8 @@ impl Db {
 
     async fn relay_drain(&self, n: usize, batch: usize, workers: usize) -> Result<f64, BoxError> {
         match self {
-            Self::Sqlite(_, outbox) => drain_with(outbox.clone(), n, batch, workers).await,
-            Self::MySql(_, outbox) => drain_with(outbox.clone(), n, batch, workers).await,
+            Self::Sqlite(_, outbox) => timed_drain(outbox.clone(), n, batch, workers).await,
+            Self::MySql(_, outbox) => timed_drain(outbox.clone(), n, batch, workers).await,
         }
     }
 
