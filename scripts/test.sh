@@ -2,7 +2,8 @@
 # The project's one test command. CI (.ci/run) runs it with no arguments.
 #
 #   scripts/test.sh                  everything: services, rustfmt, clippy, docs, architecture
-#                                    invariants, the harness self-check, every test and doctest
+#                                    invariants, the harness self-check, every test and doctest,
+#                                    and a slice of the reliability battery
 #   scripts/test.sh ARGS...          services, then only the tests that `cargo nextest run`
 #                                    selects with ARGS, e.g. `-p outbox-cli` or `-E 'test(swap)'`
 #
@@ -187,5 +188,8 @@ nextest 60m --workspace --all-features
 
 step "doctests"
 doctests
+
+step "reliability battery (CI slice; scripts/battery.sh runs the whole table)"
+check logged "$work/battery.log" 25m env OUTBOX_BATTERY_NO_SERVICES=1 bash scripts/battery.sh --quick
 
 summary

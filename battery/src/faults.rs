@@ -1,0 +1,238 @@
+//! The faults, each injected `cycles` times while the writers commit.
+
+use std::process::Command;
+use std::time::Duration;
+
+use clap::ValueEnum;
+use outbox_battery::consumers::{Behaviour, Receiver};
+use outbox_test_support::wait_until;
+
+use crate::StoreKind;
+use crate::ledger::Ledger;
+use crate::relays::Relays;
+
+/// A fault scenario.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum Fault {
+    /// No fault: the writers and one relay run for `cycles` seconds.
+    None,
+    /// One relay, killed with SIGKILL while it holds leases, restarted, `cycles` times.
+    Kill9,
+    /// Three relays; one of them, picked at random, killed with SIGKILL at a random moment
+    /// and restarted, `cycles` times.
+    Kill3,
+    /// Two relays; one of them frozen with SIGSTOP while it holds leases, for longer than
+    /// the lease, then resumed (SIGCONT): its lease expired while its sends were in flight.
+    Sigstop,
+    /// The database restarted under the relays, alternately fast (PostgreSQL `-m fast`,
+    /// MariaDB shutdown) and immediate (`-m immediate`, SIGKILL to mariadbd).
+    DbRestart,
+    /// The relays' database connections ended by the server (`pg_terminate_backend`,
+    /// `KILL CONNECTION`) every second.
+    DbKill,
+    /// The webhook receiver answers 503 for 2 s out of every 3 (HTTP only).
+    Receiver5xx,
+    /// The webhook receiver takes 3 s to answer, longer than the route's 1 s request
+    /// timeout, for 2 s out of every 3 (HTTP only): messages arrive whose sender saw a
+    /// timeout.
+    ReceiverSlow,
+}
+
+impl Fault {
+    /// How many relays run during the scenario.
+    pub(crate) fn relays(self) -> usize {
+        match self {
+            Self::Kill3 => 3,
+            Self::Sigstop => 2,
+            _ => 1,
+        }
+    }
+
+    /// Whether the scenario kills relays, so that re-sends are bounded by the rows they
+    /// held leased when they died.
+    pub(crate) fn kills(self) -> bool {
+        matches!(self, Self::Kill9 | Self::Kill3)
+    }
+
+    /// Why the scenario cannot run on `store` with an HTTP receiver or not, if it cannot.
+    pub(crate) fn unsupported(self, store: StoreKind, http: bool) -> Option<&'static str> {
+        match self {
+            Self::DbRestart | Self::DbKill if store == StoreKind::Sqlite => {
+                Some("SQLite is a file: there is no server to restart or connection to end")
+            }
+            Self::Receiver5xx | Self::ReceiverSlow if !http => {
+                Some("the receiver faults need the HTTP sink's receiver")
+            }
+            _ => None,
+        }
+    }
+}
+
+/// What was injected.
+#[derive(Debug, Default)]
+pub(crate) struct Injected {
+    /// Faults injected.
+    pub(crate) faults: usize,
+    /// Rows the killed relays held leased when they died, summed over the kills.
+    pub(crate) leased_at_kills: i64,
+}
+
+/// What a fault acts on.
+pub(crate) struct Target<'a> {
+    pub(crate) store: StoreKind,
+    pub(crate) ledger: &'a Ledger,
+    pub(crate) relays: &'a mut Relays,
+    pub(crate) receiver: Option<&'a Receiver>,
+    pub(crate) lease: Duration,
+}
+
+/// A limit for waits on a relay to take leases: generous, since a database restart or a
+/// slow machine can hold it up.
+const LEASE_WAIT: Duration = Duration::from_secs(60);
+
+impl Target<'_> {
+    /// Injects `fault` `cycles` times.
+    pub(crate) async fn inject(&mut self, fault: Fault, cycles: usize) -> Injected {
+        let mut injected = Injected::default();
+        for cycle in 0..cycles {
+            match fault {
+                Fault::None => tokio::time::sleep(Duration::from_secs(1)).await,
+                Fault::Kill9 => {
+                    self.holding_leases(0).await;
+                    pause(0..300).await;
+                    injected.leased_at_kills += self.kill(0).await;
+                }
+                Fault::Kill3 => {
+                    pause(200..1_000).await;
+                    let slot = fastrand::usize(..self.relays.len());
+                    injected.leased_at_kills += self.kill(slot).await;
+                }
+                Fault::Sigstop => {
+                    self.holding_leases(0).await;
+                    self.relays.signal(0, true);
+                    tokio::time::sleep(self.lease + Duration::from_secs(1)).await;
+                    self.relays.signal(0, false);
+                    pause(500..1_000).await;
+                }
+                Fault::DbRestart => {
+                    pause(500..1_500).await;
+                    restart_database(self.store, cycle % 2 == 1);
+                }
+                Fault::DbKill => {
+                    pause(500..1_500).await;
+                    self.ledger.kill_connections().await;
+                }
+                Fault::Receiver5xx | Fault::ReceiverSlow => {
+                    let receiver = self.receiver.expect("an HTTP receiver");
+                    receiver.behave(if fault == Fault::Receiver5xx {
+                        Behaviour::Unavailable
+                    } else {
+                        Behaviour::Slow
+                    });
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                    receiver.behave(Behaviour::Accept);
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            }
+            injected.faults += 1;
+            if let Some(exit) = self.relays.exited() {
+                panic!("{exit} during the {fault:?} scenario");
+            }
+        }
+        injected
+    }
+
+    /// Waits until the relay in `slot` holds leased rows: a kill or stop then lands
+    /// mid-batch.
+    async fn holding_leases(&self, slot: usize) {
+        let pid = self.relays.pid(slot);
+        wait_until(
+            &format!("relay {slot} (pid {pid}) to hold leased rows"),
+            LEASE_WAIT,
+            || async { self.ledger.leased_by(pid).await > 0 },
+        )
+        .await;
+    }
+
+    /// SIGKILL to the relay in `slot`, then a new one in its place; returns the rows the
+    /// killed relay held leased.
+    async fn kill(&mut self, slot: usize) -> i64 {
+        let pid = self.relays.kill(slot);
+        let leased = self.ledger.leased_by(pid).await;
+        self.relays.restart(slot);
+        leased
+    }
+}
+
+/// Sleeps a random number of milliseconds in `range`.
+async fn pause(range: std::ops::Range<u64>) {
+    tokio::time::sleep(Duration::from_millis(fastrand::u64(range))).await;
+}
+
+/// Restarts the database server of `store`: fast (a clean shutdown) or `immediate` (as a
+/// crash: PostgreSQL `-m immediate`, SIGKILL to mariadbd).
+fn restart_database(store: StoreKind, immediate: bool) {
+    match store {
+        StoreKind::Postgres => {
+            let version = std::fs::read_dir("/etc/postgresql")
+                .expect("PostgreSQL's clusters under /etc/postgresql")
+                .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
+                .max_by_key(|v| v.parse::<u32>().unwrap_or(0))
+                .expect("a PostgreSQL cluster");
+            let mode = if immediate { "immediate" } else { "fast" };
+            run(Command::new("pg_ctlcluster").args([
+                "--skip-systemctl-redirect",
+                &version,
+                "main",
+                "restart",
+                "-m",
+                mode,
+            ]));
+        }
+        StoreKind::Mysql => {
+            if immediate {
+                run(Command::new("pkill").args(["-KILL", "-x", "mariadbd"]));
+            } else {
+                run(Command::new("mariadb-admin").args([
+                    "-h",
+                    "127.0.0.1",
+                    "-u",
+                    "root",
+                    "shutdown",
+                ]));
+            }
+            // mariadbd leaves when its shutdown ends; start the next one after that.
+            for _ in 0..100 {
+                if !Command::new("pgrep")
+                    .args(["-x", "mariadbd"])
+                    .status()
+                    .is_ok_and(|s| s.success())
+                {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            run(Command::new("start-stop-daemon").args([
+                "--start",
+                "--oknodo",
+                "--background",
+                "--exec",
+                "/usr/sbin/mariadbd",
+                "--",
+                "--user=mysql",
+            ]));
+        }
+        StoreKind::Sqlite => unreachable!("checked by Fault::unsupported"),
+    }
+}
+
+/// Runs `command` to completion; panics if it fails.
+fn run(command: &mut Command) {
+    let output =
+        outbox_test_support::output_within("a database restart", Duration::from_secs(60), command);
+    assert!(
+        output.status.success(),
+        "{command:?} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}

@@ -1,0 +1,365 @@
+//! `outbox-battery`: one store × sink × fault cell of the reliability battery.
+//!
+//! Writers commit business transactions (a third roll back) that enqueue one keyed
+//! message each and record it in a ledger of their own; relays run as separate `outbox
+//! relay` processes; a consumer records every delivery. While the writers run, the fault
+//! is injected; then the writers stop, the relays drain the table, and the deliveries are
+//! counted against the ledger: lost, unexpected, duplicates, out of order per key.
+//!
+//! ```text
+//! outbox-battery run --store postgres --sink http --fault kill9
+//! ```
+//!
+//! prints one line `battery store=… sink=… fault=… …` and exits 1 if the run broke a
+//! promise. `scripts/battery.sh` runs the whole table; see `docs/RELIABILITY.md`.
+
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use clap::{Parser, Subcommand, ValueEnum};
+use outbox_battery::consumers::{self, Received, Receiver};
+use outbox_battery::verdict::{Committed, Counts};
+use outbox_test_support::{ChildGuard, wait_until};
+
+mod broken;
+mod faults;
+mod ledger;
+mod relays;
+
+use faults::{Fault, Target};
+use ledger::{Ledger, Writes};
+use relays::{RelayCommand, Relays};
+
+#[derive(Parser)]
+#[command(about = "One cell of the outbox reliability battery", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Runs one store × sink × fault cell and prints its counts.
+    Run(RunArgs),
+    /// A deliberately broken relay: reports every message published *before* sending it
+    /// (the "mark, then publish" bug). The battery must catch it losing messages.
+    BrokenRelay {
+        /// The relay's config file, as for `outbox relay`.
+        #[arg(long)]
+        config: PathBuf,
+    },
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    /// Where the outbox table lives.
+    #[arg(long, value_enum)]
+    store: StoreKind,
+    /// Where the relays publish.
+    #[arg(long, value_enum)]
+    sink: SinkKind,
+    /// What goes wrong meanwhile.
+    #[arg(long, value_enum, default_value = "none")]
+    fault: Fault,
+    /// How many times the fault is injected.
+    #[arg(long, default_value_t = 20)]
+    cycles: usize,
+    /// Concurrent writers.
+    #[arg(long, default_value_t = 4)]
+    writers: usize,
+    /// Partition keys the writers spread their messages over.
+    #[arg(long, default_value_t = 50)]
+    keys: usize,
+    /// Runs the deliberately broken relay instead of `outbox relay`.
+    #[arg(long)]
+    broken: bool,
+    /// The `outbox` binary (default: `$OUTBOX_CLI`, else `outbox` next to this binary).
+    #[arg(long)]
+    outbox: Option<PathBuf>,
+}
+
+/// The stores the battery runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum StoreKind {
+    Postgres,
+    Sqlite,
+    Mysql,
+}
+
+impl StoreKind {
+    fn server(self) -> &'static str {
+        match self {
+            Self::Postgres => "PostgreSQL",
+            Self::Sqlite => "SQLite",
+            Self::Mysql => "MariaDB",
+        }
+    }
+
+    fn env_var(self) -> &'static str {
+        match self {
+            Self::Postgres => "OUTBOX_TEST_POSTGRES_URL",
+            Self::Sqlite => "(none)",
+            Self::Mysql => "OUTBOX_TEST_MYSQL_URL",
+        }
+    }
+}
+
+/// The sinks the battery publishes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum SinkKind {
+    Http,
+    Redis,
+    Amqp,
+    Kafka,
+    Sqs,
+}
+
+/// The lease the relays take: short, so that a killed relay's rows come back quickly.
+const LEASE: Duration = Duration::from_secs(2);
+/// How long the relays get to drain the table once the writers stopped.
+const DRAIN_LIMIT: Duration = Duration::from_secs(300);
+/// How long the consumer may go without a new delivery before the count is taken.
+const QUIET_LIMIT: Duration = Duration::from_secs(15);
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+        .expect("a Tokio runtime");
+    match cli.command {
+        Command::Run(args) => runtime.block_on(run(args)),
+        Command::BrokenRelay { config } => runtime.block_on(broken::relay(&config)),
+    }
+}
+
+/// A consumer of the chosen sink: the route's TOML, what it records, and whatever must
+/// live as long as it does.
+struct Consumer {
+    route: String,
+    received: Received,
+    receiver: Option<Receiver>,
+    keeps_order: bool,
+    _emulator: Option<ChildGuard>,
+}
+
+async fn consumer(sink: SinkKind) -> Consumer {
+    let plain = |route: String, received: Received| Consumer {
+        route,
+        received,
+        receiver: None,
+        keeps_order: true,
+        _emulator: None,
+    };
+    match sink {
+        SinkKind::Http => {
+            let receiver = Receiver::start(2..20).await;
+            Consumer {
+                route: format!(
+                    "url = \"{}\"\nallow = [\"127.0.0.1/32\"]\nrequest_timeout = \"1s\"\n",
+                    receiver.url
+                ),
+                received: receiver.received.clone(),
+                receiver: Some(receiver),
+                keeps_order: true,
+                _emulator: None,
+            }
+        }
+        SinkKind::Redis => {
+            let url =
+                outbox_test_support::server_url("OUTBOX_TEST_REDIS_URL", "redis://127.0.0.1:6379/");
+            let stream = format!("battery.{:016x}", fastrand::u64(..));
+            let received = consumers::redis_consumer(&url, &stream).await;
+            plain(
+                format!("url = \"{url}\"\nstream = \"{stream}\"\n"),
+                received,
+            )
+        }
+        SinkKind::Amqp => {
+            let (url, queue, received) = consumers::amqp_consumer().await;
+            plain(
+                format!("url = \"{url}\"\nrouting_key = \"{queue}\"\n"),
+                received,
+            )
+        }
+        SinkKind::Kafka => {
+            let (brokers, topic, received) = consumers::kafka_consumer().await;
+            plain(format!("url = \"kafka://{brokers}/{topic}\"\n"), received)
+        }
+        SinkKind::Sqs => {
+            let (emulator, queue_url, received) = consumers::sqs_consumer().await;
+            Consumer {
+                // moto slows down as its queue grows: the rate limit keeps it short.
+                route: format!(
+                    "url = \"sqs+{queue_url}\"\nrate_limit = {{ per_second = 100, burst = 20 }}\n"
+                ),
+                received,
+                receiver: None,
+                // A standard SQS queue does not keep order.
+                keeps_order: false,
+                _emulator: Some(emulator),
+            }
+        }
+    }
+}
+
+async fn run(args: RunArgs) -> std::process::ExitCode {
+    let cell = format!(
+        "store={:?} sink={:?} fault={:?}{}",
+        args.store,
+        args.sink,
+        args.fault,
+        if args.broken { " broken" } else { "" }
+    )
+    .to_lowercase();
+    if let Some(reason) = args
+        .fault
+        .unsupported(args.store, args.sink == SinkKind::Http)
+    {
+        eprintln!("battery {cell}: not applicable: {reason}");
+        return std::process::ExitCode::from(2);
+    }
+    let started = Instant::now();
+    let dir = std::env::temp_dir().join(format!("outbox-battery-{:016x}", fastrand::u64(..)));
+    std::fs::create_dir_all(&dir).expect("a scratch directory");
+    let ledger = Ledger::create(args.store, &dir, args.keys).await;
+    let consumer = consumer(args.sink).await;
+    let config = dir.join("outbox.toml");
+    std::fs::write(&config, relay_config(&ledger, &consumer.route)).expect("write the config");
+    let command = if args.broken {
+        RelayCommand::broken(&config)
+    } else {
+        RelayCommand::cli(&outbox_binary(args.outbox), &config)
+    };
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let writes = Arc::new(Writes::default());
+    let writers: Vec<_> = (0..args.writers)
+        .map(|_| {
+            let (ledger, stop, writes) = (ledger.clone(), stop.clone(), writes.clone());
+            tokio::spawn(async move { ledger.write(stop, writes).await })
+        })
+        .collect();
+    let mut relays = Relays::start(command, args.fault.relays());
+    let injected = Target {
+        store: args.store,
+        ledger: &ledger,
+        relays: &mut relays,
+        receiver: consumer.receiver.as_ref(),
+        lease: LEASE,
+    }
+    .inject(args.fault, args.cycles)
+    .await;
+    stop.store(true, Ordering::Relaxed);
+    for writer in writers {
+        writer.await.expect("a writer panicked");
+    }
+
+    // Drain: every committed row finished (published, or dead, which counts as lost).
+    wait_until(
+        "the relays to finish every committed row",
+        DRAIN_LIMIT,
+        || async {
+            ledger
+                .statuses()
+                .await
+                .is_some_and(|(unfinished, _, _)| unfinished == 0)
+        },
+    )
+    .await;
+    if let Some(exit) = relays.exited() {
+        panic!("{exit}");
+    }
+    relays.stop_all();
+    let committed = ledger.committed().await;
+    let deliveries = settle(&consumer.received, &committed).await;
+    let counts = Counts::of(&committed, &deliveries);
+    let (_, published, dead) = ledger.statuses().await.expect("the database after the run");
+
+    let mut broken_promises = Vec::new();
+    if !counts.safe() {
+        broken_promises.push("lost or unexpected messages");
+    }
+    if dead > 0 {
+        broken_promises.push("dead letters (no row should fail for good here)");
+    }
+    if consumer.keeps_order && counts.out_of_order > 0 {
+        broken_promises.push("per-key order");
+    }
+    if args.fault.kills() && counts.duplicates as i64 > injected.leased_at_kills {
+        broken_promises.push("more re-sends than rows leased at the kills");
+    }
+    println!(
+        "battery {cell} faults={} relays_started={} {counts} rolled_back={} writes_failed={} \
+         published={published} dead={dead} leased_at_kills={} ordered={} seconds={}",
+        injected.faults,
+        relays.started,
+        writes.rolled_back.load(Ordering::Relaxed),
+        writes.failed.load(Ordering::Relaxed),
+        injected.leased_at_kills,
+        consumer.keeps_order,
+        started.elapsed().as_secs(),
+    );
+    ledger.drop_tables().await;
+    let _ = std::fs::remove_dir_all(&dir);
+    if broken_promises.is_empty() {
+        std::process::ExitCode::SUCCESS
+    } else {
+        eprintln!("battery {cell}: FAILED: {}", broken_promises.join(", "));
+        std::process::ExitCode::FAILURE
+    }
+}
+
+/// The relays' config: short leases and retries, so that faults resolve within the run;
+/// per-key ordering on; attempts that outlast any fault here.
+fn relay_config(ledger: &Ledger, route: &str) -> String {
+    format!(
+        "[store]\nurl = \"{url}\"\ntable = \"{table}\"\n\n\
+         [relay]\nbatch_size = 50\nconcurrency = 2\nlease = \"{lease}s\"\npoll_interval = \"100ms\"\n\
+         ordering = \"per-key\"\n\n\
+         [retry]\ninitial_delay = \"100ms\"\nmax_delay = \"1s\"\nmax_attempts = 10000\nmax_age = \"1h\"\n\n\
+         [routes.battery]\n{route}",
+        url = ledger.store_url,
+        table = ledger.table,
+        lease = LEASE.as_secs(),
+    )
+}
+
+/// The deliveries once the consumer has every committed message, or once it received
+/// nothing new for [`QUIET_LIMIT`] (what is missing then is lost).
+async fn settle(received: &Received, committed: &HashMap<String, Committed>) -> Vec<String> {
+    let mut last = (0, Instant::now());
+    loop {
+        let deliveries = received.lock().unwrap().clone();
+        let distinct: HashSet<&String> = deliveries.iter().collect();
+        if committed.keys().all(|id| distinct.contains(id)) {
+            return deliveries;
+        }
+        if deliveries.len() != last.0 {
+            last = (deliveries.len(), Instant::now());
+        } else if last.1.elapsed() > QUIET_LIMIT {
+            return deliveries;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The `outbox` binary: `--outbox`, else `$OUTBOX_CLI`, else next to this one.
+fn outbox_binary(given: Option<PathBuf>) -> PathBuf {
+    let path = given
+        .or_else(|| std::env::var_os("OUTBOX_CLI").map(PathBuf::from))
+        .unwrap_or_else(|| {
+            let me = std::env::current_exe().expect("the battery's own path");
+            me.with_file_name("outbox")
+        });
+    assert!(
+        path.exists(),
+        "no `outbox` binary at {} (build it with `cargo build -p outbox-cli`, or pass --outbox)",
+        path.display()
+    );
+    path
+}
