@@ -7,9 +7,10 @@ use clap::ValueEnum;
 use outbox_battery::consumers::{Behaviour, Receiver};
 use outbox_test_support::wait_until;
 
-use crate::StoreKind;
 use crate::ledger::Ledger;
+use crate::proxy::{Net, Proxy};
 use crate::relays::Relays;
+use crate::{SinkKind, StoreKind};
 
 /// A fault scenario.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -30,7 +31,20 @@ pub(crate) enum Fault {
     /// The relays' database connections ended by the server (`pg_terminate_backend`,
     /// `KILL CONNECTION`) every second.
     DbKill,
+    /// A TCP fault proxy between the relays and the sink's server (the webhook receiver,
+    /// Redis, RabbitMQ, the SQS emulator), cycling through lost replies (the request took
+    /// effect, the reply is dropped and the connection reset), 300 ms of latency per
+    /// chunk, and a partition that heals; 2 s each, with 2 s of calm between.
+    NetSink,
+    /// The same proxy between the relays and the database.
+    NetStore,
+    /// The proxy between the relays and the sink's server silences the connections that
+    /// carry data for 2 s, for good (no reset, no FIN), then lets new connections through.
+    SilentSink,
+    /// The same between the relays and the database.
+    SilentStore,
     /// The webhook receiver answers 503 for 2 s out of every 3 (HTTP only).
+    #[value(name = "receiver-5xx")]
     Receiver5xx,
     /// The webhook receiver takes 3 s to answer, longer than the route's 1 s request
     /// timeout, for 2 s out of every 3 (HTTP only): messages arrive whose sender saw a
@@ -54,14 +68,20 @@ impl Fault {
         matches!(self, Self::Kill9 | Self::Kill3)
     }
 
-    /// Why the scenario cannot run on `store` with an HTTP receiver or not, if it cannot.
-    pub(crate) fn unsupported(self, store: StoreKind, http: bool) -> Option<&'static str> {
+    /// Why the scenario cannot run on `store` and `sink`, if it cannot.
+    pub(crate) fn unsupported(self, store: StoreKind, sink: SinkKind) -> Option<&'static str> {
         match self {
             Self::DbRestart | Self::DbKill if store == StoreKind::Sqlite => {
                 Some("SQLite is a file: there is no server to restart or connection to end")
             }
-            Self::Receiver5xx | Self::ReceiverSlow if !http => {
+            Self::Receiver5xx | Self::ReceiverSlow if sink != SinkKind::Http => {
                 Some("the receiver faults need the HTTP sink's receiver")
+            }
+            Self::NetSink if sink == SinkKind::Kafka => {
+                Some("Kafka clients connect to the addresses the broker advertises, around a proxy")
+            }
+            Self::NetStore | Self::SilentStore if store == StoreKind::Sqlite => {
+                Some("SQLite is a file: there is no connection to put a proxy on")
             }
             _ => None,
         }
@@ -83,6 +103,7 @@ pub(crate) struct Target<'a> {
     pub(crate) ledger: &'a Ledger,
     pub(crate) relays: &'a mut Relays,
     pub(crate) receiver: Option<&'a Receiver>,
+    pub(crate) proxy: Option<&'a Proxy>,
     pub(crate) lease: Duration,
 }
 
@@ -93,6 +114,15 @@ const LEASE_WAIT: Duration = Duration::from_secs(60);
 impl Target<'_> {
     /// Injects `fault` `cycles` times.
     pub(crate) async fn inject(&mut self, fault: Fault, cycles: usize) -> Injected {
+        // A relay that cannot reach its store or sink at start exits (a supervisor restarts
+        // it): faults begin once the relays publish.
+        wait_until("the relays to publish", LEASE_WAIT, || async {
+            self.ledger
+                .statuses()
+                .await
+                .is_some_and(|(_, published, _)| published > 0)
+        })
+        .await;
         let mut injected = Injected::default();
         for cycle in 0..cycles {
             match fault {
@@ -121,6 +151,16 @@ impl Target<'_> {
                 Fault::DbKill => {
                     pause(500..1_500).await;
                     self.ledger.kill_connections().await;
+                }
+                Fault::NetSink | Fault::NetStore | Fault::SilentSink | Fault::SilentStore => {
+                    let proxy = self.proxy.expect("a proxy");
+                    proxy.set(match fault {
+                        Fault::SilentSink | Fault::SilentStore => Net::Silence,
+                        _ => [Net::LoseReplies, Net::Slow, Net::Partition][cycle % 3],
+                    });
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                    proxy.set(Net::Pass);
+                    tokio::time::sleep(Duration::from_secs(2)).await;
                 }
                 Fault::Receiver5xx | Fault::ReceiverSlow => {
                     let receiver = self.receiver.expect("an HTTP receiver");

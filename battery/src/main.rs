@@ -27,6 +27,7 @@ use outbox_test_support::{ChildGuard, wait_until};
 mod broken;
 mod faults;
 mod ledger;
+mod proxy;
 mod relays;
 
 use faults::{Fault, Target};
@@ -83,7 +84,7 @@ struct RunArgs {
 
 /// The stores the battery runs on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum StoreKind {
+pub(crate) enum StoreKind {
     Postgres,
     Sqlite,
     Mysql,
@@ -109,7 +110,7 @@ impl StoreKind {
 
 /// The sinks the battery publishes to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum SinkKind {
+pub(crate) enum SinkKind {
     Http,
     Redis,
     Amqp,
@@ -209,17 +210,13 @@ async fn consumer(sink: SinkKind) -> Consumer {
 
 async fn run(args: RunArgs) -> std::process::ExitCode {
     let cell = format!(
-        "store={:?} sink={:?} fault={:?}{}",
-        args.store,
-        args.sink,
-        args.fault,
+        "store={} sink={} fault={}{}",
+        name(args.store),
+        name(args.sink),
+        name(args.fault),
         if args.broken { " broken" } else { "" }
-    )
-    .to_lowercase();
-    if let Some(reason) = args
-        .fault
-        .unsupported(args.store, args.sink == SinkKind::Http)
-    {
+    );
+    if let Some(reason) = args.fault.unsupported(args.store, args.sink) {
         eprintln!("battery {cell}: not applicable: {reason}");
         return std::process::ExitCode::from(2);
     }
@@ -227,9 +224,19 @@ async fn run(args: RunArgs) -> std::process::ExitCode {
     let dir = std::env::temp_dir().join(format!("outbox-battery-{:016x}", fastrand::u64(..)));
     std::fs::create_dir_all(&dir).expect("a scratch directory");
     let ledger = Ledger::create(args.store, &dir, args.keys).await;
-    let consumer = consumer(args.sink).await;
+    let mut consumer = consumer(args.sink).await;
+    let mut store_url = ledger.store_url.clone();
+    let proxy = match args.fault {
+        Fault::NetSink | Fault::SilentSink => Some(proxy::in_front(&mut consumer.route).await),
+        Fault::NetStore | Fault::SilentStore => Some(proxy::in_front(&mut store_url).await),
+        _ => None,
+    };
     let config = dir.join("outbox.toml");
-    std::fs::write(&config, relay_config(&ledger, &consumer.route)).expect("write the config");
+    std::fs::write(
+        &config,
+        relay_config(&store_url, &ledger.table, &consumer.route),
+    )
+    .expect("write the config");
     let command = if args.broken {
         RelayCommand::broken(&config)
     } else {
@@ -250,6 +257,7 @@ async fn run(args: RunArgs) -> std::process::ExitCode {
         ledger: &ledger,
         relays: &mut relays,
         receiver: consumer.receiver.as_ref(),
+        proxy: proxy.as_ref(),
         lease: LEASE,
     }
     .inject(args.fault, args.cycles)
@@ -316,15 +324,14 @@ async fn run(args: RunArgs) -> std::process::ExitCode {
 
 /// The relays' config: short leases and retries, so that faults resolve within the run;
 /// per-key ordering on; attempts that outlast any fault here.
-fn relay_config(ledger: &Ledger, route: &str) -> String {
+fn relay_config(store_url: &str, table: &str, route: &str) -> String {
     format!(
         "[store]\nurl = \"{url}\"\ntable = \"{table}\"\n\n\
          [relay]\nbatch_size = 50\nconcurrency = 2\nlease = \"{lease}s\"\npoll_interval = \"100ms\"\n\
          ordering = \"per-key\"\n\n\
          [retry]\ninitial_delay = \"100ms\"\nmax_delay = \"1s\"\nmax_attempts = 10000\nmax_age = \"1h\"\n\n\
          [routes.battery]\n{route}",
-        url = ledger.store_url,
-        table = ledger.table,
+        url = store_url,
         lease = LEASE.as_secs(),
     )
 }
@@ -346,6 +353,13 @@ async fn settle(received: &Received, committed: &HashMap<String, Committed>) -> 
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// The name `value` has on the command line.
+fn name(value: impl ValueEnum) -> String {
+    value
+        .to_possible_value()
+        .map_or_else(String::new, |v| v.get_name().to_owned())
 }
 
 /// The `outbox` binary: `--outbox`, else `$OUTBOX_CLI`, else next to this one.
