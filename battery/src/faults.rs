@@ -8,9 +8,9 @@ use outbox_battery::consumers::{Behaviour, Receiver};
 use outbox_test_support::wait_until;
 
 use crate::ledger::Ledger;
-use crate::proxy::{Net, Proxy};
 use crate::relays::Relays;
 use crate::{SinkKind, StoreKind};
+use outbox_test_support::proxy::{Net, Proxy};
 
 /// A fault scenario.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

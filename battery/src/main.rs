@@ -27,7 +27,6 @@ use outbox_test_support::{ChildGuard, wait_until};
 mod broken;
 mod faults;
 mod ledger;
-mod proxy;
 mod relays;
 
 use faults::{Fault, Target};
@@ -227,8 +226,12 @@ async fn run(args: RunArgs) -> std::process::ExitCode {
     let mut consumer = consumer(args.sink).await;
     let mut store_url = ledger.store_url.clone();
     let proxy = match args.fault {
-        Fault::NetSink | Fault::SilentSink => Some(proxy::in_front(&mut consumer.route).await),
-        Fault::NetStore | Fault::SilentStore => Some(proxy::in_front(&mut store_url).await),
+        Fault::NetSink | Fault::SilentSink => {
+            Some(outbox_test_support::proxy::in_front(&mut consumer.route).await)
+        }
+        Fault::NetStore | Fault::SilentStore => {
+            Some(outbox_test_support::proxy::in_front(&mut store_url).await)
+        }
         _ => None,
     };
     let config = dir.join("outbox.toml");

@@ -1,7 +1,8 @@
 //! The [`RedisSink`]: one pipelined round trip per batch, one outcome per message.
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use outbox_engine::{Failure, FailureClass, Message, Outcome, PublishContext, Sink};
@@ -32,7 +33,8 @@ const MIN_VERSION: (u32, u32) = (6, 0);
 /// validates the configuration, connects, and checks that the server can do what the
 /// route asks, so a misconfigured route fails at start-up instead of at the first batch.
 /// Clones share one connection, which reconnects by itself after the server restarts or
-/// the network drops.
+/// the network drops, and is replaced after a round trip that got no reply in time (a
+/// connection that fell silent without being closed is otherwise never noticed).
 ///
 /// Each [`publish`](Sink::publish) sends the whole batch as one pipeline (one round
 /// trip): one `XADD` per message, or one call of the dedupe script per message when the
@@ -65,7 +67,13 @@ pub struct RedisSink {
 }
 
 struct Inner {
-    conn: ConnectionManager,
+    conn: Mutex<ConnectionManager>,
+    /// Set when a round trip got no reply in time. The connection may have gone silent
+    /// for good (a peer that vanished without a reset, a NAT that forgot the flow), which
+    /// the manager does not notice by itself: the next round trip opens a fresh one.
+    silent: AtomicBool,
+    client: redis::Client,
+    manager: ConnectionManagerConfig,
     config: RedisSinkConfig,
     template: StreamTemplate,
     /// Present when the dedupe window is on.
@@ -115,7 +123,7 @@ impl RedisSink {
             .set_min_delay(Duration::from_millis(100))
             .set_max_delay(Duration::from_secs(1));
         let mut conn = client
-            .get_connection_manager_with_config(manager)
+            .get_connection_manager_with_config(manager.clone())
             .await
             .map_err(connect_error)?;
 
@@ -194,7 +202,10 @@ impl RedisSink {
 
         Ok(Self {
             inner: Arc::new(Inner {
-                conn,
+                conn: Mutex::new(conn),
+                silent: AtomicBool::new(false),
+                client,
+                manager,
                 config,
                 template,
                 script,
@@ -280,15 +291,37 @@ impl Sink for RedisSink {
     ) -> Result<Vec<Outcome>, Failure> {
         match tokio::time::timeout_at(cx.deadline(), self.inner.publish(batch)).await {
             Ok(outcomes) => outcomes,
-            Err(_) => Err(Failure::retryable(
-                FailureClass::Timeout,
-                "no reply from Redis before the publish deadline; the entries may have been appended",
-            )),
+            Err(_) => {
+                self.inner.silent.store(true, Ordering::Relaxed);
+                Err(Failure::retryable(
+                    FailureClass::Timeout,
+                    "no reply from Redis before the publish deadline; the entries may have been appended",
+                ))
+            }
         }
     }
 }
 
 impl Inner {
+    /// The shared connection; a fresh one first if the last round trip went unanswered
+    /// (if that fails, the old one, and the next call tries again).
+    async fn connection(&self) -> ConnectionManager {
+        if self.silent.swap(false, Ordering::Relaxed) {
+            let fresh = self
+                .client
+                .get_connection_manager_with_config(self.manager.clone())
+                .await;
+            match fresh {
+                Ok(fresh) => {
+                    debug!(url = %self.url, "replaced a connection that stopped answering");
+                    *self.conn.lock().unwrap_or_else(|e| e.into_inner()) = fresh;
+                }
+                Err(_) => self.silent.store(true, Ordering::Relaxed),
+            }
+        }
+        self.conn.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
     fn stream_key(&self, message: &Message) -> Result<String, Failure> {
         self.template
             .render(message)
@@ -364,7 +397,7 @@ impl Inner {
         pipe: &Pipeline,
         entries: usize,
     ) -> Result<(Vec<Value>, Option<Value>), Failure> {
-        let mut conn = self.conn.clone();
+        let mut conn = self.connection().await;
         let mut replies = self.send(&mut conn, pipe, entries).await?;
         if let Some(script) = &self.script {
             let noscript = |v: &Value| matches!(v, Value::ServerError(e) if e.code() == "NOSCRIPT");
@@ -385,7 +418,12 @@ impl Inner {
         pipe: &Pipeline,
         entries: usize,
     ) -> Result<(Vec<Value>, Option<Value>), Failure> {
-        let mut replies: Vec<Value> = pipe.query_async(conn).await.map_err(|e| classify(&e))?;
+        let mut replies: Vec<Value> = pipe.query_async(conn).await.map_err(|e| {
+            if e.is_timeout() {
+                self.silent.store(true, Ordering::Relaxed);
+            }
+            classify(&e)
+        })?;
         if replies.len() != pipe.len() {
             return Err(Failure::retryable(
                 FailureClass::Other,
@@ -421,7 +459,7 @@ impl Inner {
                 &batch[i].idempotency_key,
             ));
         }
-        let mut conn = self.conn.clone();
+        let mut conn = self.connection().await;
         match pipe.query_async::<Vec<Option<String>>>(&mut conn).await {
             Ok(found) if found.len() == sent.len() => {
                 let appended = found.iter().flatten().count();

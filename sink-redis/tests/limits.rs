@@ -1,5 +1,6 @@
 //! One message larger than the server's `proto-max-bulk-len` must fail alone: sent, it
-//! makes Redis drop the connection and fails every other message of the pipeline.
+//! makes Redis drop the connection and fails every other message of the pipeline. And the
+//! connection's other limit: one that falls silent is replaced.
 
 use std::time::Duration;
 
@@ -121,4 +122,59 @@ async fn after_a_dropped_connection_what_was_appended_is_published() {
     }
     let entries = xrange(&mut admin, "events").await;
     assert_eq!(entries.len(), 1, "only the first was appended");
+}
+
+/// A connection that falls silent for good (no reset, no FIN: a vanished peer, a NAT
+/// that forgot the flow) is replaced after a round trip goes unanswered, instead of
+/// holding every later batch until the operating system gives up on it (minutes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_that_falls_silent_is_replaced() {
+    use outbox_test_support::proxy::{self, Net};
+
+    let server = OwnRedis::start(&[]).await;
+    let mut url = server.url();
+    let proxy = proxy::in_front(&mut url).await;
+    let sink = RedisSink::connect(
+        RedisSinkConfig::new(url)
+            .stream("events")
+            .response_timeout(Duration::from_millis(500)),
+    )
+    .await
+    .unwrap();
+    let publish = |body: &'static [u8]| {
+        let sink = sink.clone();
+        async move {
+            let cx = outbox_engine::PublishContext::timeout(Duration::from_secs(3));
+            let batch = [message(body.to_vec())];
+            match tokio::time::timeout(Duration::from_secs(10), sink.publish(&batch, &cx))
+                .await
+                .expect("publish returns by its deadline")
+            {
+                Ok(mut outcomes) => outcomes.remove(0),
+                Err(failure) => Outcome::Failed(failure),
+            }
+        }
+    };
+    assert!(publish(b"before").await.is_published());
+
+    proxy.set(Net::Silence);
+    let outcome = publish(b"while silent").await;
+    assert!(
+        matches!(&outcome, Outcome::Failed(f) if f.retryable && f.class == FailureClass::Timeout),
+        "no reply: a retryable timeout, {outcome:?}"
+    );
+
+    proxy.set(Net::Pass);
+    let outcome = publish(b"after").await;
+    assert!(
+        outcome.is_published(),
+        "a fresh connection carries the next batch: {outcome:?}"
+    );
+    let mut admin = reader(&server.url()).await;
+    let bodies: Vec<String> = xrange(&mut admin, "events")
+        .await
+        .iter()
+        .filter_map(|entry| entry.text("payload"))
+        .collect();
+    assert_eq!(bodies, ["before", "after"], "the silenced batch never arrived");
 }

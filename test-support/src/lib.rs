@@ -14,6 +14,9 @@
 //!   one is missing.
 //! - [`make_certificates`]: a private CA with server and client certificates, for TLS tests;
 //!   [`TlsTerminator`]: `socat` terminating TLS (and verifying clients) in front of a server.
+//! - [`proxy`]: a TCP fault proxy (lost replies, latency, partitions, silent connections).
+
+pub mod proxy;
 
 use std::future::Future;
 use std::io::Read;

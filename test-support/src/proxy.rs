@@ -1,6 +1,16 @@
-//! A userspace TCP fault proxy between the relays and a server (the database, the broker
-//! or the webhook receiver). It passes bytes through both ways until it is told to
+//! A userspace TCP fault proxy between a client and a server (a relay and its database,
+//! broker or webhook receiver). It passes bytes through both ways until it is told to
 //! misbehave; see [`Net`].
+//!
+//! ```no_run
+//! # async fn run() {
+//! use outbox_test_support::proxy::{self, Net};
+//!
+//! let mut url = "redis://127.0.0.1:6379/".to_owned();
+//! let proxy = proxy::in_front(&mut url).await; // url now names the proxy
+//! proxy.set(Net::Silence); // connections that carry data from now on fall silent for good
+//! # }
+//! ```
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -13,7 +23,7 @@ use tokio::net::{TcpListener, TcpStream};
 /// What the proxy does with the bytes that arrive while it is in that mode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
-pub(crate) enum Net {
+pub enum Net {
     /// Passes them through.
     Pass = 0,
     /// Holds each chunk 300 ms before passing it on.
@@ -32,16 +42,21 @@ pub(crate) enum Net {
     Silence = 4,
 }
 
-/// A running proxy; see the module docs.
-pub(crate) struct Proxy {
+/// A running proxy; see the module docs. It runs until the runtime ends.
+#[derive(Debug)]
+pub struct Proxy {
     /// Where clients connect.
-    pub(crate) addr: SocketAddr,
+    pub addr: SocketAddr,
     mode: Arc<AtomicU8>,
 }
 
 impl Proxy {
     /// Starts a proxy on a free loopback port, forwarding to `upstream`.
-    pub(crate) async fn start(upstream: SocketAddr) -> Self {
+    ///
+    /// # Panics
+    ///
+    /// If no loopback port can be bound.
+    pub async fn start(upstream: SocketAddr) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
             .expect("a loopback port");
@@ -65,7 +80,7 @@ impl Proxy {
     }
 
     /// Treats the bytes that arrive from now on as `net` says.
-    pub(crate) fn set(&self, net: Net) {
+    pub fn set(&self, net: Net) {
         self.mode.store(net as u8, Ordering::SeqCst);
     }
 }
@@ -129,7 +144,11 @@ fn loopback(text: &str) -> Option<(std::ops::Range<usize>, SocketAddr)> {
 
 /// A proxy in front of the server `text` names (its first `127.0.0.1:<port>`), with
 /// `text` changed to name the proxy instead.
-pub(crate) async fn in_front(text: &mut String) -> Proxy {
+///
+/// # Panics
+///
+/// If `text` names no `127.0.0.1:<port>`.
+pub async fn in_front(text: &mut String) -> Proxy {
     let (at, upstream) =
         loopback(text).unwrap_or_else(|| panic!("no 127.0.0.1:<port> to put a proxy in front of"));
     let proxy = Proxy::start(upstream).await;
