@@ -91,7 +91,7 @@ impl Fault {
 /// What was injected.
 #[derive(Debug, Default)]
 pub(crate) struct Injected {
-    /// Faults injected.
+    /// Faults injected (for `db-kill`, the rounds that ended at least one connection).
     pub(crate) faults: usize,
     /// Rows the killed relays held leased when they died, summed over the kills.
     pub(crate) leased_at_kills: i64,
@@ -150,7 +150,9 @@ impl Target<'_> {
                 }
                 Fault::DbKill => {
                     pause(500..1_500).await;
-                    self.ledger.kill_connections().await;
+                    if self.ledger.kill_connections().await == 0 {
+                        continue; // nothing was connected: no fault to count
+                    }
                 }
                 Fault::NetSink | Fault::NetStore | Fault::SilentSink | Fault::SilentStore => {
                     let proxy = self.proxy.expect("a proxy");

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use clap::{Parser, Subcommand, ValueEnum};
 use outbox_battery::consumers::{self, Received, Receiver};
 use outbox_battery::verdict::{Committed, Counts};
-use outbox_test_support::{ChildGuard, wait_until};
+use outbox_test_support::ChildGuard;
 
 mod broken;
 mod faults;
@@ -271,17 +271,7 @@ async fn run(args: RunArgs) -> std::process::ExitCode {
     }
 
     // Drain: every committed row finished (published, or dead, which counts as lost).
-    wait_until(
-        "the relays to finish every committed row",
-        DRAIN_LIMIT,
-        || async {
-            ledger
-                .statuses()
-                .await
-                .is_some_and(|(unfinished, _, _)| unfinished == 0)
-        },
-    )
-    .await;
+    let unfinished = drain(&ledger).await;
     if let Some(exit) = relays.exited() {
         panic!("{exit}");
     }
@@ -290,10 +280,17 @@ async fn run(args: RunArgs) -> std::process::ExitCode {
     let deliveries = settle(&consumer.received, &committed).await;
     let counts = Counts::of(&committed, &deliveries);
     let (_, published, dead) = ledger.statuses().await.expect("the database after the run");
+    let stalled = format!(
+        "rows left unfinished {} s after the writers stopped",
+        DRAIN_LIMIT.as_secs()
+    );
 
     let mut broken_promises = Vec::new();
     if !counts.safe() {
         broken_promises.push("lost or unexpected messages");
+    }
+    if unfinished != 0 {
+        broken_promises.push(&stalled);
     }
     if dead > 0 {
         broken_promises.push("dead letters (no row should fail for good here)");
@@ -306,7 +303,7 @@ async fn run(args: RunArgs) -> std::process::ExitCode {
     }
     println!(
         "battery {cell} faults={} relays_started={} {counts} rolled_back={} writes_failed={} \
-         published={published} dead={dead} leased_at_kills={} ordered={} seconds={}",
+         published={published} unfinished={unfinished} dead={dead} leased_at_kills={} ordered={} seconds={}",
         injected.faults,
         relays.started,
         writes.rolled_back.load(Ordering::Relaxed),
@@ -337,6 +334,21 @@ fn relay_config(store_url: &str, table: &str, route: &str) -> String {
         url = store_url,
         lease = LEASE.as_secs(),
     )
+}
+
+/// Waits up to [`DRAIN_LIMIT`] for every row to be finished; returns how many were not.
+async fn drain(ledger: &Ledger) -> i64 {
+    let deadline = Instant::now() + DRAIN_LIMIT;
+    loop {
+        let unfinished = ledger.statuses().await.map(|(unfinished, _, _)| unfinished);
+        if unfinished == Some(0) {
+            return 0;
+        }
+        if Instant::now() >= deadline {
+            return unfinished.unwrap_or(-1);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 /// The deliveries once the consumer has every committed message, or once it received

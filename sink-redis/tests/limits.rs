@@ -176,5 +176,9 @@ async fn a_connection_that_falls_silent_is_replaced() {
         .iter()
         .filter_map(|entry| entry.text("payload"))
         .collect();
-    assert_eq!(bodies, ["before", "after"], "the silenced batch never arrived");
+    assert_eq!(
+        bodies,
+        ["before", "after"],
+        "the silenced batch never arrived"
+    );
 }
