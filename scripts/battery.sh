@@ -3,7 +3,7 @@
 # relay, which the battery must catch losing messages. Prints one line per cell and a
 # Markdown table of the counts (docs/RELIABILITY.md explains them).
 #
-#   scripts/battery.sh                 the whole table (about an hour)
+#   scripts/battery.sh                 the whole table (hours: run it on demand)
 #   scripts/battery.sh --quick         the CI slice: a few cells with fewer cycles
 #   STORES="postgres" SINKS="http redis" FAULTS="kill9 db-restart" CYCLES=20 scripts/battery.sh
 #
@@ -28,7 +28,7 @@ else
     cells=()
     for store in ${STORES:-postgres sqlite mysql}; do
         for sink in ${SINKS:-http redis amqp kafka sqs}; do
-            for fault in ${FAULTS:-none kill9 kill3 sigstop db-restart db-kill receiver-5xx receiver-slow}; do
+            for fault in ${FAULTS:-none kill9 kill3 sigstop db-restart db-kill net-sink net-store silent-sink silent-store receiver-5xx receiver-slow}; do
                 cells+=("$store $sink $fault")
             done
         done

@@ -275,7 +275,7 @@ async fn run(args: RunArgs) -> std::process::ExitCode {
     if let Some(exit) = relays.exited() {
         panic!("{exit}");
     }
-    relays.stop_all();
+    let unstoppable = relays.stop_all();
     let committed = ledger.committed().await;
     let deliveries = settle(&consumer.received, &committed).await;
     let counts = Counts::of(&committed, &deliveries);
@@ -291,6 +291,9 @@ async fn run(args: RunArgs) -> std::process::ExitCode {
     }
     if unfinished != 0 {
         broken_promises.push(&stalled);
+    }
+    if unstoppable > 0 {
+        broken_promises.push("relays that did not stop within 20 s of SIGTERM");
     }
     if dead > 0 {
         broken_promises.push("dead letters (no row should fail for good here)");
