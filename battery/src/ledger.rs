@@ -173,10 +173,12 @@ impl Ledger {
         }
     }
 
-    /// Commits (or rolls back) business transactions until `stop` is set; a transaction
-    /// that fails (the database restarted, the connection was killed) is counted and the
-    /// writer goes on after a short pause.
-    pub(crate) async fn write(&self, stop: Arc<AtomicBool>, writes: Arc<Writes>) {
+    /// Commits (or rolls back) business transactions, one per `pace` at most, until
+    /// `stop` is set; a transaction that fails (the database restarted, the connection
+    /// was killed) is counted and the writer goes on after a short pause.
+    pub(crate) async fn write(&self, pace: Duration, stop: Arc<AtomicBool>, writes: Arc<Writes>) {
+        let mut tick = tokio::time::interval(pace.max(Duration::from_micros(1)));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let t = &self.table;
         let bump = self.sql(&format!("UPDATE {t}_k SET seq = seq + 1 WHERE k = ?"));
         let read = self.sql(&format!("SELECT seq FROM {t}_k WHERE k = ?"));
@@ -184,6 +186,9 @@ impl Ledger {
             "INSERT INTO {t}_ledger (id, k, seq) VALUES (?, ?, ?)"
         ));
         while !stop.load(Ordering::Relaxed) {
+            if !pace.is_zero() {
+                tick.tick().await;
+            }
             let k = key(fastrand::usize(..self.keys));
             let commit = fastrand::u32(..100) >= ROLLBACK_PERCENT;
             let attempt = on_db!(&self.db, |pool, outbox| async {

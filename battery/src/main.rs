@@ -73,6 +73,10 @@ struct RunArgs {
     /// Partition keys the writers spread their messages over.
     #[arg(long, default_value_t = 50)]
     keys: usize,
+    /// Commits per second over all writers (default: as fast as they can; 40 for SQS,
+    /// whose emulator slows down as its queue grows).
+    #[arg(long)]
+    rate: Option<u32>,
     /// Runs the deliberately broken relay instead of `outbox relay`.
     #[arg(long)]
     broken: bool,
@@ -248,10 +252,14 @@ async fn run(args: RunArgs) -> std::process::ExitCode {
 
     let stop = Arc::new(AtomicBool::new(false));
     let writes = Arc::new(Writes::default());
+    let rate = args.rate.or((args.sink == SinkKind::Sqs).then_some(40));
+    let pace = rate.map_or(Duration::ZERO, |rate| {
+        Duration::from_secs(args.writers as u64) / rate.max(1)
+    });
     let writers: Vec<_> = (0..args.writers)
         .map(|_| {
             let (ledger, stop, writes) = (ledger.clone(), stop.clone(), writes.clone());
-            tokio::spawn(async move { ledger.write(stop, writes).await })
+            tokio::spawn(async move { ledger.write(pace, stop, writes).await })
         })
         .collect();
     let mut relays = Relays::start(command, args.fault.relays());
