@@ -122,7 +122,11 @@ pub(crate) enum SinkKind {
 }
 
 /// The lease the relays take: short, so that a killed relay's rows come back quickly.
-const LEASE: Duration = Duration::from_secs(2);
+/// The publish deadline is half of it. The SQS emulator can take seconds to answer, so
+/// the SQS cells get a longer lease.
+fn lease(sink: SinkKind) -> Duration {
+    Duration::from_secs(if sink == SinkKind::Sqs { 10 } else { 2 })
+}
 /// How long the relays get to drain the table once the writers stopped.
 const DRAIN_LIMIT: Duration = Duration::from_secs(300);
 /// How long the consumer may go without a new delivery before the count is taken.
@@ -241,7 +245,7 @@ async fn run(args: RunArgs) -> std::process::ExitCode {
     let config = dir.join("outbox.toml");
     std::fs::write(
         &config,
-        relay_config(&store_url, &ledger.table, &consumer.route),
+        relay_config(&store_url, &ledger.table, lease(args.sink), &consumer.route),
     )
     .expect("write the config");
     let command = if args.broken {
@@ -269,7 +273,7 @@ async fn run(args: RunArgs) -> std::process::ExitCode {
         relays: &mut relays,
         receiver: consumer.receiver.as_ref(),
         proxy: proxy.as_ref(),
-        lease: LEASE,
+        lease: lease(args.sink),
     }
     .inject(args.fault, args.cycles)
     .await;
@@ -335,7 +339,7 @@ async fn run(args: RunArgs) -> std::process::ExitCode {
 
 /// The relays' config: short leases and retries, so that faults resolve within the run;
 /// per-key ordering on; attempts that outlast any fault here.
-fn relay_config(store_url: &str, table: &str, route: &str) -> String {
+fn relay_config(store_url: &str, table: &str, lease: Duration, route: &str) -> String {
     format!(
         "[store]\nurl = \"{url}\"\ntable = \"{table}\"\n\n\
          [relay]\nbatch_size = 50\nconcurrency = 2\nlease = \"{lease}s\"\npoll_interval = \"100ms\"\n\
@@ -343,7 +347,7 @@ fn relay_config(store_url: &str, table: &str, route: &str) -> String {
          [retry]\ninitial_delay = \"100ms\"\nmax_delay = \"1s\"\nmax_attempts = 10000\nmax_age = \"1h\"\n\n\
          [routes.battery]\n{route}",
         url = store_url,
-        lease = LEASE.as_secs(),
+        lease = lease.as_secs(),
     )
 }
 
