@@ -294,7 +294,7 @@ impl Ledger {
                 let Ok(mut conn) = pool.acquire().await else {
                     return 0;
                 };
-                let others: Vec<u64> = sqlx::query_scalar(
+                let others: Vec<i64> = sqlx::query_scalar(
                     "SELECT id FROM information_schema.processlist \
                      WHERE db = DATABASE() AND id <> CONNECTION_ID()",
                 )
