@@ -298,6 +298,10 @@ async fn run(args: RunArgs) -> std::process::ExitCode {
     );
 
     let mut broken_promises = Vec::new();
+    if injected.faults < args.cycles {
+        // A fault that did not take effect tested nothing.
+        broken_promises.push("fewer faults took effect than were asked for");
+    }
     if !counts.safe() {
         broken_promises.push("lost or unexpected messages");
     }
