@@ -40,7 +40,7 @@
 //! | a re-sent message is not appended twice within the dedupe window | ✅ (default 5 min) |
 //! | `MAXLEN ~` trimming | ✅ (optional) |
 //! | `WAIT` / `WAITAOF` durability; refuses to start when the server cannot honour it | ✅ (optional) |
-//! | reconnects after a server restart or a dropped connection | ✅ |
+//! | reconnects after a server restart or a dropped connection, and replaces a connection after an unanswered round trip (one that fell silent) | ✅ |
 //! | errors classified retryable / permanent ([`error`] has the table) | ✅ |
 //! | `rediss://` (TLS, a private CA, client certificates) and ACL users / passwords | ✅ (TLS behind a feature) |
 //! | Redis Cluster | ❌ (one server or a primary behind a proxy) |
