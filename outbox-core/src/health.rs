@@ -12,7 +12,8 @@ use tokio::time::Instant;
 use tracing::warn;
 
 use crate::activity::{Activity, ActivityWindow};
-use crate::store::{Gauges, Store};
+use crate::error::StoreError;
+use crate::store::Gauges;
 
 /// How often and how far the relay reads the store's gauges.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -259,10 +260,10 @@ fn round(d: Duration) -> Duration {
     Duration::from_secs(d.as_secs())
 }
 
-/// Reads the store's gauges every interval, exports them as metrics and keeps them for
+/// Reads the store's gauges (through `read`, given the row limit) every interval, exports them as metrics and keeps them for
 /// [`RelayHealth::ready`], until `stop` turns true. Ends at once if the store has none.
-pub(crate) async fn export_gauges<S: Store>(
-    store: &S,
+pub(crate) async fn export_gauges<F: Future<Output = Result<Option<Gauges>, StoreError>>>(
+    read: impl Fn(usize) -> F,
     settings: GaugeSettings,
     health: RelayHealth,
     routes: Vec<String>,
@@ -271,7 +272,7 @@ pub(crate) async fn export_gauges<S: Store>(
     // Destinations exported before are set back to zero when their rows are gone.
     let mut exported: BTreeSet<String> = routes.into_iter().collect();
     while !*stop.borrow() {
-        match store.gauges(settings.limit).await {
+        match read(settings.limit).await {
             Ok(None) => return,
             Ok(Some(gauges)) => {
                 export(&gauges, &mut exported);

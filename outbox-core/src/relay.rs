@@ -12,7 +12,7 @@ use tokio::task::JoinSet;
 use tracing::{Instrument, debug, debug_span, info, info_span, warn};
 
 use crate::clock::{Clock, SystemClock};
-use crate::error::{ConfigError, StoreError};
+use crate::error::{ConfigError, StoreError, StoreErrorKind};
 use crate::health::{GaugeSettings, RelayHealth};
 use crate::message::{Message, MessageId, WaitedSince};
 use crate::retry::{Decision, RetryPolicy};
@@ -488,8 +488,8 @@ impl<S: Store> Relay<S> {
             let health = inner.health.clone();
             gauges.spawn(
                 async move {
-                    crate::health::export_gauges(&inner.store, settings, health, routes, stop)
-                        .await;
+                    let read = |limit| inner.within_lease(inner.store.gauges(limit));
+                    crate::health::export_gauges(read, settings, health, routes, stop).await;
                 }
                 .instrument(info_span!("outbox_gauges")),
             );
@@ -558,8 +558,7 @@ impl<S: Store> Inner<S> {
             claimed = tracing::field::Empty
         );
         let claim = self
-            .store
-            .claim(&self.claim)
+            .within_lease(self.store.claim(&self.claim))
             .instrument(span.clone())
             .await?;
         let claimed_at = tokio::time::Instant::now();
@@ -637,7 +636,7 @@ impl<S: Store> Inner<S> {
             let (completion, class) = match &done.outcome {
                 Outcome::Published { .. } => (Completion::published(message.id), None),
                 Outcome::Failed(failure) => (
-                    self.failed(message, failure, now),
+                    self.failed(message, failure, store_now(message, now, claimed_at)),
                     Some(failure.class.as_str()),
                 ),
             };
@@ -754,7 +753,10 @@ impl<S: Store> Inner<S> {
         let mut delay = Duration::from_millis(50);
         let mut tries = 0;
         loop {
-            match self.store.complete(token, completions).await {
+            match self
+                .within_lease(self.store.complete(token, completions))
+                .await
+            {
                 Ok(report) => return Ok(report),
                 Err(error) if error.is_retryable() && tries < 3 => {
                     warn!(%error, "completion failed; retrying");
@@ -767,11 +769,21 @@ impl<S: Store> Inner<S> {
         }
     }
 
+    /// `call` to the store, given up after the lease: by then a claim's rows and a
+    /// completion's lease have lapsed, and a connection that fell silent (no reply, no
+    /// reset) must not hold the worker until the operating system gives up on it.
+    async fn within_lease<T>(
+        &self,
+        call: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        within(self.claim.lease, call).await
+    }
+
     async fn release_in_flight(&self) {
         let held: Vec<_> = self.lock_in_flight().drain().collect();
         for (token, ids) in held {
             let ids: Vec<MessageId> = ids.into_iter().collect();
-            match self.store.release(token, &ids).await {
+            match self.within_lease(self.store.release(token, &ids)).await {
                 Ok(report) => debug!(released = report.applied, "released in-flight lease"),
                 Err(error) => {
                     warn!(%error, "could not release a lease; its rows return when it lapses")
@@ -783,6 +795,33 @@ impl<S: Store> Inner<S> {
     fn lock_in_flight(&self) -> std::sync::MutexGuard<'_, HashMap<LeaseToken, HashSet<MessageId>>> {
         self.in_flight.lock().unwrap_or_else(|e| e.into_inner())
     }
+}
+
+/// Now, in the frame of `message.created_at`: by the store's clock where the claim
+/// measured the message's wait (its age at the claim, plus this relay's monotonic time
+/// since), so that a relay whose wall clock is off gives up on `max_age` neither early
+/// nor late; `relay_now` where the store measures nothing.
+fn store_now(
+    message: &Message,
+    relay_now: DateTime<Utc>,
+    claimed_at: tokio::time::Instant,
+) -> DateTime<Utc> {
+    message.waited.map_or(relay_now, |waited| {
+        message.created_at + crate::message::chrono_duration(waited.duration + claimed_at.elapsed())
+    })
+}
+
+/// `call`, or a retryable [`StoreErrorKind::Timeout`] once `limit` has passed.
+pub(crate) async fn within<T>(
+    limit: Duration,
+    call: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    tokio::time::timeout(limit, call).await.unwrap_or_else(|_| {
+        Err(StoreError::new(
+            StoreErrorKind::Timeout,
+            format!("the store did not answer within {limit:?}"),
+        ))
+    })
 }
 
 /// A message of a claimed batch with its outcome.

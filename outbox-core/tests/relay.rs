@@ -598,6 +598,69 @@ async fn store_errors_do_not_stop_the_relay() {
     assert_eq!(store.stats().await.unwrap().total().published, 20);
 }
 
+#[tokio::test]
+async fn a_store_call_that_never_answers_is_given_up_after_the_lease() {
+    /// Its first claim and first completion never answer, as on a connection that fell
+    /// silent; later calls reach the memory store.
+    #[derive(Clone)]
+    struct Silent(MemoryStore, Arc<AtomicUsize>, Arc<AtomicUsize>);
+    impl outbox_engine::Store for Silent {
+        async fn claim(
+            &self,
+            r: &outbox_engine::ClaimRequest,
+        ) -> Result<outbox_engine::Claim, outbox_engine::StoreError> {
+            if self.1.fetch_add(1, AtomicOrdering::SeqCst) == 0 {
+                std::future::pending::<()>().await;
+            }
+            self.0.claim(r).await
+        }
+        async fn complete(
+            &self,
+            t: outbox_engine::LeaseToken,
+            c: &[outbox_engine::Completion],
+        ) -> Result<outbox_engine::CompleteReport, outbox_engine::StoreError> {
+            if self.2.fetch_add(1, AtomicOrdering::SeqCst) == 0 {
+                std::future::pending::<()>().await;
+            }
+            self.0.complete(t, c).await
+        }
+        async fn release(
+            &self,
+            t: outbox_engine::LeaseToken,
+            ids: &[outbox_engine::MessageId],
+        ) -> Result<outbox_engine::CompleteReport, outbox_engine::StoreError> {
+            self.0.release(t, ids).await
+        }
+    }
+    let store = MemoryStore::new();
+    let id = store.enqueue(msg("orders", "e")).unwrap();
+    let sink = RecordingSink::new();
+    let relay = Relay::builder(Silent(store.clone(), Arc::default(), Arc::default()))
+        .route("orders", sink.clone())
+        .lease(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let limit = Duration::from_secs(10);
+    let first = tokio::time::timeout(limit, relay.run_once())
+        .await
+        .expect("the relay gives up on a claim that never answers");
+    let error = first.expect_err("a claim that never answered is an error");
+    assert_eq!(
+        error.kind(),
+        outbox_engine::StoreErrorKind::Timeout,
+        "{error}"
+    );
+    assert!(error.is_retryable(), "{error}");
+    // The next claim answers; its completion first never answers, and is retried.
+    let report = tokio::time::timeout(limit, relay.run_once())
+        .await
+        .expect("the relay gives up on a completion that never answers")
+        .expect("the retried completion is recorded");
+    assert_eq!((report.claimed, report.published), (1, 1));
+    assert_eq!(status(&store, id), Status::Published);
+    assert_eq!(sink.messages().len(), 1);
+}
+
 #[test]
 fn bad_settings_are_named() {
     let build = |f: fn(
@@ -640,6 +703,29 @@ impl Sink for NeverSent {
             .deferred();
         Ok(vec![failure.into(); batch.len()])
     }
+}
+
+#[tokio::test]
+async fn max_age_is_judged_by_the_stores_clock_not_a_skewed_relays() {
+    // The relay's wall clock runs two hours ahead of the store's; the message is a moment
+    // old by the store's clock, which measured its wait at the claim.
+    let store = MemoryStore::new();
+    let id = store.enqueue(msg("orders", "e")).unwrap();
+    let ahead = ManualClock::starting_at(chrono::Utc::now() + chrono::Duration::hours(2));
+    let sink = FlakySink::new(RecordingSink::new()).retryable_rate(1.0);
+    let relay = Relay::builder(store.clone())
+        .route("orders", sink)
+        .clock(ahead)
+        .retry(RetryPolicy::default().max_age(Some(Duration::from_secs(3600))))
+        .build()
+        .unwrap();
+    let report = relay.run_once().await.unwrap();
+    assert_eq!(
+        (report.retried, report.dead),
+        (1, 0),
+        "a failed attempt of a fresh message is retried, whatever the relay's clock says"
+    );
+    assert_eq!(status(&store, id), Status::Pending);
 }
 
 #[tokio::test]

@@ -8,6 +8,14 @@ use outbox_engine::{AnyStore, StoreSettings, redact};
 /// How long connecting may take before it is reported as unreachable.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The relay's MySQL sessions end after 30 s without a word from the relay, even inside
+/// a transaction (MySQL's default is 8 hours). A claim is a transaction that locks its
+/// rows: if the relay's host vanishes, or its connection falls silent, between the
+/// claim's `SELECT … FOR UPDATE` and its commit, the server would otherwise keep those
+/// rows locked, and every other relay skipping them, for hours.
+#[cfg(feature = "mysql")]
+const MYSQL_SESSION: &str = "SET SESSION wait_timeout = 30";
+
 /// `postgres://` and `postgresql://` URLs: a [`PgOutbox`](crate::postgres::PgOutbox).
 #[cfg(feature = "postgres")]
 pub const POSTGRES: StoreDriver = StoreDriver {
@@ -65,16 +73,19 @@ async fn probe<C: sqlx::Connection>(settings: &StoreSettings, url: &str) -> Resu
     }
 }
 
-/// A pool on a database server at `url`, after one probing connection.
+/// A pool on a database server at `url`, after one probing connection; connections that
+/// stop answering are closed rather than kept (see [`release_check`](crate::release_check)).
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 async fn server_pool<DB: sqlx::Database>(
     settings: &StoreSettings,
     url: &str,
+    options: sqlx::pool::PoolOptions<DB>,
 ) -> Result<sqlx::Pool<DB>, BuildError> {
     probe::<DB::Connection>(settings, url).await?;
-    sqlx::pool::PoolOptions::<DB>::new()
+    options
         .max_connections(settings.max_connections)
         .acquire_timeout(CONNECT_TIMEOUT)
+        .after_release(crate::release_check::<DB>)
         .connect(url)
         .await
         .map_err(|e| unreachable(settings, e))
@@ -85,7 +96,7 @@ async fn postgres(settings: &StoreSettings) -> Result<AnyStore, BuildError> {
     let names = outbox_sql::table_names(settings)?;
     let published = outbox_sql::published_rows(outbox_sql::Dialect::Postgres, settings)?;
     let url = settings.url.replacen("postgresql://", "postgres://", 1);
-    let pool = server_pool::<sqlx::Postgres>(settings, &url).await?;
+    let pool = server_pool(settings, &url, sqlx::postgres::PgPoolOptions::new()).await?;
     Ok(AnyStore::new(
         crate::postgres::PgOutbox::with_names(pool, names).published_rows(published),
     ))
@@ -116,7 +127,16 @@ async fn mysql(settings: &StoreSettings) -> Result<AnyStore, BuildError> {
     let names = outbox_sql::table_names(settings)?;
     let published = outbox_sql::published_rows(outbox_sql::Dialect::MySql, settings)?;
     let url = settings.url.replacen("mariadb://", "mysql://", 1);
-    let pool = server_pool::<sqlx::MySql>(settings, &url).await?;
+    let options = sqlx::mysql::MySqlPoolOptions::new()
+        .after_connect(|connection, _| {
+            Box::pin(async move {
+                sqlx::query(MYSQL_SESSION).execute(connection).await?;
+                Ok(())
+            })
+        })
+        // Closed here before the server's `wait_timeout` closes them.
+        .idle_timeout(Duration::from_secs(20));
+    let pool = server_pool(settings, &url, options).await?;
     Ok(AnyStore::new(
         crate::mysql::MySqlOutbox::with_names(pool, names).published_rows(published),
     ))

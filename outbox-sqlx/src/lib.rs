@@ -49,6 +49,8 @@ mod keyed;
 mod migrate;
 #[cfg(feature = "mysql")]
 pub mod mysql;
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+mod pool;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
@@ -75,6 +77,8 @@ pub use filtered::FilteredDialect;
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 pub use inbox::SqlInbox;
 pub use outbox_sql::{Ident, IdentError, TableNames};
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+pub use pool::release_check;
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 pub use store::SqlOutbox;
 

@@ -1534,3 +1534,39 @@ async fn counter_cleanup_under_concurrent_writers_keeps_commit_order() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_database_costs_the_relay_a_lease_not_its_pool() {
+    let url = common::url(URL_VAR, DEFAULT_URL);
+    let pool = pool().await;
+    let mut cleanup = Cleanup::new(&pool);
+    let table = common::fresh_table("outbox_silent");
+    let names = TableNames::default().outbox(&table).unwrap();
+    cleanup
+        .tables
+        .extend([outbox_table(&names), keys_table(&names)]);
+    let direct = MySqlOutbox::with_names(pool, names);
+    direct.migrate().await.expect("migrate");
+    let mut tx = direct.pool().begin().await.unwrap();
+    direct
+        .enqueue(&mut tx, &common::message("orders", 1))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let (settings, proxy) = common::behind_proxy(&url, &table).await;
+    let store = (outbox_sqlx::MYSQL.connect)(&settings)
+        .await
+        .expect("the driver opens the store through the proxy");
+    let mut lock = direct.pool().acquire().await.unwrap();
+    sqlx::query(&format!("LOCK TABLES `{table}` WRITE"))
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+    let unlock = async move {
+        sqlx::query("UNLOCK TABLES")
+            .execute(&mut *lock)
+            .await
+            .unwrap();
+    };
+    common::a_silent_database_costs_a_lease_not_the_pool(store, &proxy, unlock).await;
+}

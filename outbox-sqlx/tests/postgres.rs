@@ -1150,3 +1150,28 @@ async fn counter_cleanup_under_concurrent_writers_keeps_commit_order() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_database_costs_the_relay_a_lease_not_its_pool() {
+    let url = common::url(URL_VAR, DEFAULT_URL);
+    let table = common::fresh_table("outbox_silent");
+    let direct = PgOutbox::with_names(pool().await, TableNames::default().outbox(&table).unwrap());
+    direct.migrate().await.expect("migrate");
+    let mut tx = direct.pool().begin().await.unwrap();
+    direct
+        .enqueue(&mut tx, &common::message("orders", 1))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let (settings, proxy) = common::behind_proxy(&url, &table).await;
+    let store = (outbox_sqlx::POSTGRES.connect)(&settings)
+        .await
+        .expect("the driver opens the store through the proxy");
+    let mut lock = direct.pool().begin().await.unwrap();
+    sqlx::query(&format!("LOCK TABLE \"{table}\" IN ACCESS EXCLUSIVE MODE"))
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+    let unlock = async move { lock.commit().await.unwrap() };
+    common::a_silent_database_costs_a_lease_not_the_pool(store, &proxy, unlock).await;
+}

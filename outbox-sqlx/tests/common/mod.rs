@@ -725,3 +725,79 @@ where
         .await
         .expect("drop witness");
 }
+
+/// `url` behind a fault proxy, and the settings a driver opens a one-connection pool
+/// with, on a fresh outbox table of that name.
+pub async fn behind_proxy(
+    url: &str,
+    table: &str,
+) -> (
+    outbox_engine::StoreSettings,
+    outbox_test_support::proxy::Proxy,
+) {
+    let mut proxied = url.to_owned();
+    let proxy = outbox_test_support::proxy::in_front(&mut proxied).await;
+    let mut settings = outbox_engine::StoreSettings::new(proxied);
+    settings.table = Some(table.to_owned());
+    settings.max_connections = 1;
+    (settings, proxy)
+}
+
+/// A database that falls silent (no reply, no reset: a vanished host) in the middle of a
+/// claim. `store` was opened by its driver through `proxy` with one pool connection and
+/// holds one due message for `orders`, in a table another connection holds locked until
+/// `unlock` runs: the claim reaches the server and waits there, the network falls
+/// silent, and the answer never comes back. The relay must give up on the claim within
+/// its lease, then publish the message once new connections get through: the silent
+/// connection must be closed, not kept holding the pool's only slot.
+pub async fn a_silent_database_costs_a_lease_not_the_pool(
+    store: outbox_engine::AnyStore,
+    proxy: &outbox_test_support::proxy::Proxy,
+    unlock: impl std::future::Future<Output = ()>,
+) {
+    use outbox_test_support::proxy::Net;
+    use std::time::{Duration, Instant};
+    let sink = outbox_engine::testkit::RecordingSink::new();
+    let relay = outbox_engine::Relay::builder(store)
+        .route("orders", sink.clone())
+        .lease(Duration::from_secs(1))
+        .gauges(false)
+        .build()
+        .expect("relay settings");
+    let silence = async {
+        // The claim is on the server by then, waiting for the lock.
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        proxy.set(Net::Silence);
+        unlock.await;
+    };
+    let (claim, ()) = tokio::join!(
+        tokio::time::timeout(Duration::from_secs(10), relay.run_once()),
+        silence
+    );
+    let error = claim
+        .expect("the relay gives up on a claim the database never answers")
+        .expect_err("a claim that got no answer is an error");
+    assert_eq!(
+        error.kind(),
+        outbox_engine::StoreErrorKind::Timeout,
+        "{error}"
+    );
+    proxy.set(Net::Pass);
+    // Each `run_once` is bounded by the lease, so this loop ends by its deadline.
+    // MySQL's server ends the claim's transaction, which the silence left holding the
+    // row, after the 30 s its drivers' sessions may stay silent.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut last = None;
+    while sink.messages().is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "waited 60 s for the message to be published once new connections got through; \
+             the pool's only slot stayed taken (last error: {last:?})"
+        );
+        if let Err(error) = relay.run_once().await {
+            last = Some(error.to_string());
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    assert_eq!(sink.messages().len(), 1, "published once");
+}
