@@ -28,7 +28,7 @@ else
     cells=()
     for store in ${STORES:-postgres sqlite mysql}; do
         for sink in ${SINKS:-http redis amqp kafka sqs}; do
-            for fault in ${FAULTS:-none kill9 kill3 sigstop db-restart db-kill net-sink net-store silent-sink silent-store receiver-5xx receiver-slow}; do
+            for fault in ${FAULTS:-none kill9 kill3 sigstop db-restart db-kill net-sink net-store silent-sink silent-store clock-skew receiver-5xx receiver-slow}; do
                 cells+=("$store $sink $fault")
             done
         done

@@ -263,9 +263,11 @@ ensure_browser() {
     echo "OUTBOX_TEST_PLAYWRIGHT_PATH=$BROWSER_DIR/node_modules"
 }
 
-# The C client libraries diesel's sync connections link to (libpq, libmariadb).
+# The C client libraries diesel's sync connections link to (libpq, libmariadb), and
+# libfaketime, which skews a relay's clock in the battery's clock-skew fault.
 ensure_client_libs() {
     local missing=()
+    dpkg -s libfaketime >/dev/null 2>&1 || missing+=(libfaketime)
     dpkg -s libpq-dev >/dev/null 2>&1 || missing+=(libpq-dev)
     dpkg -s libmariadb-dev-compat >/dev/null 2>&1 || missing+=(libmariadb-dev libmariadb-dev-compat)
     command -v pkg-config >/dev/null || missing+=(pkg-config)

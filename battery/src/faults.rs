@@ -43,6 +43,12 @@ pub(crate) enum Fault {
     SilentSink,
     /// The same between the relays and the database.
     SilentStore,
+    /// Two relays whose wall clocks are off, one 10 minutes ahead and one 10 minutes
+    /// behind (libfaketime); each cycle one of them, in turn, is killed while it holds
+    /// leases and restarted. Leases, due times and commit order must follow the
+    /// database's clock: a relay that judged them by its own would take rows another
+    /// still holds, or wait 10 minutes for due rows.
+    ClockSkew,
     /// The webhook receiver answers 503 for 2 s out of every 3 (HTTP only).
     #[value(name = "receiver-5xx")]
     Receiver5xx,
@@ -57,7 +63,7 @@ impl Fault {
     pub(crate) fn relays(self) -> usize {
         match self {
             Self::Kill3 => 3,
-            Self::Sigstop => 2,
+            Self::Sigstop | Self::ClockSkew => 2,
             _ => 1,
         }
     }
@@ -65,7 +71,7 @@ impl Fault {
     /// Whether the scenario kills relays, so that re-sends are bounded by the rows they
     /// held leased when they died.
     pub(crate) fn kills(self) -> bool {
-        matches!(self, Self::Kill9 | Self::Kill3)
+        matches!(self, Self::Kill9 | Self::Kill3 | Self::ClockSkew)
     }
 
     /// Why the scenario cannot run on `store` and `sink`, if it cannot.
@@ -135,6 +141,12 @@ impl Target<'_> {
                 Fault::Kill3 => {
                     pause(200..1_000).await;
                     let slot = fastrand::usize(..self.relays.len());
+                    injected.leased_at_kills += self.kill(slot).await;
+                }
+                Fault::ClockSkew => {
+                    let slot = cycle % 2;
+                    self.holding_leases(slot).await;
+                    pause(0..300).await;
                     injected.leased_at_kills += self.kill(slot).await;
                 }
                 Fault::Sigstop => {

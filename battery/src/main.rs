@@ -248,11 +248,14 @@ async fn run(args: RunArgs) -> std::process::ExitCode {
         relay_config(&store_url, &ledger.table, lease(args.sink), &consumer.route),
     )
     .expect("write the config");
-    let command = if args.broken {
+    let mut command = if args.broken {
         RelayCommand::broken(&config)
     } else {
         RelayCommand::cli(&outbox_binary(args.outbox), &config)
     };
+    if args.fault == Fault::ClockSkew {
+        command = command.clocks_off_by(&["+10m", "-10m"]);
+    }
 
     let stop = Arc::new(AtomicBool::new(false));
     let writes = Arc::new(Writes::default());

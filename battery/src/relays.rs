@@ -12,6 +12,8 @@ use outbox_test_support::ChildGuard;
 pub(crate) struct RelayCommand {
     program: PathBuf,
     args: Vec<String>,
+    /// Per slot, how far the relay's wall clock is off (libfaketime's `FAKETIME`).
+    clock_offsets: Vec<&'static str>,
 }
 
 impl RelayCommand {
@@ -24,6 +26,7 @@ impl RelayCommand {
                 config.display().to_string(),
                 "relay".into(),
             ],
+            clock_offsets: Vec::new(),
         }
     }
 
@@ -37,8 +40,54 @@ impl RelayCommand {
                 "--config".into(),
                 config.display().to_string(),
             ],
+            clock_offsets: Vec::new(),
         }
     }
+
+    /// Runs the relay in slot `i` with its wall clock off by `offsets[i]` (`+10m`,
+    /// `-10m`) through libfaketime; the monotonic clock, which times leases and waits
+    /// inside the relay, is left alone.
+    ///
+    /// # Panics
+    ///
+    /// If libfaketime does not change the wall clock of a child process here.
+    pub(crate) fn clocks_off_by(mut self, offsets: &[&'static str]) -> Self {
+        for offset in offsets {
+            let mut date = Command::new("date");
+            date.arg("+%s");
+            skew(&mut date, offset);
+            let output = date.output().expect("run date");
+            let seen: i64 = String::from_utf8_lossy(&output.stdout)
+                .trim()
+                .parse()
+                .expect("date +%s prints seconds");
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .expect("after 1970")
+                .as_secs() as i64;
+            assert!(
+                (seen - now).abs() >= 60,
+                "libfaketime ({}) left the clock of a child process alone under FAKETIME={offset}",
+                faketime_library()
+            );
+        }
+        self.clock_offsets = offsets.to_vec();
+        self
+    }
+}
+
+/// Where libfaketime is: `OUTBOX_TEST_FAKETIME`, or Debian's path (package `libfaketime`).
+fn faketime_library() -> String {
+    std::env::var("OUTBOX_TEST_FAKETIME")
+        .unwrap_or_else(|_| "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1".into())
+}
+
+/// Has `command` run with its wall clock off by `offset`.
+fn skew(command: &mut Command, offset: &str) {
+    command
+        .env("LD_PRELOAD", faketime_library())
+        .env("FAKETIME", offset)
+        .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
 }
 
 /// The running relays, by slot.
@@ -75,16 +124,18 @@ impl Relays {
 
     /// Starts a relay in `slot` (which must be empty or ended).
     pub(crate) fn restart(&mut self, slot: usize) {
-        let child = ChildGuard::spawn(
-            format!("relay {slot}"),
-            Command::new(&self.command.program)
-                .args(&self.command.args)
-                .env_remove("OUTBOX_CONFIG")
-                .env("RUST_LOG", "error")
-                .env("AWS_REGION", "us-east-1")
-                .env("AWS_ACCESS_KEY_ID", "battery")
-                .env("AWS_SECRET_ACCESS_KEY", "battery"),
-        );
+        let mut command = Command::new(&self.command.program);
+        command
+            .args(&self.command.args)
+            .env_remove("OUTBOX_CONFIG")
+            .env("RUST_LOG", "error")
+            .env("AWS_REGION", "us-east-1")
+            .env("AWS_ACCESS_KEY_ID", "battery")
+            .env("AWS_SECRET_ACCESS_KEY", "battery");
+        if let Some(offset) = self.command.clock_offsets.get(slot) {
+            skew(&mut command, offset);
+        }
+        let child = ChildGuard::spawn(format!("relay {slot}"), &mut command);
         self.slots[slot] = Some(child);
         self.started += 1;
     }

@@ -1,0 +1,59 @@
+//! A message as each sink's receiver reads it off its broker, with hostile headers,
+//! attributes and fields: Kafka headers, SQS attributes, Redis stream fields, AMQP
+//! properties. Nothing may panic, and what is accepted carries the id it was given.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use outbox_engine::NotAnOutboxMessage;
+use outbox_engine::receive::Received;
+use outbox_fuzz::fields;
+use outbox_sink_amqp::client::BasicProperties;
+use outbox_sink_amqp::client::types::{AMQPValue, FieldTable, LongString, ShortString};
+
+fuzz_target!(|data: &[u8]| {
+    // Up to eight `name=value` pairs, then the payload.
+    let parts = fields(data, 9);
+    let (payload, pairs) = parts.split_last().expect("at least one field");
+    let pairs: Vec<(&str, &str)> = pairs
+        .iter()
+        .map(|p| p.split_once('=').unwrap_or((p.as_str(), "")))
+        .collect();
+    let accepted = |result: Result<Received, NotAnOutboxMessage>| {
+        if let Ok(received) = result {
+            let id = received.id.to_string();
+            assert!(
+                pairs
+                    .iter()
+                    .any(|(_, v)| v.parse::<uuid::Uuid>().is_ok_and(|u| u.to_string() == id)),
+                "accepted an id that no field gave: {id}"
+            );
+        }
+    };
+
+    accepted(outbox_sink_kafka::read_parts(
+        pairs.iter().map(|(k, v)| (*k, Some(v.as_bytes()))),
+        payload.as_bytes(),
+    ));
+    accepted(outbox_sink_sqs::read_parts(
+        pairs.iter().map(|(k, v)| (*k, Some(*v))),
+        payload,
+    ));
+    let entry = pairs
+        .iter()
+        .map(|(k, v)| (*k, v.as_bytes()))
+        .chain([("payload", payload.as_bytes())]);
+    accepted(outbox_sink_redis::FieldLayout::default().read_entry(entry));
+
+    let mut headers = FieldTable::default();
+    for (k, v) in &pairs {
+        headers.insert(
+            ShortString::from(k.to_string()),
+            AMQPValue::LongString(LongString::from(v.to_string())),
+        );
+    }
+    let mut properties = BasicProperties::default().with_headers(headers);
+    if let Some((_, id)) = pairs.first() {
+        properties = properties.with_message_id(ShortString::from(id.to_string()));
+    }
+    accepted(outbox_sink_amqp::read_parts(&properties, payload.as_bytes()));
+});

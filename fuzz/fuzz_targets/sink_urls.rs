@@ -1,0 +1,53 @@
+//! A route URL as each sink reads it, and as logs print it. Nothing may panic; no error,
+//! configuration or redacted form may repeat the URL's password.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use outbox_engine::redact;
+use outbox_fuzz::{assert_hidden, passwords};
+
+fuzz_target!(|data: &[u8]| {
+    let text = String::from_utf8_lossy(data);
+    let url = text.as_ref();
+    let secrets = passwords(url);
+    let check = |what: &str, result: Result<String, String>| match result {
+        Ok(config) => assert_hidden(&secrets, &config, &format!("{what}'s configuration")),
+        Err(error) => assert_hidden(&secrets, &error, &format!("{what}'s error")),
+    };
+    check(
+        "redis",
+        outbox_sink_redis::RedisSinkConfig::from_url(url)
+            .map(|c| format!("{c:?}"))
+            .map_err(|e| e.to_string()),
+    );
+    check(
+        "amqp",
+        outbox_sink_amqp::AmqpSinkConfig::from_url(url)
+            .map(|c| format!("{c:?}"))
+            .map_err(|e| e.to_string()),
+    );
+    check(
+        "kafka",
+        outbox_sink_kafka::KafkaSinkConfig::from_url(url)
+            .map(|c| format!("{c:?}"))
+            .map_err(|e| e.to_string()),
+    );
+    check(
+        "sqs",
+        outbox_sink_sqs::SqsSinkConfig::from_url(url)
+            .map(|c| format!("{c:?}"))
+            .map_err(|e| e.to_string()),
+    );
+    check(
+        "http",
+        Ok(format!("{:?}", outbox_sink_http::HttpSinkConfig::from_url(url))),
+    );
+    if let Ok(parsed) = url::Url::parse(url)
+        && let Err(error) = outbox_sink_http::ssrf::SsrfPolicy::default().check_url(&parsed)
+    {
+        assert_hidden(&secrets, &error.to_string(), "the SSRF policy's error");
+    }
+    assert_hidden(&secrets, &redact::url(url), "redact::url");
+    assert_hidden(&secrets, &redact::endpoint(url), "redact::endpoint");
+    assert_hidden(&secrets, &outbox_sink_redis::redact_url(url), "redact_url");
+});
