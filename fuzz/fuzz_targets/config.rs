@@ -1,10 +1,11 @@
 //! A configuration file and `OUTBOX_…` variables, as the CLI and `Config::load` read them:
 //! parsing, each route's policy and sink settings, the health objective and the store's
-//! schema. Nothing may panic, and no error may repeat a password of a URL in the input.
+//! schema. Nothing may panic, and no error may repeat the password of a URL given as a
+//! value.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use outbox_fuzz::{assert_hidden, fields, passwords};
+use outbox_fuzz::{assert_hidden, fields, password, passwords_in_values};
 
 fuzz_target!(|data: &[u8]| {
     // The file, then up to four `NAME=value` variables.
@@ -14,7 +15,10 @@ fuzz_target!(|data: &[u8]| {
         .filter_map(|v| v.split_once('='))
         .map(|(k, v)| (format!("OUTBOX_{k}"), v.to_owned()))
         .collect();
-    let secrets = passwords(&parts.join("\n"));
+    // The passwords of URLs given as values, in the file or in a variable.
+    let whole = parts.join("\n");
+    let mut secrets = passwords_in_values(&parts[0], &whole);
+    secrets.extend(env.iter().filter_map(|(_, v)| password(v, &whole)));
     match outbox::Config::from_toml(&parts[0], env) {
         Err(error) => assert_hidden(&secrets, &error.to_string(), "a config error"),
         Ok(config) => {

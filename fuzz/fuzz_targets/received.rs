@@ -44,16 +44,28 @@ fuzz_target!(|data: &[u8]| {
         .chain([("payload", payload.as_bytes())]);
     accepted(outbox_sink_redis::FieldLayout::default().read_entry(entry));
 
+    // AMQP short strings (header names, the message id) hold at most 255 bytes; a broker
+    // delivers no longer ones.
+    let short = |text: &str| ShortString::from(clip(text, 255).to_owned());
     let mut headers = FieldTable::default();
     for (k, v) in &pairs {
         headers.insert(
-            ShortString::from(k.to_string()),
+            short(k),
             AMQPValue::LongString(LongString::from(v.to_string())),
         );
     }
     let mut properties = BasicProperties::default().with_headers(headers);
     if let Some((_, id)) = pairs.first() {
-        properties = properties.with_message_id(ShortString::from(id.to_string()));
+        properties = properties.with_message_id(short(id));
     }
     accepted(outbox_sink_amqp::read_parts(&properties, payload.as_bytes()));
 });
+
+/// The longest prefix of `text` of at most `max` bytes that ends on a character boundary.
+fn clip(text: &str, max: usize) -> &str {
+    let mut end = text.len().min(max);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}

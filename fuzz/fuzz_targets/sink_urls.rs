@@ -4,12 +4,12 @@
 
 use libfuzzer_sys::fuzz_target;
 use outbox_engine::redact;
-use outbox_fuzz::{assert_hidden, passwords};
+use outbox_fuzz::{assert_hidden, password};
 
 fuzz_target!(|data: &[u8]| {
     let text = String::from_utf8_lossy(data);
     let url = text.as_ref();
-    let secrets = passwords(url);
+    let secrets: Vec<String> = password(url, url).into_iter().collect();
     let check = |what: &str, result: Result<String, String>| match result {
         Ok(config) => assert_hidden(&secrets, &config, &format!("{what}'s configuration")),
         Err(error) => assert_hidden(&secrets, &error, &format!("{what}'s error")),

@@ -42,7 +42,8 @@ fuzz_target!(|data: &[u8]| {
         _ => None,
     };
     let result = verifier.verify(honest, body.as_bytes(), NOW);
-    if outbox_engine::webhooks::is_signable_id(id) {
+    // (An empty header counts as missing.)
+    if !id.is_empty() && outbox_engine::webhooks::is_signable_id(id) {
         assert!(result.is_ok(), "a signed request was refused: {result:?}");
     } else {
         assert!(result.is_err(), "an id that cannot be signed passed");

@@ -1,4 +1,4 @@
-//! What the fuzz targets share: cutting one input into several fields, and the secrets
+//! What the fuzz targets share: cutting one input into several fields, and the passwords
 //! an input holds that no output may repeat.
 
 /// `data` as text, cut into at most `n` fields at NUL bytes (the last takes the rest).
@@ -9,29 +9,24 @@ pub fn fields(data: &[u8], n: usize) -> Vec<String> {
         .collect()
 }
 
-/// The passwords of the URLs in `text` (each `scheme://…` up to a quote or white space)
-/// that are long enough to be told apart and that `text` holds exactly once, so that
-/// finding one in an output means the output repeated it.
-pub fn passwords(text: &str) -> Vec<String> {
-    let mut found = Vec::new();
-    for (at, _) in text.match_indices("://") {
-        let start = text[..at]
-            .rfind(|c: char| !(c.is_ascii_alphanumeric() || "+-.".contains(c)))
-            .map_or(0, |i| i + 1);
-        let end = text[at..]
-            .find(|c: char| c.is_whitespace() || "\"'".contains(c))
-            .map_or(text.len(), |i| at + i);
-        let Ok(url) = url::Url::parse(&text[start..end]) else {
-            continue;
-        };
-        if let Some(password) = url.password()
-            && password.len() >= 6
-            && text.matches(password).count() == 1
-        {
-            found.push(password.to_owned());
-        }
-    }
-    found
+/// The password of `url` read as a URL, if it is long enough to be told apart and
+/// `whole` (the input it came from) holds it once: an output that shows it repeated it.
+pub fn password(url: &str, whole: &str) -> Option<String> {
+    let parsed = url::Url::parse(url).ok()?;
+    let password = parsed.password()?;
+    (password.len() >= 6 && whole.matches(password).count() == 1).then(|| password.to_owned())
+}
+
+/// The passwords of the URLs that are string values in `toml` (`key = "scheme://…"`), as
+/// [`password`] finds them in `whole`.
+pub fn passwords_in_values(toml: &str, whole: &str) -> Vec<String> {
+    toml.lines()
+        .filter_map(|line| {
+            let (_, value) = line.split_once('=')?;
+            let value = value.trim_start().strip_prefix('"')?;
+            password(value.split('"').next()?, whole)
+        })
+        .collect()
 }
 
 /// Panics if `output` repeats one of `secrets`; `what` names the output.
@@ -49,13 +44,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn finds_the_passwords_of_urls_in_text() {
-        let text = "url = \"postgres://app:hunter22@db/app\"\nx = 'redis://:s3cret!!@r:6379'";
-        assert_eq!(passwords(text), ["hunter22", "s3cret!!"]);
-        assert!(passwords("amqp://u:short@h").is_empty(), "too short to tell");
-        assert!(
-            passwords("amqp://u:repeated@h/repeated").is_empty(),
-            "held twice"
-        );
+    fn finds_the_passwords_of_urls_in_values() {
+        let text = "url = \"postgres://app:hunter22@db/app\"\nx=\"redis://:s3cret!!@r:6379\"";
+        assert_eq!(passwords_in_values(text, text), ["hunter22", "s3cret!!"]);
+        let short = "amqp://u:short@h";
+        assert_eq!(password(short, short), None, "too short to tell");
+        let twice = "amqp://u:repeated@h/repeated";
+        assert_eq!(password(twice, twice), None, "held twice");
     }
 }

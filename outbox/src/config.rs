@@ -391,13 +391,33 @@ impl Provider for Environment {
                 continue;
             }
             let key = path.to_ascii_lowercase().replace("__", ".");
-            let value: Value = value.parse().expect("infallible");
+            let value = env_value(value);
             if let Some(nested) = figment::util::nest(&key, value).into_dict() {
                 merge(&mut dict, nested);
             }
         }
         Ok(Profile::Default.collect(dict))
     }
+}
+
+/// An environment value read like a TOML value (`7`, `true`, `"text"`, `[a, b]`,
+/// `{ k = 1 }`), or else as plain text. figment's reader takes a character count for a
+/// byte offset when an escape follows a non-ASCII character, and panics (figment 0.10.19,
+/// found by fuzzing), so such values are read by the toml crate, whose escapes are the
+/// same.
+fn env_value(raw: &str) -> Value {
+    if raw.is_ascii() || !raw.contains('\\') {
+        return raw.parse().expect("infallible");
+    }
+    let text = || Value::from(raw.to_owned());
+    if raw.contains('\n') {
+        return text();
+    }
+    toml::from_str::<toml::Table>(&format!("v = {raw}"))
+        .ok()
+        .and_then(|mut table| table.remove("v"))
+        .and_then(|value| Value::serialize(value).ok())
+        .unwrap_or_else(text)
 }
 
 /// Merges `from` into `into`, table by table; a value in `from` wins.
@@ -430,7 +450,7 @@ fn describe(error: figment::Error) -> String {
         .into_iter()
         .map(|e| {
             let what = match &e.kind {
-                Kind::Message(message) => message.clone(),
+                Kind::Message(message) => without_source_lines(message),
                 Kind::InvalidType(found, expected) | Kind::InvalidValue(found, expected) => {
                     format!("expected {expected}, found {}", actual(found))
                 }
@@ -465,6 +485,22 @@ fn describe(error: figment::Error) -> String {
         })
         .collect();
     messages.join("; ")
+}
+
+/// A parser's message without the lines it quotes from the file (TOML parse errors show
+/// the line at fault, which may hold a password or a signing secret): the position and
+/// the reason stay.
+fn without_source_lines(message: &str) -> String {
+    let quoted = |line: &str| {
+        line.trim_start_matches(|c: char| c.is_ascii_digit() || c == ' ')
+            .starts_with('|')
+    };
+    message
+        .lines()
+        .map(str::trim)
+        .filter(|line| !line.is_empty() && !quoted(line))
+        .collect::<Vec<_>>()
+        .join(": ")
 }
 
 #[cfg(test)]
@@ -552,6 +588,32 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(error.contains("TOML") || error.contains("line"), "{error}");
+        // A parse error names the place, but does not quote the line (found by fuzzing).
+        let error = Config::from_toml(
+            "[store]\nurl = \"postgres://u:hunter2@db/app\nmax_connections = 2\n",
+            NO_ENV,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(error.contains("line 2"), "{error}");
+        assert!(!error.contains("hunter2"), "no secret in {error}");
+    }
+
+    #[test]
+    fn an_escape_after_a_non_ascii_character_is_read() {
+        // figment's own reader panics on these (found by fuzzing).
+        let config = Config::from_toml(
+            MINIMAL,
+            [
+                ("OUTBOX_RELAY__OWNER", r#""relé\tA""#),
+                ("OUTBOX_ROUTES__A__URL", r#"["é\n"]"#),
+                ("OUTBOX_ROUTES__B__URL", "é\\x"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(config.relay.owner.as_deref(), Some("relé\tA"));
+        assert_eq!(config.routes["a"].0["url"], serde_json::json!(["é\n"]));
+        assert_eq!(config.routes["b"].url(), Some("é\\x"));
     }
 
     #[test]

@@ -505,14 +505,17 @@ fn shown<'a>(name: &str, value: &'a str) -> &'a str {
 pub(crate) fn redacted_url(url: &str) -> String {
     // Credentials are refused in the URL, but never echoed either.
     let (address, query) = url.split_once('?').unwrap_or((url, ""));
-    let address = match address.split_once("://") {
-        Some((scheme, rest)) => {
-            let authority_end = rest.find('/').unwrap_or(rest.len());
-            match rest[..authority_end].rsplit_once('@') {
-                Some((_, hosts)) => format!("{scheme}://***@{hosts}{}", &rest[authority_end..]),
-                None => address.to_owned(),
+    // Everything from the scheme to the last `@`: a password with an unencoded `/` or `@`
+    // in it still ends there, wherever a parser would end the authority (and `https:/u:p@h`
+    // has one too, for a URL parser).
+    let address = match address.split_once(':') {
+        Some((scheme, rest)) => match rest.rsplit_once('@') {
+            Some((_, hosts)) => {
+                let slashes = if rest.starts_with("//") { "//" } else { "" };
+                format!("{scheme}:{slashes}***@{hosts}")
             }
-        }
+            None => address.to_owned(),
+        },
         None => address.to_owned(),
     };
     if query.is_empty() {
