@@ -22,6 +22,7 @@ if ((quick)); then
         "sqlite redis kill3"
         "mysql http receiver-5xx"
         "postgres redis db-kill"
+        "postgres http clock-skew"
     )
     cycles=${CYCLES:-5}
 else

@@ -9,12 +9,22 @@ pub fn fields(data: &[u8], n: usize) -> Vec<String> {
         .collect()
 }
 
-/// The password of `url` read as a URL, if it is long enough to be told apart and
-/// `whole` (the input it came from) holds it once: an output that shows it repeated it.
+/// The password of `url` read as a URL, if it can be told apart from the rest of an
+/// output and `whole` (the input it came from) holds it once: an output that shows it
+/// repeated it. Told apart means at least 6 bytes, with a letter and a digit, so that
+/// it is no word an output holds anyway (a field named `secrets`, a setting `3600s`).
 pub fn password(url: &str, whole: &str) -> Option<String> {
     let parsed = url::Url::parse(url).ok()?;
     let password = parsed.password()?;
-    (password.len() >= 6 && whole.matches(password).count() == 1).then(|| password.to_owned())
+    let distinct = password.len() >= 6
+        && password.bytes().any(|b| b.is_ascii_digit())
+        && password.bytes().any(|b| b.is_ascii_alphabetic());
+    // Nor may the rest of the URL, as a parser writes it back, hold it: `%12http2` holds
+    // `2http2` once `\x12` is percent-encoded.
+    let mut rest = parsed.clone();
+    let _ = rest.set_password(None);
+    let elsewhere = rest.as_str().contains(password);
+    (distinct && !elsewhere && whole.matches(password).count() == 1).then(|| password.to_owned())
 }
 
 /// The passwords of the URLs that are string values in `toml` (`key = "scheme://…"`), as
@@ -47,8 +57,12 @@ mod tests {
     fn finds_the_passwords_of_urls_in_values() {
         let text = "url = \"postgres://app:hunter22@db/app\"\nx=\"redis://:s3cret!!@r:6379\"";
         assert_eq!(passwords_in_values(text, text), ["hunter22", "s3cret!!"]);
-        let short = "amqp://u:short@h";
+        let short = "amqp://u:sh0rt@h";
         assert_eq!(password(short, short), None, "too short to tell");
+        let word = "amqp://u:secret@h";
+        assert_eq!(password(word, word), None, "a word outputs hold anyway");
+        let encoded = "amqp://u:2http2@h/\x12http2";
+        assert_eq!(password(encoded, encoded), None, "in the path once encoded");
         let twice = "amqp://u:repeated@h/repeated";
         assert_eq!(password(twice, twice), None, "held twice");
     }

@@ -260,8 +260,9 @@ fn round(d: Duration) -> Duration {
     Duration::from_secs(d.as_secs())
 }
 
-/// Reads the store's gauges (through `read`, given the row limit) every interval, exports them as metrics and keeps them for
-/// [`RelayHealth::ready`], until `stop` turns true. Ends at once if the store has none.
+/// Reads the store's gauges through `read` (given the row limit) every interval, exports
+/// them as metrics and keeps them for [`RelayHealth::ready`], until `stop` turns true.
+/// Ends at once if the store has none.
 pub(crate) async fn export_gauges<F: Future<Output = Result<Option<Gauges>, StoreError>>>(
     read: impl Fn(usize) -> F,
     settings: GaugeSettings,

@@ -812,7 +812,7 @@ fn store_now(
 }
 
 /// `call`, or a retryable [`StoreErrorKind::Timeout`] once `limit` has passed.
-pub(crate) async fn within<T>(
+async fn within<T>(
     limit: Duration,
     call: impl Future<Output = Result<T, StoreError>>,
 ) -> Result<T, StoreError> {

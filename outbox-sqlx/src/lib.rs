@@ -27,7 +27,9 @@
 //!
 //! Every store implements [`outbox_engine::Backend`] too, and [`POSTGRES`], [`SQLITE`] and
 //! [`MYSQL`] are the drivers that open them from a URL (`postgres://…`, `sqlite:…`,
-//! `mysql://…` / `mariadb://…`) for the `outbox` front crate's registry.
+//! `mysql://…` / `mariadb://…`) for the `outbox` front crate's registry. The pools they
+//! open close a connection that stops answering (see [`release_check`], which pools you
+//! build for a relay should use too).
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
