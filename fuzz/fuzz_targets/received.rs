@@ -58,7 +58,10 @@ fuzz_target!(|data: &[u8]| {
     if let Some((_, id)) = pairs.first() {
         properties = properties.with_message_id(short(id));
     }
-    accepted(outbox_sink_amqp::read_parts(&properties, payload.as_bytes()));
+    accepted(outbox_sink_amqp::read_parts(
+        &properties,
+        payload.as_bytes(),
+    ));
 });
 
 /// The longest prefix of `text` of at most `max` bytes that ends on a character boundary.

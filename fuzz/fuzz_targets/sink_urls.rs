@@ -40,7 +40,10 @@ fuzz_target!(|data: &[u8]| {
     );
     check(
         "http",
-        Ok(format!("{:?}", outbox_sink_http::HttpSinkConfig::from_url(url))),
+        Ok(format!(
+            "{:?}",
+            outbox_sink_http::HttpSinkConfig::from_url(url)
+        )),
     );
     if let Ok(parsed) = url::Url::parse(url)
         && let Err(error) = outbox_sink_http::ssrf::SsrfPolicy::default().check_url(&parsed)
