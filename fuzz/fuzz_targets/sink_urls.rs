@@ -16,28 +16,17 @@ fuzz_target!(|data: &[u8]| {
     };
     check(
         "redis",
-        outbox_sink_redis::RedisSinkConfig::from_url(url)
-            .map(|c| format!("{c:?}"))
-            .map_err(|e| e.to_string()),
+        shown(outbox_sink_redis::RedisSinkConfig::from_url(url)),
     );
     check(
         "amqp",
-        outbox_sink_amqp::AmqpSinkConfig::from_url(url)
-            .map(|c| format!("{c:?}"))
-            .map_err(|e| e.to_string()),
+        shown(outbox_sink_amqp::AmqpSinkConfig::from_url(url)),
     );
     check(
         "kafka",
-        outbox_sink_kafka::KafkaSinkConfig::from_url(url)
-            .map(|c| format!("{c:?}"))
-            .map_err(|e| e.to_string()),
+        shown(outbox_sink_kafka::KafkaSinkConfig::from_url(url)),
     );
-    check(
-        "sqs",
-        outbox_sink_sqs::SqsSinkConfig::from_url(url)
-            .map(|c| format!("{c:?}"))
-            .map_err(|e| e.to_string()),
-    );
+    check("sqs", shown(outbox_sink_sqs::SqsSinkConfig::from_url(url)));
     check(
         "http",
         Ok(format!(
@@ -54,3 +43,9 @@ fuzz_target!(|data: &[u8]| {
     assert_hidden(&secrets, &redact::endpoint(url), "redact::endpoint");
     assert_hidden(&secrets, &outbox_sink_redis::redact_url(url), "redact_url");
 });
+
+/// A sink's reading of a URL as text: its configuration's `Debug`, or its error.
+fn shown<T: std::fmt::Debug, E: std::fmt::Display>(read: Result<T, E>) -> Result<String, String> {
+    read.map(|config| format!("{config:?}"))
+        .map_err(|error| error.to_string())
+}
