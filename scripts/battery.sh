@@ -27,9 +27,9 @@ if ((quick)); then
     cycles=${CYCLES:-5}
 else
     cells=()
-    for store in ${STORES:-postgres sqlite mysql}; do
+    for store in ${STORES:-postgres sqlite mysql diesel-postgres diesel-sqlite diesel-mysql}; do
         for sink in ${SINKS:-http redis amqp kafka sqs}; do
-            for fault in ${FAULTS:-none kill9 kill3 sigstop db-restart db-kill net-sink net-store silent-sink silent-store clock-skew receiver-5xx receiver-slow}; do
+            for fault in ${FAULTS:-none kill9 kill3 sigstop db-restart db-kill net-sink net-store silent-sink silent-store clock-skew sink-restart receiver-5xx receiver-slow}; do
                 cells+=("$store $sink $fault")
             done
         done
@@ -46,7 +46,8 @@ if [[ -z ${OUTBOX_BATTERY_NO_SERVICES:-} ]]; then
     rm -f "$services"
 fi
 
-cargo build --quiet -p outbox-cli -p outbox-battery || exit 1
+# The relays are `outbox relay` with the diesel stores compiled in, for the diesel cells.
+cargo build --quiet -p outbox-cli -p outbox-battery --features outbox-cli/diesel || exit 1
 target=${CARGO_TARGET_DIR:-target}
 battery="$target/debug/outbox-battery"
 export OUTBOX_CLI="$target/debug/outbox"

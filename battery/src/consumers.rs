@@ -31,6 +31,41 @@ pub struct Receiver {
     /// What it accepted.
     pub received: Received,
     behaviour: Arc<AtomicU8>,
+    app: axum::Router,
+    addr: std::net::SocketAddr,
+    server: Arc<Mutex<Option<Server>>>,
+}
+
+/// A receiver's server: its own runtime on its own thread, so that stopping it drops
+/// every connection at once, as a crashed process would.
+#[derive(Debug)]
+struct Server {
+    stop: tokio::sync::oneshot::Sender<()>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Server {
+    fn start(listener: std::net::TcpListener, app: axum::Router) -> Self {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("the receiver's runtime");
+            runtime.block_on(async move {
+                listener
+                    .set_nonblocking(true)
+                    .expect("a non-blocking listener");
+                let listener = tokio::net::TcpListener::from_std(listener).expect("a listener");
+                tokio::select! {
+                    _ = axum::serve(listener, app) => {}
+                    _ = stopped => {}
+                }
+            });
+            // Dropping the runtime drops the listener and every open connection.
+        });
+        Self { stop, thread }
+    }
 }
 
 impl Receiver {
@@ -66,19 +101,44 @@ impl Receiver {
                 }
             }),
         );
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}/hook", listener.local_addr().unwrap());
-        tokio::spawn(async move { axum::serve(listener, app).await });
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
         Self {
-            url,
+            url: format!("http://{addr}/hook"),
             received,
             behaviour,
+            server: Arc::new(Mutex::new(Some(Server::start(listener, app.clone())))),
+            app,
+            addr,
         }
     }
 
     /// Answers the requests that arrive from now on as `behaviour` says.
     pub fn behave(&self, behaviour: Behaviour) {
         self.behaviour.store(behaviour as u8, Ordering::SeqCst);
+    }
+
+    /// Stops the receiver as a crash would (its listener and every connection closed,
+    /// requests in flight unanswered), and starts it again on the same port after `down`.
+    /// What it recorded stays: a receiver that stores a delivery before answering.
+    pub async fn restart(&self, down: Duration) {
+        let server = self.server.lock().unwrap().take();
+        if let Some(server) = server {
+            let _ = server.stop.send(());
+            tokio::task::spawn_blocking(move || server.thread.join())
+                .await
+                .expect("join the receiver's thread")
+                .expect("the receiver's thread panicked");
+        }
+        tokio::time::sleep(down).await;
+        let addr = self.addr;
+        let listener = outbox_test_support::wait_for(
+            &format!("the receiver's port {addr} to be free again"),
+            Duration::from_secs(10),
+            || async move { std::net::TcpListener::bind(addr).ok() },
+        )
+        .await;
+        *self.server.lock().unwrap() = Some(Server::start(listener, self.app.clone()));
     }
 }
 
@@ -90,27 +150,26 @@ pub async fn recording_receiver(delay_ms: Range<u64>) -> (String, Received) {
 }
 
 /// A reader of Redis stream `stream` on `url` from its start, recording each entry's
-/// `id` field (the message id, in the Redis sink's default layout) on arrival.
+/// `id` field (the message id, in the Redis sink's default layout) on arrival. It
+/// reconnects when the server goes away, and reads on from the last entry it recorded.
 pub async fn redis_consumer(url: &str, stream: &str) -> Received {
     let client = redis::Client::open(url).unwrap_or_else(|e| panic!("Redis URL: {e}"));
-    let mut redis = match tokio::time::timeout(
-        Duration::from_secs(10),
-        client.get_multiplexed_async_connection(),
-    )
-    .await
-    {
-        Ok(Ok(c)) => c,
-        Ok(Err(e)) => outbox_test_support::no_server(
+    let connect = |client: redis::Client| async move {
+        tokio::time::timeout(
+            Duration::from_secs(10),
+            client.get_multiplexed_async_connection(),
+        )
+        .await
+        .map_err(|_| "timeout".to_owned())?
+        .map_err(|e| e.to_string())
+    };
+    let mut redis = match connect(client.clone()).await {
+        Ok(c) => c,
+        Err(e) => outbox_test_support::no_server(
             "Redis",
             "OUTBOX_TEST_REDIS_URL",
             &outbox::redact::url(url),
             e,
-        ),
-        Err(_) => outbox_test_support::no_server(
-            "Redis",
-            "OUTBOX_TEST_REDIS_URL",
-            &outbox::redact::url(url),
-            "timeout",
         ),
     };
     let received: Received = Arc::default();
@@ -132,6 +191,9 @@ pub async fn redis_consumer(url: &str, stream: &str) -> Received {
                 .await;
             let Ok(reply) = reply else {
                 tokio::time::sleep(Duration::from_millis(100)).await;
+                if let Ok(fresh) = connect(client.clone()).await {
+                    redis = fresh;
+                }
                 continue;
             };
             for (_, entries) in reply.unwrap_or_default() {
@@ -150,39 +212,143 @@ pub async fn redis_consumer(url: &str, stream: &str) -> Received {
     received
 }
 
+/// A `redis-server` of the battery's own on a free loopback port, with an AOF fsynced
+/// before each write is acknowledged, in a private directory: a restarted server still
+/// holds every entry it acknowledged, so a message a restart loses is the relay's fault.
+/// Killed when dropped.
+#[derive(Debug)]
+pub struct RedisServer {
+    /// `redis://127.0.0.1:<port>/`.
+    pub url: String,
+    port: u16,
+    dir: std::path::PathBuf,
+    process: Mutex<Option<outbox_test_support::ChildGuard>>,
+}
+
+impl RedisServer {
+    /// Starts a server with its data in `dir`.
+    ///
+    /// # Panics
+    ///
+    /// If `redis-server` is not installed or does not answer within 10 s.
+    pub async fn start(dir: &std::path::Path) -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let server = Self {
+            url: format!("redis://127.0.0.1:{port}/"),
+            port,
+            dir: dir.join("redis"),
+            process: Mutex::new(None),
+        };
+        std::fs::create_dir_all(&server.dir).expect("the Redis directory");
+        server.spawn().await;
+        server
+    }
+
+    /// Stops the server, by SIGKILL when `crash`, else by SIGTERM (a clean shutdown), and
+    /// starts it again on the same port and data after `down`.
+    pub async fn restart(&self, down: Duration, crash: bool) {
+        let process = self.process.lock().unwrap().take();
+        if let Some(mut process) = process {
+            tokio::task::spawn_blocking(move || {
+                if crash {
+                    process.kill();
+                } else {
+                    process.terminate(Duration::from_secs(10));
+                }
+            })
+            .await
+            .expect("stop redis-server");
+        }
+        tokio::time::sleep(down).await;
+        self.spawn().await;
+    }
+
+    async fn spawn(&self) {
+        let program = "/usr/bin/redis-server";
+        assert!(
+            std::path::Path::new(program).exists(),
+            "the battery starts its own Redis and found no {program} \
+             (run scripts/services.sh, which installs redis-server)"
+        );
+        let process = outbox_test_support::ChildGuard::spawn(
+            format!("redis-server on port {}", self.port),
+            std::process::Command::new(program)
+                .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+                .args([
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "yes",
+                    "--appendfsync",
+                    "always",
+                ])
+                .args(["--dir", &self.dir.display().to_string()])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null()),
+        );
+        *self.process.lock().unwrap() = Some(process);
+        let client = redis::Client::open(self.url.as_str()).unwrap();
+        outbox_test_support::wait_until(
+            &format!("redis-server on port {} to answer", self.port),
+            Duration::from_secs(10),
+            || {
+                let client = client.clone();
+                async move {
+                    let Ok(mut redis) = client.get_multiplexed_async_connection().await else {
+                        return false;
+                    };
+                    redis::cmd("PING")
+                        .query_async::<String>(&mut redis)
+                        .await
+                        .is_ok()
+                }
+            },
+        )
+        .await;
+    }
+}
+
 /// A fresh durable queue on the test RabbitMQ (`OUTBOX_TEST_AMQP_URL`) and a consumer
-/// that records each delivery's `message_id` on arrival. Returns the broker URL, the
-/// queue's name and the record.
+/// that records each delivery's `message_id` on arrival. It reconnects when the broker
+/// closes its connection (a restart). Returns the broker URL, the queue's name and the
+/// record.
 pub async fn amqp_consumer() -> (String, String, Received) {
-    use outbox::amqp::client::options::{BasicGetOptions, QueueDeclareOptions};
+    use outbox::amqp::client::options::{BasicAckOptions, BasicGetOptions, QueueDeclareOptions};
     use outbox::amqp::client::types::FieldTable;
-    use outbox::amqp::client::{Connection, ConnectionProperties};
+    use outbox::amqp::client::{Channel, Connection, ConnectionProperties};
+
+    async fn open(url: &str) -> Result<(Connection, Channel), String> {
+        let connection = tokio::time::timeout(
+            Duration::from_secs(10),
+            Connection::connect(url, ConnectionProperties::default()),
+        )
+        .await
+        .map_err(|_| "timeout".to_owned())?
+        .map_err(|e| e.to_string())?;
+        let channel = connection
+            .create_channel()
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok((connection, channel))
+    }
 
     let url = outbox_test_support::server_url(
         "OUTBOX_TEST_AMQP_URL",
         "amqp://guest:guest@127.0.0.1:5672/outbox-test",
     );
-    let connection = match tokio::time::timeout(
-        Duration::from_secs(10),
-        Connection::connect(&url, ConnectionProperties::default()),
-    )
-    .await
-    {
-        Ok(Ok(c)) => c,
-        Ok(Err(e)) => outbox_test_support::no_server(
+    let (connection, channel) = match open(&url).await {
+        Ok(opened) => opened,
+        Err(e) => outbox_test_support::no_server(
             "RabbitMQ",
             "OUTBOX_TEST_AMQP_URL",
             &outbox::redact::url(&url),
             e,
         ),
-        Err(_) => outbox_test_support::no_server(
-            "RabbitMQ",
-            "OUTBOX_TEST_AMQP_URL",
-            &outbox::redact::url(&url),
-            "timeout",
-        ),
     };
-    let channel = connection.create_channel().await.unwrap();
     let queue = format!("outbox-test.cli.{:016x}", fastrand::u64(..));
     channel
         .queue_declare(
@@ -194,26 +360,38 @@ pub async fn amqp_consumer() -> (String, String, Received) {
         .unwrap();
     let got: Received = Arc::default();
     let record = got.clone();
-    let name = queue.clone();
+    let (name, address) = (queue.clone(), url.clone());
     tokio::spawn(async move {
-        let _connection = connection;
+        let mut open_channel = Some((connection, channel));
         loop {
-            match channel
-                .basic_get(name.as_str().into(), BasicGetOptions { no_ack: true })
-                .await
-            {
-                Ok(Some(message)) => {
-                    let id = message
-                        .delivery
-                        .properties
-                        .message_id()
-                        .as_ref()
-                        .map(|id| id.as_str().to_owned())
-                        .unwrap_or_default();
-                    record.lock().unwrap().push(id);
+            let Some((_connection, channel)) = open_channel.take() else {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                open_channel = open(&address).await.ok();
+                continue;
+            };
+            loop {
+                match channel
+                    .basic_get(name.as_str().into(), BasicGetOptions { no_ack: false })
+                    .await
+                {
+                    // Acknowledged once recorded: a message whose acknowledgement a
+                    // restart lost comes again, as a duplicate, never as a loss.
+                    Ok(Some(message)) => {
+                        let id = message
+                            .delivery
+                            .properties
+                            .message_id()
+                            .as_ref()
+                            .map(|id| id.as_str().to_owned())
+                            .unwrap_or_default();
+                        record.lock().unwrap().push(id);
+                        if message.ack(BasicAckOptions::default()).await.is_err() {
+                            break;
+                        }
+                    }
+                    Ok(None) => tokio::time::sleep(Duration::from_millis(5)).await,
+                    Err(_) => break,
                 }
-                Ok(None) => tokio::time::sleep(Duration::from_millis(5)).await,
-                Err(_) => return,
             }
         }
     });
@@ -423,4 +601,67 @@ pub async fn sqs_consumer() -> (outbox_test_support::ChildGuard, String, Receive
         }
     });
     (guard, queue_url, got)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
+
+    /// Posts a delivery with message id `id` on `stream`; returns the status line.
+    async fn post(stream: &mut TcpStream, id: &str) -> std::io::Result<String> {
+        let request = format!(
+            "POST /hook HTTP/1.1\r\nhost: receiver\r\noutbox-message-id: {id}\r\ncontent-length: 0\r\n\r\n"
+        );
+        stream.write_all(request.as_bytes()).await?;
+        let mut answer = Vec::new();
+        let mut chunk = [0; 512];
+        while !answer.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = stream.read(&mut chunk).await?;
+            if n == 0 {
+                return Err(std::io::ErrorKind::UnexpectedEof.into());
+            }
+            answer.extend_from_slice(&chunk[..n]);
+        }
+        let text = String::from_utf8_lossy(&answer).into_owned();
+        Ok(text.lines().next().unwrap_or_default().to_owned())
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_restarted_receiver_drops_its_connections_and_then_answers_again() {
+        tokio::time::timeout(Duration::from_secs(30), async {
+            let receiver = Receiver::start(0..0).await;
+            let addr = receiver.addr;
+            let mut kept = TcpStream::connect(addr).await.unwrap();
+            assert_eq!(
+                post(&mut kept, "a").await.unwrap(),
+                "HTTP/1.1 204 No Content"
+            );
+
+            let restarting = receiver.clone();
+            let restart = tokio::spawn(async move {
+                restarting.restart(Duration::from_millis(500)).await;
+            });
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            assert!(
+                TcpStream::connect(addr).await.is_err(),
+                "a connection was accepted while the receiver was down"
+            );
+            assert!(
+                post(&mut kept, "lost").await.is_err(),
+                "a connection opened before the restart still answered"
+            );
+
+            restart.await.unwrap();
+            let mut fresh = TcpStream::connect(addr).await.unwrap();
+            assert_eq!(
+                post(&mut fresh, "b").await.unwrap(),
+                "HTTP/1.1 204 No Content"
+            );
+            assert_eq!(*receiver.received.lock().unwrap(), ["a", "b"]);
+        })
+        .await
+        .expect("the test took over 30 s");
+    }
 }

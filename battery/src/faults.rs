@@ -4,12 +4,12 @@ use std::process::Command;
 use std::time::Duration;
 
 use clap::ValueEnum;
-use outbox_battery::consumers::{Behaviour, Receiver};
+use outbox_battery::consumers::{Behaviour, Receiver, RedisServer};
 use outbox_test_support::wait_until;
 
 use crate::ledger::Ledger;
 use crate::relays::Relays;
-use crate::{SinkKind, StoreKind};
+use crate::{Database, SinkKind};
 use outbox_test_support::proxy::{Net, Proxy};
 
 /// A fault scenario.
@@ -49,6 +49,11 @@ pub(crate) enum Fault {
     /// database's clock: a relay that judged them by its own would take rows another
     /// still holds, or wait 10 minutes for due rows.
     ClockSkew,
+    /// The sink's server stopped and started again after 1 s: the webhook receiver (its
+    /// listener and open connections dropped, as in a crash), a private Redis with an
+    /// fsynced AOF (SIGKILL and SIGTERM alternately), RabbitMQ (`stop_app`,
+    /// `start_app`). Consumers reconnect and read on.
+    SinkRestart,
     /// The webhook receiver answers 503 for 2 s out of every 3 (HTTP only).
     #[value(name = "receiver-5xx")]
     Receiver5xx,
@@ -75,18 +80,27 @@ impl Fault {
     }
 
     /// Why the scenario cannot run on `store` and `sink`, if it cannot.
-    pub(crate) fn unsupported(self, store: StoreKind, sink: SinkKind) -> Option<&'static str> {
+    pub(crate) fn unsupported(self, database: Database, sink: SinkKind) -> Option<&'static str> {
         match self {
-            Self::DbRestart | Self::DbKill if store == StoreKind::Sqlite => {
+            Self::DbRestart | Self::DbKill if database == Database::Sqlite => {
                 Some("SQLite is a file: there is no server to restart or connection to end")
             }
             Self::Receiver5xx | Self::ReceiverSlow if sink != SinkKind::Http => {
                 Some("the receiver faults need the HTTP sink's receiver")
             }
+            Self::SinkRestart if sink == SinkKind::Sqs => Some(
+                "moto, the SQS emulator, keeps its queues in memory: a restart empties them, \
+                 which SQS itself never does",
+            ),
+            Self::SinkRestart if sink == SinkKind::Kafka => Some(
+                "tansu, the Kafka-protocol broker here, can lose an idempotent producer's state \
+                 when killed and then fail that producer for good; sink-kafka's broker_restart \
+                 test covers the restart with that worked around",
+            ),
             Self::NetSink if sink == SinkKind::Kafka => {
                 Some("Kafka clients connect to the addresses the broker advertises, around a proxy")
             }
-            Self::NetStore | Self::SilentStore if store == StoreKind::Sqlite => {
+            Self::NetStore | Self::SilentStore if database == Database::Sqlite => {
                 Some("SQLite is a file: there is no connection to put a proxy on")
             }
             _ => None,
@@ -105,10 +119,11 @@ pub(crate) struct Injected {
 
 /// What a fault acts on.
 pub(crate) struct Target<'a> {
-    pub(crate) store: StoreKind,
+    pub(crate) database: Database,
     pub(crate) ledger: &'a Ledger,
     pub(crate) relays: &'a mut Relays,
     pub(crate) receiver: Option<&'a Receiver>,
+    pub(crate) sink: Option<&'a SinkServer>,
     pub(crate) proxy: Option<&'a Proxy>,
     pub(crate) lease: Duration,
 }
@@ -158,7 +173,8 @@ impl Target<'_> {
                 }
                 Fault::DbRestart => {
                     pause(500..1_500).await;
-                    restart_database(self.store, cycle % 2 == 1);
+                    let database = self.database;
+                    tokio::task::block_in_place(|| restart_database(database, cycle % 2 == 1));
                 }
                 Fault::DbKill => {
                     pause(500..1_500).await;
@@ -175,6 +191,11 @@ impl Target<'_> {
                     tokio::time::sleep(Duration::from_secs(2)).await;
                     proxy.set(Net::Pass);
                     tokio::time::sleep(Duration::from_secs(2)).await;
+                }
+                Fault::SinkRestart => {
+                    pause(500..1_500).await;
+                    let server = self.sink.expect("a sink server the battery can restart");
+                    server.restart(cycle % 2 == 1).await;
                 }
                 Fault::Receiver5xx | Fault::ReceiverSlow => {
                     let receiver = self.receiver.expect("an HTTP receiver");
@@ -223,37 +244,79 @@ async fn pause(range: std::ops::Range<u64>) {
     tokio::time::sleep(Duration::from_millis(fastrand::u64(range))).await;
 }
 
+/// A sink's server the `sink-restart` fault restarts.
+pub(crate) enum SinkServer {
+    /// The webhook receiver.
+    Receiver(Receiver),
+    /// The battery's own Redis.
+    Redis(RedisServer),
+    /// The shared RabbitMQ (its app stopped and started; the node stays up).
+    RabbitMq,
+}
+
+impl SinkServer {
+    /// Stops the server and starts it again after 1 s; `crash` picks the rougher stop
+    /// where there is a choice (Redis: SIGKILL rather than SIGTERM).
+    async fn restart(&self, crash: bool) {
+        let down = Duration::from_secs(1);
+        match self {
+            Self::Receiver(receiver) => receiver.restart(down).await,
+            Self::Redis(redis) => redis.restart(down, crash).await,
+            Self::RabbitMq => {
+                let rabbitmqctl = |args: &[&str]| {
+                    tokio::task::block_in_place(|| {
+                        run("a RabbitMQ restart", Command::new("rabbitmqctl").args(args));
+                    });
+                };
+                rabbitmqctl(&["stop_app"]);
+                tokio::time::sleep(down).await;
+                rabbitmqctl(&["start_app"]);
+                rabbitmqctl(&["await_startup"]);
+            }
+        }
+    }
+}
+
 /// Restarts the database server of `store`: fast (a clean shutdown) or `immediate` (as a
 /// crash: PostgreSQL `-m immediate`, SIGKILL to mariadbd).
-fn restart_database(store: StoreKind, immediate: bool) {
-    match store {
-        StoreKind::Postgres => {
+fn restart_database(database: Database, immediate: bool) {
+    match database {
+        Database::Postgres => {
             let version = std::fs::read_dir("/etc/postgresql")
                 .expect("PostgreSQL's clusters under /etc/postgresql")
                 .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
                 .max_by_key(|v| v.parse::<u32>().unwrap_or(0))
                 .expect("a PostgreSQL cluster");
             let mode = if immediate { "immediate" } else { "fast" };
-            run(Command::new("pg_ctlcluster").args([
-                "--skip-systemctl-redirect",
-                &version,
-                "main",
-                "restart",
-                "-m",
-                mode,
-            ]));
+            run(
+                "a database restart",
+                Command::new("pg_ctlcluster").args([
+                    "--skip-systemctl-redirect",
+                    &version,
+                    "main",
+                    "restart",
+                    "-m",
+                    mode,
+                ]),
+            );
         }
-        StoreKind::Mysql => {
+        Database::Mysql => {
             if immediate {
-                run(Command::new("pkill").args(["-KILL", "-x", "mariadbd"]));
+                run(
+                    "a database restart",
+                    Command::new("pkill").args(["-KILL", "-x", "mariadbd"]),
+                );
             } else {
-                run(Command::new("mariadb-admin").args([
-                    "-h",
-                    "127.0.0.1",
-                    "-u",
-                    "root",
-                    "shutdown",
-                ]));
+                run(
+                    "a database restart",
+                    Command::new("mariadb-admin").args([
+                        "-h",
+                        "127.0.0.1",
+                        "-u",
+                        "root",
+                        "shutdown",
+                    ]),
+                );
             }
             // mariadbd leaves when its shutdown ends; start the next one after that.
             for _ in 0..100 {
@@ -266,24 +329,26 @@ fn restart_database(store: StoreKind, immediate: bool) {
                 }
                 std::thread::sleep(Duration::from_millis(100));
             }
-            run(Command::new("start-stop-daemon").args([
-                "--start",
-                "--oknodo",
-                "--background",
-                "--exec",
-                "/usr/sbin/mariadbd",
-                "--",
-                "--user=mysql",
-            ]));
+            run(
+                "a database restart",
+                Command::new("start-stop-daemon").args([
+                    "--start",
+                    "--oknodo",
+                    "--background",
+                    "--exec",
+                    "/usr/sbin/mariadbd",
+                    "--",
+                    "--user=mysql",
+                ]),
+            );
         }
-        StoreKind::Sqlite => unreachable!("checked by Fault::unsupported"),
+        Database::Sqlite => unreachable!("checked by Fault::unsupported"),
     }
 }
 
-/// Runs `command` to completion; panics if it fails.
-fn run(command: &mut Command) {
-    let output =
-        outbox_test_support::output_within("a database restart", Duration::from_secs(60), command);
+/// Runs `command`, for `what`, to completion; panics if it fails.
+fn run(what: &str, command: &mut Command) {
+    let output = outbox_test_support::output_within(what, Duration::from_secs(60), command);
     assert!(
         output.status.success(),
         "{command:?} failed: {}",

@@ -20,7 +20,7 @@ use outbox::sqlite::SqliteOutbox;
 use outbox::{NewMessage, TableNames};
 use outbox_battery::verdict::Committed;
 
-use crate::StoreKind;
+use crate::Database;
 
 /// A fraction of the writers' transactions that roll back (in percent).
 const ROLLBACK_PERCENT: u32 = 30;
@@ -74,11 +74,11 @@ pub(crate) struct Writes {
 impl Ledger {
     /// Creates a fresh outbox table with `keys` partition keys, in the store of `kind`
     /// (SQLite: a file in `dir`).
-    pub(crate) async fn create(kind: StoreKind, dir: &Path, keys: usize) -> Self {
+    pub(crate) async fn create(kind: Database, dir: &Path, keys: usize) -> Self {
         let table = format!("battery_{:012x}", fastrand::u64(..1 << 48));
         let names = TableNames::default().outbox(&table).unwrap();
         let (db, store_url, placeholders) = match kind {
-            StoreKind::Postgres => {
+            Database::Postgres => {
                 let url = outbox_test_support::server_url(
                     "OUTBOX_TEST_POSTGRES_URL",
                     "postgres://postgres@127.0.0.1:5432/test",
@@ -91,7 +91,7 @@ impl Ledger {
                 let outbox = PgOutbox::with_names(pool.clone(), names);
                 (Db::Postgres(pool, outbox), url, Placeholders::Numbered)
             }
-            StoreKind::Sqlite => {
+            Database::Sqlite => {
                 let url = format!("sqlite:{}", dir.join("battery.db").display());
                 let options = url
                     .parse::<sqlx::sqlite::SqliteConnectOptions>()
@@ -103,7 +103,7 @@ impl Ledger {
                 let outbox = SqliteOutbox::with_names(pool.clone(), names);
                 (Db::Sqlite(pool, outbox), url, Placeholders::Question)
             }
-            StoreKind::Mysql => {
+            Database::Mysql => {
                 let url = outbox_test_support::server_url(
                     "OUTBOX_TEST_MYSQL_URL",
                     "mysql://root@127.0.0.1:3306/test",
@@ -342,7 +342,7 @@ fn key(i: usize) -> String {
 /// Waits for `connecting` (a small pool on `url`), or exits loudly naming the server
 /// that is missing.
 async fn connect<DB: sqlx::Database>(
-    kind: StoreKind,
+    kind: Database,
     url: &str,
     connecting: impl Future<Output = Result<sqlx::Pool<DB>, sqlx::Error>>,
 ) -> sqlx::Pool<DB> {

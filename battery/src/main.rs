@@ -14,13 +14,13 @@
 //! promise. `scripts/battery.sh` runs the whole table; see `docs/RELIABILITY.md`.
 
 use std::collections::{HashMap, HashSet};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand, ValueEnum};
-use outbox_battery::consumers::{self, Received, Receiver};
+use outbox_battery::consumers::{self, Received, Receiver, RedisServer};
 use outbox_battery::verdict::{Committed, Counts};
 use outbox_test_support::ChildGuard;
 
@@ -29,7 +29,7 @@ mod faults;
 mod ledger;
 mod relays;
 
-use faults::{Fault, Target};
+use faults::{Fault, SinkServer, Target};
 use ledger::{Ledger, Writes};
 use relays::{RelayCommand, Relays};
 
@@ -85,15 +85,49 @@ struct RunArgs {
     outbox: Option<PathBuf>,
 }
 
-/// The stores the battery runs on.
+/// The stores the battery runs on: the sqlx stores, and the diesel stores on the same
+/// databases (the writers and the ledger use sqlx either way; the relays use the store).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub(crate) enum StoreKind {
     Postgres,
     Sqlite,
     Mysql,
+    DieselPostgres,
+    DieselSqlite,
+    DieselMysql,
 }
 
 impl StoreKind {
+    /// The database under the store.
+    pub(crate) fn database(self) -> Database {
+        match self {
+            Self::Postgres | Self::DieselPostgres => Database::Postgres,
+            Self::Sqlite | Self::DieselSqlite => Database::Sqlite,
+            Self::Mysql | Self::DieselMysql => Database::Mysql,
+        }
+    }
+
+    /// The URL the relays open the store with: `url`, with `diesel+` before it for the
+    /// diesel stores.
+    fn relay_url(self, url: &str) -> String {
+        match self {
+            Self::DieselPostgres | Self::DieselSqlite | Self::DieselMysql => {
+                format!("diesel+{url}")
+            }
+            Self::Postgres | Self::Sqlite | Self::Mysql => url.to_owned(),
+        }
+    }
+}
+
+/// A database the stores live in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Database {
+    Postgres,
+    Sqlite,
+    Mysql,
+}
+
+impl Database {
     fn server(self) -> &'static str {
         match self {
             Self::Postgres => "PostgreSQL",
@@ -151,15 +185,19 @@ struct Consumer {
     route: String,
     received: Received,
     receiver: Option<Receiver>,
+    server: Option<SinkServer>,
     keeps_order: bool,
     _emulator: Option<ChildGuard>,
 }
 
-async fn consumer(sink: SinkKind) -> Consumer {
-    let plain = |route: String, received: Received| Consumer {
+/// The consumer of `sink`; under `sink-restart`, on a server the battery can restart
+/// (for Redis, a private one that keeps what it acknowledged; see [`RedisServer`]).
+async fn consumer(sink: SinkKind, fault: Fault, dir: &Path) -> Consumer {
+    let plain = |route: String, received: Received, server: Option<SinkServer>| Consumer {
         route,
         received,
         receiver: None,
+        server,
         keeps_order: true,
         _emulator: None,
     };
@@ -172,19 +210,33 @@ async fn consumer(sink: SinkKind) -> Consumer {
                     receiver.url
                 ),
                 received: receiver.received.clone(),
+                server: Some(SinkServer::Receiver(receiver.clone())),
                 receiver: Some(receiver),
                 keeps_order: true,
                 _emulator: None,
             }
         }
         SinkKind::Redis => {
-            let url =
-                outbox_test_support::server_url("OUTBOX_TEST_REDIS_URL", "redis://127.0.0.1:6379/");
+            let own = if fault == Fault::SinkRestart {
+                Some(RedisServer::start(dir).await)
+            } else {
+                None
+            };
+            let url = own.as_ref().map_or_else(
+                || {
+                    outbox_test_support::server_url(
+                        "OUTBOX_TEST_REDIS_URL",
+                        "redis://127.0.0.1:6379/",
+                    )
+                },
+                |own| own.url.clone(),
+            );
             let stream = format!("battery.{:016x}", fastrand::u64(..));
             let received = consumers::redis_consumer(&url, &stream).await;
             plain(
                 format!("url = \"{url}\"\nstream = \"{stream}\"\n"),
                 received,
+                own.map(SinkServer::Redis),
             )
         }
         SinkKind::Amqp => {
@@ -192,11 +244,16 @@ async fn consumer(sink: SinkKind) -> Consumer {
             plain(
                 format!("url = \"{url}\"\nrouting_key = \"{queue}\"\n"),
                 received,
+                Some(SinkServer::RabbitMq),
             )
         }
         SinkKind::Kafka => {
             let (brokers, topic, received) = consumers::kafka_consumer().await;
-            plain(format!("url = \"kafka://{brokers}/{topic}\"\n"), received)
+            plain(
+                format!("url = \"kafka://{brokers}/{topic}\"\n"),
+                received,
+                None,
+            )
         }
         SinkKind::Sqs => {
             let (emulator, queue_url, received) = consumers::sqs_consumer().await;
@@ -207,6 +264,7 @@ async fn consumer(sink: SinkKind) -> Consumer {
                 ),
                 received,
                 receiver: None,
+                server: None,
                 // A standard SQS queue does not keep order.
                 keeps_order: false,
                 _emulator: Some(emulator),
@@ -223,16 +281,16 @@ async fn run(args: RunArgs) -> std::process::ExitCode {
         name(args.fault),
         if args.broken { " broken" } else { "" }
     );
-    if let Some(reason) = args.fault.unsupported(args.store, args.sink) {
+    if let Some(reason) = args.fault.unsupported(args.store.database(), args.sink) {
         eprintln!("battery {cell}: not applicable: {reason}");
         return std::process::ExitCode::from(2);
     }
     let started = Instant::now();
     let dir = std::env::temp_dir().join(format!("outbox-battery-{:016x}", fastrand::u64(..)));
     std::fs::create_dir_all(&dir).expect("a scratch directory");
-    let ledger = Ledger::create(args.store, &dir, args.keys).await;
-    let mut consumer = consumer(args.sink).await;
-    let mut store_url = ledger.store_url.clone();
+    let ledger = Ledger::create(args.store.database(), &dir, args.keys).await;
+    let mut consumer = consumer(args.sink, args.fault, &dir).await;
+    let mut store_url = args.store.relay_url(&ledger.store_url);
     let proxy = match args.fault {
         Fault::NetSink | Fault::SilentSink => {
             Some(outbox_test_support::proxy::in_front(&mut consumer.route).await)
@@ -271,10 +329,11 @@ async fn run(args: RunArgs) -> std::process::ExitCode {
         .collect();
     let mut relays = Relays::start(command, args.fault.relays());
     let injected = Target {
-        store: args.store,
+        database: args.store.database(),
         ledger: &ledger,
         relays: &mut relays,
         receiver: consumer.receiver.as_ref(),
+        sink: consumer.server.as_ref(),
         proxy: proxy.as_ref(),
         lease: lease(args.sink),
     }
