@@ -196,7 +196,11 @@ fn main() -> ExitCode {
         Ok(runtime) => runtime,
         Err(e) => return fail(format!("cannot start the runtime: {e}")),
     };
-    match runtime.block_on(run(cli)) {
+    let result = runtime.block_on(run(cli));
+    // A store call abandoned on a silent connection may still hold a blocking thread
+    // (diesel's calls cannot be cancelled): exit without waiting for it.
+    runtime.shutdown_timeout(Duration::from_secs(5));
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => fail(message),
     }

@@ -87,27 +87,32 @@ where
     let published = outbox_sql::published_rows(C::DIALECT, settings)?;
     let url = connection_url(&settings.url, scheme)?;
     let size = settings.max_connections.max(1);
-    // r2d2 connects while it builds the pool: a blocking call.
-    let pool = tokio::task::spawn_blocking(move || {
-        let mut builder = Pool::builder()
+    let builder = move || {
+        let builder = Pool::builder()
             .max_size(size)
             .min_idle(Some(1))
             .connection_timeout(CONNECT_TIMEOUT);
-        if let Some(setup) = C::connection_setup() {
-            builder = builder.connection_customizer(setup);
+        match C::connection_setup() {
+            Some(setup) => builder.connection_customizer(setup),
+            None => builder,
         }
-        builder.build(ConnectionManager::<C>::new(url))
-    })
-    .await
-    .map_err(|e| BuildError::unavailable(format!("connecting failed: {e}")))?
-    .map_err(|e| {
-        BuildError::unavailable(format!(
-            "cannot connect to {}: {e}",
-            redact::url(&settings.url)
-        ))
-    })?;
+    };
+    // r2d2 connects while it builds the pool: a blocking call. The pools opened after an
+    // abandoned call connect in the background.
+    let first = ConnectionManager::<C>::new(url.clone());
+    let pool = tokio::task::spawn_blocking(move || builder().build(first))
+        .await
+        .map_err(|e| BuildError::unavailable(format!("connecting failed: {e}")))?
+        .map_err(|e| {
+            BuildError::unavailable(format!(
+                "cannot connect to {}: {e}",
+                redact::url(&settings.url)
+            ))
+        })?;
     Ok(AnyStore::new(
-        DieselOutbox::with_names(pool, names).published_rows(published),
+        DieselOutbox::with_names(pool, names)
+            .published_rows(published)
+            .renewing_pool(move || builder().build_unchecked(ConnectionManager::new(url.clone()))),
     ))
 }
 

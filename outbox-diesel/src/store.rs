@@ -2,7 +2,7 @@
 //! connections, each operation run on one of them in tokio's blocking pool.
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError, RwLock};
 
 use diesel::r2d2::{ConnectionManager, Pool};
 use outbox_engine::{
@@ -27,11 +27,66 @@ use crate::error;
 /// on tokio's blocking pool; size the pool to the relay's `concurrency` plus the reads of
 /// dashboards and the CLI.
 ///
+/// A diesel call cannot be cancelled. When the caller gives up on a store call (the relay
+/// does after its lease), the call keeps its thread and its connection until the
+/// database answers, or the OS gives up on a connection that went silent, which may be
+/// never. With [`renewing_pool`](Self::renewing_pool), the store then opens a fresh pool
+/// and leaves the stuck connection behind; without it, each such call holds one
+/// connection of the pool for as long as it is stuck.
+///
 /// Cheap to clone; clones share the pool and the rendered statements.
 pub struct DieselOutbox<C: DieselDialect> {
-    pool: Pool<ConnectionManager<C>>,
+    pools: Arc<Pools<C>>,
     ctx: Arc<Context<C>>,
     wakeup: Wakeup,
+}
+
+/// How a fresh pool is opened.
+type OpenPool<C> = Box<dyn Fn() -> Pool<ConnectionManager<C>> + Send + Sync>;
+
+/// The pool the store's calls take connections from, and how to open a fresh one.
+struct Pools<C: DieselDialect> {
+    current: RwLock<(u64, Pool<ConnectionManager<C>>)>,
+    open: Option<OpenPool<C>>,
+}
+
+impl<C: DieselDialect> Pools<C> {
+    fn new(pool: Pool<ConnectionManager<C>>, open: Option<OpenPool<C>>) -> Arc<Self> {
+        Arc::new(Self {
+            current: RwLock::new((0, pool)),
+            open,
+        })
+    }
+
+    /// The current pool and its generation.
+    fn current(&self) -> (u64, Pool<ConnectionManager<C>>) {
+        let current = self.current.read().unwrap_or_else(PoisonError::into_inner);
+        (current.0, current.1.clone())
+    }
+
+    /// Replaces the pool of `generation`, once, if there is a way to open one.
+    fn renew(&self, generation: u64) {
+        let Some(open) = &self.open else { return };
+        let mut current = self.current.write().unwrap_or_else(PoisonError::into_inner);
+        if current.0 == generation {
+            *current = (generation + 1, open());
+        }
+    }
+}
+
+/// Renews the pool of `generation` when dropped armed: its call was abandoned.
+struct Abandoned<'a, C: DieselDialect> {
+    pools: &'a Pools<C>,
+    generation: u64,
+    armed: bool,
+}
+
+impl<C: DieselDialect> Drop for Abandoned<'_, C> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.pools.renew(self.generation);
+        }
+    }
 }
 
 impl<C: DieselDialect> DieselOutbox<C> {
@@ -43,7 +98,7 @@ impl<C: DieselDialect> DieselOutbox<C> {
     /// The outbox in the tables `names` gives.
     pub fn with_names(pool: Pool<ConnectionManager<C>>, names: TableNames) -> Self {
         Self {
-            pool,
+            pools: Pools::new(pool, None),
             ctx: Arc::new(Context {
                 sql: C::statements(&names, PublishedRows::Keep),
                 names,
@@ -68,9 +123,39 @@ impl<C: DieselDialect> DieselOutbox<C> {
         }
     }
 
-    /// The pool the relay side uses.
-    pub fn pool(&self) -> &Pool<ConnectionManager<C>> {
-        &self.pool
+    /// Opens a fresh pool with `open` when a store call is abandoned before it ends, and
+    /// leaves the old one to the calls still stuck on it (see the type's docs). `open`
+    /// must not block: build the pool with r2d2's `build_unchecked`. The pools the
+    /// drivers open (`diesel+postgres://` …) do this.
+    ///
+    /// ```no_run
+    /// # #[cfg(feature = "postgres")] {
+    /// use diesel::r2d2::{ConnectionManager, Pool};
+    /// use outbox_diesel::postgres::PgOutbox;
+    ///
+    /// let open = || {
+    ///     Pool::builder()
+    ///         .max_size(4)
+    ///         .build_unchecked(ConnectionManager::new("postgres://app@db/app"))
+    /// };
+    /// let outbox = PgOutbox::new(open()).renewing_pool(open);
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn renewing_pool(
+        self,
+        open: impl Fn() -> Pool<ConnectionManager<C>> + Send + Sync + 'static,
+    ) -> Self {
+        let (_, pool) = self.pools.current();
+        Self {
+            pools: Pools::new(pool, Some(Box::new(open))),
+            ..self
+        }
+    }
+
+    /// The pool the relay side uses now.
+    pub fn pool(&self) -> Pool<ConnectionManager<C>> {
+        self.pools.current().1
     }
 
     /// The table names.
@@ -127,14 +212,20 @@ impl<C: DieselDialect> DieselOutbox<C> {
         T: Send + 'static,
         F: FnOnce(&mut C, &Context<C>) -> Result<T, StoreError> + Send + 'static,
     {
-        let pool = self.pool.clone();
+        let (generation, pool) = self.pools.current();
         let ctx = Arc::clone(&self.ctx);
-        tokio::task::spawn_blocking(move || {
+        let mut abandoned = Abandoned {
+            pools: &self.pools,
+            generation,
+            armed: true,
+        };
+        let joined = tokio::task::spawn_blocking(move || {
             let mut conn = pool.get().map_err(error::pool)?;
             work(&mut conn, &ctx)
         })
-        .await
-        .map_err(error::task)?
+        .await;
+        abandoned.armed = false;
+        joined.map_err(error::task)?
     }
 }
 
@@ -158,7 +249,7 @@ pub(crate) async fn migrate<C: DieselDialect>(
 impl<C: DieselDialect> Clone for DieselOutbox<C> {
     fn clone(&self) -> Self {
         Self {
-            pool: self.pool.clone(),
+            pools: Arc::clone(&self.pools),
             ctx: Arc::clone(&self.ctx),
             wakeup: self.wakeup.clone(),
         }

@@ -124,6 +124,50 @@ async fn postgres_table_is_shared_with_the_sqlx_backend() {
     .await;
 }
 
+/// A claim stuck on a silent connection keeps its thread and connection (a diesel call
+/// cannot be cancelled); the driver's store opens a fresh pool, so the relay goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_database_costs_the_relay_a_lease_not_its_pool() {
+    use outbox_test_support::proxy::Net;
+
+    let table = common::fresh_table("diesel_silent");
+    let pool = sqlx::PgPool::connect(&url()).await.expect("sqlx pool");
+    let direct = outbox_sqlx::postgres::PgOutbox::with_names(
+        pool.clone(),
+        outbox_sql::TableNames::default().outbox(&table).unwrap(),
+    );
+    direct.migrate().await.expect("migrate");
+    let mut tx = pool.begin().await.unwrap();
+    let message = outbox_engine::NewMessage::builder("orders", "order.paid")
+        .json(&1)
+        .build()
+        .unwrap();
+    direct.enqueue(&mut tx, &message).await.unwrap();
+    tx.commit().await.unwrap();
+
+    let mut proxied = format!("diesel+{}", url());
+    let proxy = outbox_test_support::proxy::in_front(&mut proxied).await;
+    let mut settings = outbox_engine::StoreSettings::new(proxied);
+    settings.table = Some(table.clone());
+    settings.max_connections = 1;
+    let store = (outbox_diesel::POSTGRES.connect)(&settings)
+        .await
+        .expect("the driver opens the store through the proxy");
+    let mut lock = pool.begin().await.unwrap();
+    sqlx::query(&format!("LOCK TABLE \"{table}\" IN ACCESS EXCLUSIVE MODE"))
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+    let silence = async {
+        proxy.set(Net::Silence);
+        lock.commit().await.unwrap();
+    };
+    store_suite::silent_database_costs_a_lease_not_the_pool(store, silence, || {
+        proxy.set(Net::Pass);
+    })
+    .await;
+}
+
 #[cfg(feature = "async")]
 mod on_diesel_async {
     use super::*;

@@ -17,6 +17,7 @@ use outbox_engine::{
 use outbox_sql::Dialect;
 use outbox_sqlx::mysql::{MySqlInbox, MySqlOutbox};
 use outbox_sqlx::{PublishedRows, TableNames};
+use outbox_test_support::proxy::Net;
 use sqlx::MySqlPool;
 use sqlx::mysql::MySqlPoolOptions;
 
@@ -1568,5 +1569,12 @@ async fn a_silent_database_costs_the_relay_a_lease_not_its_pool() {
             .await
             .unwrap();
     };
-    common::a_silent_database_costs_a_lease_not_the_pool(store, &proxy, unlock).await;
+    let silence = async {
+        proxy.set(Net::Silence);
+        unlock.await;
+    };
+    store_suite::silent_database_costs_a_lease_not_the_pool(store, silence, || {
+        proxy.set(Net::Pass);
+    })
+    .await;
 }

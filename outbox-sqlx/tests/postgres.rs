@@ -12,6 +12,7 @@ use outbox_engine::{NewMessage, Relay, StoreError, StoreStats};
 use outbox_sql::Dialect;
 use outbox_sqlx::postgres::{PgInbox, PgOutbox};
 use outbox_sqlx::{PublishedRows, TableNames};
+use outbox_test_support::proxy::Net;
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
@@ -1173,5 +1174,12 @@ async fn a_silent_database_costs_the_relay_a_lease_not_its_pool() {
         .await
         .unwrap();
     let unlock = async move { lock.commit().await.unwrap() };
-    common::a_silent_database_costs_a_lease_not_the_pool(store, &proxy, unlock).await;
+    let silence = async {
+        proxy.set(Net::Silence);
+        unlock.await;
+    };
+    store_suite::silent_database_costs_a_lease_not_the_pool(store, silence, || {
+        proxy.set(Net::Pass);
+    })
+    .await;
 }

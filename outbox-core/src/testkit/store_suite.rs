@@ -1407,3 +1407,63 @@ pub async fn keys_are_scoped_per_destination<H: StoreHarness>(h: &H) {
         "halt: a2 waits behind the dead a1"
     );
 }
+
+/// A database that falls silent (no reply, no reset: a vanished host, a hung server) in
+/// the middle of a claim costs the relay one lease, not its pool.
+///
+/// `store` was opened with one pool connection and holds one due message for route
+/// `orders`, in a table another connection holds locked, so that a claim reaches the
+/// server and waits there. `silence` runs once the claim waits: it must make the
+/// network silent and then release the lock, so that the answer never comes back. The
+/// relay must give up on the claim within its 1 s lease with a
+/// [`Timeout`](crate::StoreErrorKind::Timeout); after `heal` lets traffic through again,
+/// it must publish the message within 60 s: the silent connection must not keep the
+/// pool's only slot.
+///
+/// # Panics
+///
+/// When the relay waits on the claim, or never publishes the message.
+pub async fn silent_database_costs_a_lease_not_the_pool<S: Store>(
+    store: S,
+    silence: impl Future<Output = ()>,
+    heal: impl FnOnce(),
+) {
+    let sink = RecordingSink::new();
+    let relay = Relay::builder(store)
+        .route("orders", sink.clone())
+        .lease(Duration::from_secs(1))
+        .gauges(false)
+        .build()
+        .expect("relay settings");
+    let silence = async {
+        // The claim is on the server by then, waiting for the lock.
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        silence.await;
+    };
+    let (claim, ()) = tokio::join!(
+        tokio::time::timeout(Duration::from_secs(10), relay.run_once()),
+        silence
+    );
+    let error = claim
+        .expect("the relay gives up on a claim the database never answers")
+        .expect_err("a claim that got no answer is an error");
+    assert_eq!(error.kind(), crate::StoreErrorKind::Timeout, "{error}");
+    heal();
+    // Each `run_once` is bounded by the lease, so this loop ends by its deadline.
+    // MySQL's server ends the claim's transaction, which the silence left holding the
+    // row, after the 30 s its drivers' sessions may stay silent.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let mut last = None;
+    while sink.messages().is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "waited 60 s for the message to be published once new connections got through; \
+             the pool's only slot stayed taken (last error: {last:?})"
+        );
+        if let Err(error) = relay.run_once().await {
+            last = Some(error.to_string());
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    assert_eq!(sink.messages().len(), 1, "published once");
+}

@@ -84,7 +84,7 @@ where
 
     async fn enqueue(&self, messages: Vec<NewMessage>) -> Result<(), StoreError> {
         let outbox = self.outbox.clone();
-        blocking(self.outbox.pool(), move |conn| {
+        blocking(&self.outbox.pool(), move |conn| {
             let mut failed = None;
             let done = conn.transaction(|conn| {
                 outbox.enqueue_all(conn, &messages).map_err(|e| {
@@ -104,7 +104,7 @@ where
     async fn advance(&self, by: Duration) {
         let ms = i64::try_from(by.as_millis()).expect("ms");
         let (shift, binds) = (self.shift.clone(), self.shift_binds);
-        blocking(self.outbox.pool(), move |conn| {
+        blocking(&self.outbox.pool(), move |conn| {
             let mut query = diesel::sql_query(shift).into_boxed();
             for _ in 0..binds {
                 query = query.bind::<diesel::sql_types::BigInt, _>(ms);
@@ -475,7 +475,7 @@ where
     let writer = outbox.clone();
     let count = format!("SELECT COUNT(*) AS n FROM {table}");
     let drop = format!("DROP TABLE {table}");
-    let (committed, expected, business_rows) = blocking(outbox.pool(), move |conn| {
+    let (committed, expected, business_rows) = blocking(&outbox.pool(), move |conn| {
         diesel::connection::SimpleConnection::batch_execute(conn, &create)
             .expect("create the business table");
         let (mut committed, mut expected) = (0_i64, HashSet::new());
@@ -577,7 +577,7 @@ where
     let through_diesel = batch(0);
     let writer = outbox.clone();
     let sent = through_diesel.clone();
-    blocking(outbox.pool(), move |conn| {
+    blocking(&outbox.pool(), move |conn| {
         conn.transaction(|conn| {
             writer.enqueue_all(conn, &sent[..10]).expect("enqueue ten");
             for m in &sent[10..] {
