@@ -54,6 +54,21 @@ pub type MysqlOutbox = DieselOutbox<MysqlConnection>;
 /// The receiver-side inbox on MySQL / MariaDB; see [`DieselInbox`].
 pub type MysqlInbox = DieselInbox<MysqlConnection>;
 
+/// Gives each pooled session a 30 s `wait_timeout`. A claim is a transaction: when its
+/// connection falls silent between the `SELECT … FOR UPDATE` and the commit, the server
+/// ends the transaction, and frees the rows every other relay skips, after 30 s instead
+/// of its default 8 hours. r2d2 tests a connection before handing it out, so one the
+/// server closed while idle is replaced.
+#[derive(Debug)]
+struct Session;
+
+impl diesel::r2d2::CustomizeConnection<MysqlConnection, diesel::r2d2::Error> for Session {
+    fn on_acquire(&self, conn: &mut MysqlConnection) -> Result<(), diesel::r2d2::Error> {
+        conn.batch_execute("SET SESSION wait_timeout = 30")
+            .map_err(diesel::r2d2::Error::QueryError)
+    }
+}
+
 #[derive(QueryableByName)]
 struct MessageRow {
     #[diesel(sql_type = Text)]
@@ -367,6 +382,11 @@ impl DieselDialect for MysqlConnection {
 
     fn statements(names: &TableNames, _: PublishedRows) -> Statements {
         Statements::new(names)
+    }
+
+    fn connection_setup()
+    -> Option<Box<dyn diesel::r2d2::CustomizeConnection<Self, diesel::r2d2::Error>>> {
+        Some(Box::new(Session))
     }
 
     fn shared(sql: &Statements) -> &Shared {

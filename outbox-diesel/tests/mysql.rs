@@ -130,6 +130,48 @@ async fn mysql_table_is_shared_with_the_sqlx_backend() {
     .await;
 }
 
+/// A claim stuck on a silent connection keeps its thread and connection (a diesel call
+/// cannot be cancelled), and its transaction keeps the row locked; the driver's store
+/// opens a fresh pool, and its sessions' 30 s `wait_timeout` frees the row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_database_costs_the_relay_a_lease_not_its_pool() {
+    use outbox_test_support::proxy::Net;
+
+    let table = common::fresh_table("diesel_silent");
+    let pool = sqlx::MySqlPool::connect(&url()).await.expect("sqlx pool");
+    let direct = outbox_sqlx::mysql::MySqlOutbox::with_names(
+        pool.clone(),
+        outbox_sql::TableNames::default().outbox(&table).unwrap(),
+    );
+    direct.migrate().await.expect("migrate");
+    let mut tx = pool.begin().await.unwrap();
+    let message = outbox_engine::NewMessage::builder("orders", "order.paid")
+        .json(&1)
+        .build()
+        .unwrap();
+    direct.enqueue(&mut tx, &message).await.unwrap();
+    tx.commit().await.unwrap();
+
+    let (store, proxy) =
+        common::behind_proxy(&outbox_diesel::MYSQL, &format!("diesel+{}", url()), &table).await;
+    let mut lock = pool.acquire().await.unwrap();
+    sqlx::query(&format!("LOCK TABLES `{table}` WRITE"))
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+    let silence = async {
+        proxy.set(Net::Silence);
+        sqlx::query("UNLOCK TABLES")
+            .execute(&mut *lock)
+            .await
+            .unwrap();
+    };
+    store_suite::silent_database_costs_a_lease_not_the_pool(store, silence, || {
+        proxy.set(Net::Pass);
+    })
+    .await;
+}
+
 #[cfg(feature = "async")]
 mod on_diesel_async {
     use super::*;

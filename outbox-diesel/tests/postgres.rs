@@ -145,14 +145,12 @@ async fn a_silent_database_costs_the_relay_a_lease_not_its_pool() {
     direct.enqueue(&mut tx, &message).await.unwrap();
     tx.commit().await.unwrap();
 
-    let mut proxied = format!("diesel+{}", url());
-    let proxy = outbox_test_support::proxy::in_front(&mut proxied).await;
-    let mut settings = outbox_engine::StoreSettings::new(proxied);
-    settings.table = Some(table.clone());
-    settings.max_connections = 1;
-    let store = (outbox_diesel::POSTGRES.connect)(&settings)
-        .await
-        .expect("the driver opens the store through the proxy");
+    let (store, proxy) = common::behind_proxy(
+        &outbox_diesel::POSTGRES,
+        &format!("diesel+{}", url()),
+        &table,
+    )
+    .await;
     let mut lock = pool.begin().await.unwrap();
     sqlx::query(&format!("LOCK TABLE \"{table}\" IN ACCESS EXCLUSIVE MODE"))
         .execute(&mut *lock)

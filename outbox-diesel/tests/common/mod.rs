@@ -596,3 +596,22 @@ where
     let (_, sink) = drain_orders(outbox).await;
     same_messages(&through_sqlx, &sink);
 }
+
+/// The store `driver` opens on `url` (`diesel+…`) behind a fault proxy, with one pool
+/// connection, on the outbox table `table`.
+#[allow(dead_code)] // not every dialect's tests use it
+pub async fn behind_proxy(
+    driver: &outbox_engine::registry::StoreDriver,
+    url: &str,
+    table: &str,
+) -> (outbox_engine::AnyStore, outbox_test_support::proxy::Proxy) {
+    let mut proxied = url.to_owned();
+    let proxy = outbox_test_support::proxy::in_front(&mut proxied).await;
+    let mut settings = outbox_engine::StoreSettings::new(proxied);
+    settings.table = Some(table.to_owned());
+    settings.max_connections = 1;
+    let store = (driver.connect)(&settings)
+        .await
+        .expect("the driver opens the store through the proxy");
+    (store, proxy)
+}
