@@ -23,6 +23,7 @@ if ((quick)); then
         "mysql http receiver-5xx"
         "postgres redis db-kill"
         "postgres http clock-skew"
+        "diesel-postgres redis sink-restart"
     )
     cycles=${CYCLES:-5}
 else
