@@ -277,9 +277,10 @@ impl SinkServer {
     }
 }
 
-/// Restarts the database server of `store`: fast (a clean shutdown) or `immediate` (as a
+/// Restarts the `database` server: fast (a clean shutdown) or `immediate` (as a
 /// crash: PostgreSQL `-m immediate`, SIGKILL to mariadbd).
 fn restart_database(database: Database, immediate: bool) {
+    let run = |command: &mut Command| run("a database restart", command);
     match database {
         Database::Postgres => {
             let version = std::fs::read_dir("/etc/postgresql")
@@ -288,35 +289,26 @@ fn restart_database(database: Database, immediate: bool) {
                 .max_by_key(|v| v.parse::<u32>().unwrap_or(0))
                 .expect("a PostgreSQL cluster");
             let mode = if immediate { "immediate" } else { "fast" };
-            run(
-                "a database restart",
-                Command::new("pg_ctlcluster").args([
-                    "--skip-systemctl-redirect",
-                    &version,
-                    "main",
-                    "restart",
-                    "-m",
-                    mode,
-                ]),
-            );
+            run(Command::new("pg_ctlcluster").args([
+                "--skip-systemctl-redirect",
+                &version,
+                "main",
+                "restart",
+                "-m",
+                mode,
+            ]));
         }
         Database::Mysql => {
             if immediate {
-                run(
-                    "a database restart",
-                    Command::new("pkill").args(["-KILL", "-x", "mariadbd"]),
-                );
+                run(Command::new("pkill").args(["-KILL", "-x", "mariadbd"]));
             } else {
-                run(
-                    "a database restart",
-                    Command::new("mariadb-admin").args([
-                        "-h",
-                        "127.0.0.1",
-                        "-u",
-                        "root",
-                        "shutdown",
-                    ]),
-                );
+                run(Command::new("mariadb-admin").args([
+                    "-h",
+                    "127.0.0.1",
+                    "-u",
+                    "root",
+                    "shutdown",
+                ]));
             }
             // mariadbd leaves when its shutdown ends; start the next one after that.
             for _ in 0..100 {
@@ -329,18 +321,15 @@ fn restart_database(database: Database, immediate: bool) {
                 }
                 std::thread::sleep(Duration::from_millis(100));
             }
-            run(
-                "a database restart",
-                Command::new("start-stop-daemon").args([
-                    "--start",
-                    "--oknodo",
-                    "--background",
-                    "--exec",
-                    "/usr/sbin/mariadbd",
-                    "--",
-                    "--user=mysql",
-                ]),
-            );
+            run(Command::new("start-stop-daemon").args([
+                "--start",
+                "--oknodo",
+                "--background",
+                "--exec",
+                "/usr/sbin/mariadbd",
+                "--",
+                "--user=mysql",
+            ]));
         }
         Database::Sqlite => unreachable!("checked by Fault::unsupported"),
     }
