@@ -329,9 +329,9 @@ pub async fn amqp_consumer() -> (String, String, Received) {
         .await
         .map_err(|_| "timeout".to_owned())?
         .map_err(|e| e.to_string())?;
-        let channel = connection
-            .create_channel()
+        let channel = tokio::time::timeout(Duration::from_secs(10), connection.create_channel())
             .await
+            .map_err(|_| "timeout".to_owned())?
             .map_err(|e| e.to_string())?;
         Ok((connection, channel))
     }
@@ -369,14 +369,19 @@ pub async fn amqp_consumer() -> (String, String, Received) {
                 open_channel = open(&address).await.ok();
                 continue;
             };
+            // Every call has a deadline: a call on a connection the broker's restart
+            // left half-open would otherwise wait for good.
+            let within = Duration::from_secs(5);
             loop {
-                match channel
-                    .basic_get(name.as_str().into(), BasicGetOptions { no_ack: false })
-                    .await
-                {
+                let got = tokio::time::timeout(
+                    within,
+                    channel.basic_get(name.as_str().into(), BasicGetOptions { no_ack: false }),
+                )
+                .await;
+                match got {
                     // Acknowledged once recorded: a message whose acknowledgement a
                     // restart lost comes again, as a duplicate, never as a loss.
-                    Ok(Some(message)) => {
+                    Ok(Ok(Some(message))) => {
                         let id = message
                             .delivery
                             .properties
@@ -385,12 +390,15 @@ pub async fn amqp_consumer() -> (String, String, Received) {
                             .map(|id| id.as_str().to_owned())
                             .unwrap_or_default();
                         record.lock().unwrap().push(id);
-                        if message.ack(BasicAckOptions::default()).await.is_err() {
+                        let acked =
+                            tokio::time::timeout(within, message.ack(BasicAckOptions::default()))
+                                .await;
+                        if !matches!(acked, Ok(Ok(_))) {
                             break;
                         }
                     }
-                    Ok(None) => tokio::time::sleep(Duration::from_millis(5)).await,
-                    Err(_) => break,
+                    Ok(Ok(None)) => tokio::time::sleep(Duration::from_millis(5)).await,
+                    _ => break,
                 }
             }
         }
