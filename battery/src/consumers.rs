@@ -57,9 +57,11 @@ impl Server {
                     .set_nonblocking(true)
                     .expect("a non-blocking listener");
                 let listener = tokio::net::TcpListener::from_std(listener).expect("a listener");
+                // Only a restart stops it: a receiver whose handle was dropped (only its
+                // URL and record kept) serves on.
                 tokio::select! {
                     _ = axum::serve(listener, app) => {}
-                    _ = stopped => {}
+                    Ok(()) = stopped => {}
                 }
             });
             // Dropping the runtime drops the listener and every open connection.
