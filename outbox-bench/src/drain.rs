@@ -1,11 +1,13 @@
 //! `drain` and `ordered`: how fast a backlog empties.
 //!
-//! `drain` preloads N messages, then empties the table three ways at the same batch size
-//! and worker count: the relay with a no-op sink (delete-on-publish), the raw SQL ceiling
-//! (the same two statements a lease-based relay needs — claim with `FOR UPDATE SKIP
-//! LOCKED`, then batch delete — and nothing else), and the peer (`pgmq.read` +
-//! `pgmq.delete`). `ordered` preloads N messages over 1,000 partition keys and compares
-//! the relay with per-key ordering against the same relay unordered.
+//! `drain` preloads N messages, then empties the table several ways at the same batch
+//! size and worker count: the relay with a no-op sink (delete-on-publish); the raw SQL
+//! ceiling (the two statements a lease-based relay needs — claim with `FOR UPDATE SKIP
+//! LOCKED`, then batch delete — returning two columns, then every column the relay
+//! reads); the relay's own two statements run raw; and the peer (`pgmq.read` +
+//! `pgmq.delete`). Each drain also reports its CPU per message in this process and in
+//! PostgreSQL. `ordered` preloads N messages over 1,000 partition keys and compares the
+//! relay with per-key ordering against the same relay unordered.
 
 use std::sync::atomic::Ordering as Atomic;
 use std::time::{Duration, Instant};
@@ -17,7 +19,28 @@ use sqlx::{PgPool, Row};
 
 use crate::Scale;
 use crate::report::Report;
-use crate::setup::{Bench, BoxError, NoopSink, memory_mib};
+use crate::setup::{Bench, BoxError, Cpu, NoopSink, memory_mib};
+
+/// A drain's rate and the CPU it cost per message, in the benchmark's process (the relay
+/// or the raw loop) and in PostgreSQL.
+#[derive(Clone, Copy)]
+struct Drained {
+    rate: f64,
+    client_us: f64,
+    database_us: f64,
+}
+
+impl Drained {
+    fn measure(n: usize, started: Instant, cpu: Cpu) -> Self {
+        let rate = n as f64 / started.elapsed().as_secs_f64();
+        let (client_us, database_us) = cpu.per_message_since(n);
+        Self {
+            rate,
+            client_us,
+            database_us,
+        }
+    }
+}
 
 const CONFIGS: [(usize, usize); 3] = [(100, 2), (500, 2), (1000, 1)];
 const KEYS: usize = 1_000;
@@ -50,8 +73,9 @@ pub(crate) async fn run(
     let mut json = serde_json::Map::new();
     if ordered {
         let (batch, workers) = (500, 2);
-        let unordered =
-            relay_drain(bench, n, batch, workers, Some(MessageOrder::Unordered)).await?;
+        let unordered = relay_drain(bench, n, batch, workers, Some(MessageOrder::Unordered))
+            .await?
+            .rate;
         let per_key = relay_drain(
             bench,
             n,
@@ -59,7 +83,8 @@ pub(crate) async fn run(
             workers,
             Some(MessageOrder::PerKey(DeadHead::Skip)),
         )
-        .await?;
+        .await?
+        .rate;
         rows.push(vec![
             batch.to_string(),
             workers.to_string(),
@@ -93,35 +118,69 @@ pub(crate) async fn run(
         return Ok(());
     }
     install_pgmq(&bench.pool, "bench_drain_q").await?;
+    let (mut cpu_rows, mut cpu_json) = (Vec::new(), serde_json::Map::new());
     for (batch, workers) in CONFIGS {
         let relay = relay_drain(bench, n, batch, workers, None).await?;
-        let raw = raw_drain(bench, n, batch, workers, false).await?;
-        let raw_wide = raw_drain(bench, n, batch, workers, true).await?;
+        let raw = raw_drain(bench, n, batch, workers, Raw::Narrow).await?;
+        let raw_wide = raw_drain(bench, n, batch, workers, Raw::RelayColumns).await?;
+        let raw_relay = raw_drain(bench, n, batch, workers, Raw::RelayStatements).await?;
         let peer = pgmq_drain(bench, n, batch, workers).await?;
         let (peak, _) = memory_mib();
+        let ratio = |of: Drained| format!("{:.2}", relay.rate / of.rate);
         rows.push(vec![
             batch.to_string(),
             workers.to_string(),
-            format!("{relay:.0}"),
-            format!("{raw:.0}"),
-            format!("{:.2}", relay / raw),
-            format!("{raw_wide:.0}"),
-            format!("{:.2}", relay / raw_wide),
-            format!("{peer:.0}"),
-            format!("{:.2}", relay / peer),
+            format!("{:.0}", relay.rate),
+            format!("{:.0}", raw.rate),
+            ratio(raw),
+            format!("{:.0}", raw_wide.rate),
+            ratio(raw_wide),
+            format!("{:.0}", raw_relay.rate),
+            ratio(raw_relay),
+            format!("{:.0}", peer.rate),
+            ratio(peer),
             format!("{peak:.0}"),
         ]);
+        let mut cpu = serde_json::Map::new();
+        for (name, drained) in [
+            ("relay", relay),
+            ("raw", raw),
+            ("raw, relay's columns", raw_wide),
+            ("the relay's SQL", raw_relay),
+            ("pgmq", peer),
+        ] {
+            cpu_rows.push(vec![
+                batch.to_string(),
+                workers.to_string(),
+                name.to_owned(),
+                format!("{:.0}", drained.rate),
+                format!("{:.1}", drained.client_us),
+                format!("{:.1}", drained.database_us),
+            ]);
+            cpu.insert(
+                name.to_owned(),
+                serde_json::json!({ "msgs_per_s": drained.rate, "client_cpu_us_per_msg": drained.client_us, "database_cpu_us_per_msg": drained.database_us }),
+            );
+        }
         json.insert(
             format!("b{batch}_w{workers}"),
-            serde_json::json!({ "relay": relay, "raw": raw, "relay_over_raw": relay / raw, "raw_relay_columns": raw_wide, "relay_over_raw_relay_columns": relay / raw_wide, "pgmq": peer, "relay_over_pgmq": relay / peer, "peak_rss_mib": peak }),
+            serde_json::json!({ "relay": relay.rate, "raw": raw.rate, "relay_over_raw": relay.rate / raw.rate, "raw_relay_columns": raw_wide.rate, "relay_over_raw_relay_columns": relay.rate / raw_wide.rate, "raw_relay_statements": raw_relay.rate, "relay_over_raw_relay_statements": relay.rate / raw_relay.rate, "pgmq": peer.rate, "relay_over_pgmq": relay.rate / peer.rate, "peak_rss_mib": peak }),
         );
+        cpu_json.insert(format!("b{batch}_w{workers}"), cpu.into());
     }
     report.section(
         "drain",
-        &format!("Emptying a backlog of {n} messages, messages/s. Raw = claim with SKIP LOCKED + batch delete, no application logic, returning id and payload; *raw, relay's columns* is the same SQL returning every column the relay reads (what a real relay must fetch), which splits the gap into data and relay logic. Peak RSS is the whole benchmark process."),
-        &["batch", "workers", "relay", "raw SQL", "relay / raw", "raw, relay's columns", "relay / that", "pgmq", "relay / pgmq", "peak RSS MiB"],
+        &format!("Emptying a backlog of {n} messages, messages/s. Raw = claim with SKIP LOCKED + batch delete, no application logic, returning id and payload; *raw, relay's columns* is the same SQL returning every column the relay reads (what a real relay must fetch), which splits the gap into data and relay logic; *the relay's SQL* runs the relay's own claim and fenced delete with nothing around them, which splits the rest into statements and client work. Peak RSS is the whole benchmark process."),
+        &["batch", "workers", "relay", "raw SQL", "relay / raw", "raw, relay's columns", "relay / that", "the relay's SQL", "relay / that", "pgmq", "relay / pgmq", "peak RSS MiB"],
         rows,
         serde_json::Value::Object(json),
+    );
+    report.section(
+        "drain-cpu",
+        "Where a drain's time goes: CPU per message in the benchmark's process (the relay, or the loop running raw SQL) and in every PostgreSQL process, over the drains above. The two share 2 cores, so CPU the relay spends is CPU the database does not get.",
+        &["batch", "workers", "drained by", "messages/s", "client CPU µs/msg", "database CPU µs/msg"],
+        cpu_rows,
+        serde_json::Value::Object(cpu_json),
     );
     Ok(())
 }
@@ -223,7 +282,7 @@ async fn relay_drain(
     batch: usize,
     workers: usize,
     ordering: Option<MessageOrder>,
-) -> Result<f64, BoxError> {
+) -> Result<Drained, BoxError> {
     let outbox = bench
         .fresh_outbox("bench_drain_outbox", PublishedRows::Delete)
         .await?;
@@ -237,7 +296,7 @@ async fn relay_drain(
         .ordering(ordering.unwrap_or_default())
         .build()?;
     let count = sink.count.clone();
-    let started = Instant::now();
+    let (cpu, started) = (Cpu::now(), Instant::now());
     relay
         .run(async move {
             while count.load(Atomic::Relaxed) < n {
@@ -245,7 +304,18 @@ async fn relay_drain(
             }
         })
         .await;
-    Ok(n as f64 / started.elapsed().as_secs_f64())
+    Ok(Drained::measure(n, started, cpu))
+}
+
+/// What a raw drain runs.
+#[derive(Clone, Copy)]
+enum Raw {
+    /// The two statements a lease-based relay needs, returning id and payload.
+    Narrow,
+    /// The same, returning every column the relay reads.
+    RelayColumns,
+    /// The relay's own claim and fenced delete, as it binds them, with no decoding.
+    RelayStatements,
 }
 
 async fn raw_drain(
@@ -253,48 +323,60 @@ async fn raw_drain(
     n: usize,
     batch: usize,
     workers: usize,
-    wide: bool,
-) -> Result<f64, BoxError> {
-    let columns = if wide {
-        "t.id, t.destination, t.event_type, t.aggregate_type, t.aggregate_id, t.partition_key, t.tenant_id, t.idempotency_key, t.payload, t.content_type, t.headers::text, t.attempts, t.created_at"
-    } else {
-        "t.id, t.payload"
-    };
+    raw: Raw,
+) -> Result<Drained, BoxError> {
     let outbox = bench
         .fresh_outbox("bench_drain_outbox", PublishedRows::Delete)
         .await?;
     preload(&outbox, &bench.pool, n, false).await?;
-    let started = Instant::now();
+    let relay_sql = outbox_sql::postgres::Statements::new(outbox.names());
+    let (claim, delete) = match raw {
+        Raw::RelayStatements => (relay_sql.claim, relay_sql.delete_published),
+        Raw::Narrow | Raw::RelayColumns => {
+            let columns = if matches!(raw, Raw::Narrow) {
+                "t.id, t.payload"
+            } else {
+                "t.id, t.destination, t.event_type, t.aggregate_type, t.aggregate_id, t.partition_key, t.tenant_id, t.idempotency_key, t.payload, t.content_type, t.headers::text, t.attempts, t.created_at"
+            };
+            (
+                format!(
+                    "UPDATE bench_drain_outbox t SET status = 'leased', lease_token = $2, available_at = now() + interval '30 seconds' \
+                     WHERE t.id = ANY(ARRAY(SELECT id FROM bench_drain_outbox WHERE status IN ('pending', 'leased') AND available_at <= now() \
+                     ORDER BY available_at, id LIMIT $1 FOR UPDATE SKIP LOCKED)) RETURNING {columns}"
+                ),
+                "DELETE FROM bench_drain_outbox WHERE id = ANY($1)".to_owned(),
+            )
+        }
+    };
+    let (cpu, started) = (Cpu::now(), Instant::now());
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..workers {
-        let pool = bench.pool.clone();
-        let claim = format!(
-            "UPDATE bench_drain_outbox t SET status = 'leased', lease_token = $2, available_at = now() + interval '30 seconds' \
-             WHERE t.id = ANY(ARRAY(SELECT id FROM bench_drain_outbox WHERE status IN ('pending', 'leased') AND available_at <= now() \
-             ORDER BY available_at, id LIMIT $1 FOR UPDATE SKIP LOCKED)) RETURNING {columns}"
-        );
+        let (pool, claim, delete) = (bench.pool.clone(), claim.clone(), delete.clone());
         tasks.spawn(async move {
             loop {
-                let claimed = sqlx::query(&claim)
-                    .bind(batch as i64)
-                    .bind(uuid::Uuid::new_v4())
-                    .fetch_all(&pool)
-                    .await?;
+                let token = uuid::Uuid::new_v4();
+                let query = sqlx::query(&claim).bind(batch as i64);
+                let query = match raw {
+                    Raw::RelayStatements => query.bind("bench-raw").bind(token).bind(30_000_i64),
+                    Raw::Narrow | Raw::RelayColumns => query.bind(token),
+                };
+                let claimed = query.fetch_all(&pool).await?;
                 if claimed.is_empty() {
                     return Ok::<(), sqlx::Error>(());
                 }
                 let ids: Vec<uuid::Uuid> = claimed.iter().map(|r| r.get(0)).collect();
-                sqlx::query("DELETE FROM bench_drain_outbox WHERE id = ANY($1)")
-                    .bind(ids)
-                    .execute(&pool)
-                    .await?;
+                let query = match raw {
+                    Raw::RelayStatements => sqlx::query(&delete).bind(token),
+                    Raw::Narrow | Raw::RelayColumns => sqlx::query(&delete),
+                };
+                query.bind(ids).fetch_all(&pool).await?;
             }
         });
     }
     while let Some(done) = tasks.join_next().await {
         done??;
     }
-    Ok(n as f64 / started.elapsed().as_secs_f64())
+    Ok(Drained::measure(n, started, cpu))
 }
 
 async fn pgmq_drain(
@@ -302,7 +384,7 @@ async fn pgmq_drain(
     n: usize,
     batch: usize,
     workers: usize,
-) -> Result<f64, BoxError> {
+) -> Result<Drained, BoxError> {
     let pool = &bench.pool;
     sqlx::query("SELECT pgmq.purge_queue('bench_drain_q')")
         .execute(pool)
@@ -317,7 +399,7 @@ async fn pgmq_drain(
             .await?;
     }
     sqlx::query("VACUUM ANALYZE").execute(pool).await.ok();
-    let started = Instant::now();
+    let (cpu, started) = (Cpu::now(), Instant::now());
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..workers {
         let pool = pool.clone();
@@ -341,5 +423,5 @@ async fn pgmq_drain(
     while let Some(done) = tasks.join_next().await {
         done??;
     }
-    Ok(n as f64 / started.elapsed().as_secs_f64())
+    Ok(Drained::measure(n, started, cpu))
 }

@@ -21,6 +21,9 @@ use crate::setup::{Bench, BoxError, memory_mib};
 const RATES: [u64; 3] = [200, 1_000, 5_000];
 const PRODUCERS: u64 = 4;
 const POLL: Duration = Duration::from_millis(250);
+/// Pairs of runs (wakeups, polling only) at the highest rate for the writers' rate ratio:
+/// two 6-second runs differ by as much as the effect measured on 2 shared cores.
+const PAIRS: usize = 5;
 
 #[derive(Clone, Default)]
 struct TimingSink {
@@ -88,6 +91,44 @@ pub(crate) async fn run(bench: &Bench, scale: Scale, report: &mut Report) -> Res
         &["offered/s", "mode", "achieved/s", "p50", "p95", "p99", "max", "peak RSS MiB"],
         rows,
         serde_json::Value::Object(json),
+    );
+    wakeup_cost(bench, scale, report).await
+}
+
+/// The writers' achieved rate with wakeups against polling only at the highest offered
+/// rate, over [`PAIRS`] pairs of runs whose order alternates; the median ratio.
+async fn wakeup_cost(bench: &Bench, scale: Scale, report: &mut Report) -> Result<(), BoxError> {
+    let rate = RATES[RATES.len() - 1];
+    let (mut rows, mut ratios) = (Vec::new(), Vec::new());
+    for pair in 0..PAIRS {
+        let mut achieved = [0.0; 2];
+        for wakeups in [pair % 2 == 0, pair % 2 == 1] {
+            achieved[usize::from(!wakeups)] = measure(bench, scale, rate, wakeups).await?.achieved;
+        }
+        let ratio = achieved[0] / achieved[1];
+        ratios.push(ratio);
+        rows.push(vec![
+            (pair + 1).to_string(),
+            if pair % 2 == 0 {
+                "wakeups"
+            } else {
+                "polling only"
+            }
+            .to_owned(),
+            format!("{:.0}", achieved[0]),
+            format!("{:.0}", achieved[1]),
+            format!("{ratio:.2}"),
+        ]);
+    }
+    let median = crate::report::median(&ratios);
+    report.section(
+        "wakeup-cost",
+        &format!(
+            "Writers' achieved commits/s at {rate}/s offered, with wakeups and with polling only, in {PAIRS} pairs of runs (the mode that runs first alternates). Median ratio: **{median:.2}**."
+        ),
+        &["pair", "first", "wakeups achieved/s", "polling only achieved/s", "ratio"],
+        rows,
+        serde_json::json!({ "offered_per_s": rate, "ratios": ratios, "median_ratio": median }),
     );
     Ok(())
 }

@@ -100,6 +100,55 @@ impl Sink for NoopSink {
     }
 }
 
+/// CPU time spent so far, in seconds: by this process, and by every PostgreSQL process
+/// of the machine (the database under test shares its cores). Read from /proc at the
+/// kernel's 100 ticks per second, so it suits runs of a second or more.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Cpu {
+    pub(crate) client: f64,
+    pub(crate) database: f64,
+}
+
+impl Cpu {
+    pub(crate) fn now() -> Self {
+        let ticks = |stat: &str| {
+            // The fields after the command name, which is in parentheses and may hold spaces.
+            let fields: Vec<&str> = stat
+                .rsplit_once(')')
+                .map_or("", |(_, rest)| rest)
+                .split_whitespace()
+                .collect();
+            let field = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok());
+            // utime and stime are the 14th and 15th fields; the state (3rd) is fields[0].
+            field(11).unwrap_or(0.0) + field(12).unwrap_or(0.0)
+        };
+        let own = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+        let mut database = 0.0;
+        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let path = entry.path();
+            let is_postgres = std::fs::read_to_string(path.join("comm"))
+                .is_ok_and(|comm| comm.trim() == "postgres");
+            if is_postgres && let Ok(stat) = std::fs::read_to_string(path.join("stat")) {
+                database += ticks(&stat);
+            }
+        }
+        Self {
+            client: ticks(&own) / 100.0,
+            database: database / 100.0,
+        }
+    }
+
+    /// The CPU spent since `self`, in microseconds per message of `n`.
+    pub(crate) fn per_message_since(self, n: usize) -> (f64, f64) {
+        let now = Self::now();
+        let per = |seconds: f64| seconds * 1e6 / n as f64;
+        (
+            per(now.client - self.client),
+            per(now.database - self.database),
+        )
+    }
+}
+
 /// Peak and current resident memory of this process, in MiB (from /proc).
 pub(crate) fn memory_mib() -> (f64, f64) {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();

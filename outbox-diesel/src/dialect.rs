@@ -61,6 +61,10 @@ impl<DB: Backend> Statement<DB> {
 
     /// Not kept prepared: for statements built for one use (a multi-row insert of a
     /// given length, say).
+    #[cfg_attr(
+        not(feature = "mysql"),
+        expect(dead_code, reason = "only MySQL builds such statements")
+    )]
     pub(crate) fn uncached(mut self) -> Self {
         self.cache = false;
         self
