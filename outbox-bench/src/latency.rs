@@ -101,15 +101,16 @@ async fn wakeup_cost(bench: &Bench, scale: Scale, report: &mut Report) -> Result
     let rate = RATES[RATES.len() - 1];
     let (mut rows, mut ratios) = (Vec::new(), Vec::new());
     for pair in 0..PAIRS {
+        let wakeups_first = pair % 2 == 0;
         let mut achieved = [0.0; 2];
-        for wakeups in [pair % 2 == 0, pair % 2 == 1] {
+        for wakeups in [wakeups_first, !wakeups_first] {
             achieved[usize::from(!wakeups)] = measure(bench, scale, rate, wakeups).await?.achieved;
         }
         let ratio = achieved[0] / achieved[1];
         ratios.push(ratio);
         rows.push(vec![
             (pair + 1).to_string(),
-            if pair % 2 == 0 {
+            if wakeups_first {
                 "wakeups"
             } else {
                 "polling only"

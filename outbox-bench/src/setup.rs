@@ -103,10 +103,10 @@ impl Sink for NoopSink {
 /// CPU time spent so far, in seconds: by this process, and by every PostgreSQL process
 /// of the machine (the database under test shares its cores). Read from /proc at the
 /// kernel's 100 ticks per second, so it suits runs of a second or more.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy)]
 pub(crate) struct Cpu {
-    pub(crate) client: f64,
-    pub(crate) database: f64,
+    client: f64,
+    database: f64,
 }
 
 impl Cpu {
