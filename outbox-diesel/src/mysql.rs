@@ -32,6 +32,7 @@ use outbox_engine::{
     Claim, ClaimRequest, CompleteAction, Completion, DeadHead, DeadLetter, DeadLetterFilter,
     DestinationStats, FoundMessage, Gauges, LeaseToken, Message, MessageId, MessageOrder,
     NewMessage, PublishedRows, PurgeRequest, Rejected, Status, StoreError, StoreErrorKind,
+    WaitedSince,
 };
 use outbox_sql::mysql::{
     DeadFilterShape, ID_CHUNK, INSERT_CHUNK_BYTES, INSERT_CHUNK_ROWS, MAX_ERROR_BYTES,
@@ -39,7 +40,7 @@ use outbox_sql::mysql::{
     RELAY_ISOLATION, Statements, clip_bytes, clip_chars, db_time, interval_ms, padded,
 };
 use outbox_sql::values::{
-    availability, count, headers_json, id_text, lease, limit, read_headers, stored_id,
+    availability, count, headers_json, id_text, lease, limit, read_headers, stored_id, waited,
 };
 use outbox_sql::{Dialect, Migration, Shared, TableNames};
 
@@ -120,6 +121,15 @@ impl MessageRow {
         read_headers(&mut m, &self.headers, strict)?;
         Ok(m)
     }
+}
+
+/// A row the claim selected, with its wait by the server's clock.
+#[derive(QueryableByName)]
+struct Claimed {
+    #[diesel(embed)]
+    fields: MessageRow,
+    #[diesel(sql_type = BigInt)]
+    waited_ms: i64,
 }
 
 #[derive(QueryableByName)]
@@ -495,14 +505,21 @@ impl DieselDialect for MysqlConnection {
             for d in destinations {
                 query = query.bind::<Text, _>(d.clone());
             }
-            let rows: Vec<MessageRow> =
+            let rows: Vec<Claimed> =
                 load(conn, query.bind::<BigInt, _>(limit(request.batch_size)))?;
             let mut messages = Vec::with_capacity(rows.len());
             let mut rejected = Vec::new();
-            for row in rows {
+            for Claimed {
+                fields: row,
+                waited_ms,
+            } in rows
+            {
                 let (raw_id, destination) = (row.id.clone(), row.destination.clone());
                 match row.message(true) {
-                    Ok(m) => messages.push(m),
+                    Ok(mut m) => {
+                        m.waited = Some(waited(waited_ms, WaitedSince::Insert));
+                        messages.push(m);
+                    }
                     Err(reason) => {
                         // The row is locked by this transaction: dead-letter it in place.
                         let reject = Self::query(&sql.reject)

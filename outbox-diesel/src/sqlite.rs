@@ -39,12 +39,12 @@ use diesel::sqlite::{Sqlite, SqliteConnection};
 use outbox_engine::{
     Availability, Claim, ClaimRequest, Completion, DeadLetter, DeadLetterFilter, DestinationStats,
     FoundMessage, Gauges, LeaseToken, Message, MessageId, NewMessage, PurgeRequest, Rejected,
-    Status, StoreError,
+    Status, StoreError, WaitedSince,
 };
 use outbox_sql::sqlite::Statements;
 use outbox_sql::values::{
     completion_parts, count, headers_json, id_text, lease, limit, millis, read_headers,
-    split_deleted, stored_id, undecodable,
+    split_deleted, stored_id, undecodable, waited,
 };
 use outbox_sql::{Dialect, Migration, Shared, TableNames};
 
@@ -186,6 +186,8 @@ struct Claimed {
     fields: MessageRow,
     #[diesel(sql_type = BigInt)]
     rowid: i64,
+    #[diesel(sql_type = BigInt)]
+    waited_ms: i64,
 }
 
 #[derive(QueryableByName)]
@@ -400,7 +402,10 @@ impl DieselDialect for SqliteConnection {
                     .and_then(|d| String::from_utf8(d).ok()),
             );
             match row.fields.message(true) {
-                Ok(m) => claim.messages.push(m),
+                Ok(mut m) => {
+                    m.waited = Some(waited(row.waited_ms, WaitedSince::Insert));
+                    claim.messages.push(m);
+                }
                 Err(reason) => {
                     // By rowid, fenced by this claim's token: the id may be what is unreadable.
                     let reject = Self::query(&ctx.sql.reject)

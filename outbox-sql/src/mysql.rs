@@ -24,7 +24,7 @@
 //! | `next_seq` | partition_key, count ≥ 1, count → the connection's `LAST_INSERT_ID()` (the OK packet's last insert id) is the number of the last of `count` new rows of that key |
 //! | `insert` | id, destination, event_type, aggregate_type?, aggregate_id?, partition_key?, tenant_id?, idempotency_key, payload, content_type, headers JSON, available_at? (UTC), delay ms (used when available_at is NULL), seq? (from `next_seq`; NULL without a partition key) |
 //! | [`Statements::insert_batch`] | the fourteen above, per row |
-//! | [`Statements::claim_select`], [`Statements::claim_select_ordered`] | destinations… (when filtered), limit → [`MESSAGE_COLUMNS`] |
+//! | [`Statements::claim_select`], [`Statements::claim_select_ordered`] | destinations… (when filtered), limit → [`MESSAGE_COLUMNS`], `waited_ms` (from the insert, by the server's clock) |
 //! | [`Statements::heads`] | ids… → the ids no earlier row of their key holds back |
 //! | [`Statements::claim_lease`] | owner, token, lease ms, lease ms, ids… |
 //! | [`Statements::lock_leased`] | ids…, token → the ids still held |
@@ -306,7 +306,7 @@ impl Statements {
             format!("AND d.destination IN ({}) ", list(destinations))
         };
         format!(
-            "SELECT {} FROM {} AS d FORCE INDEX ({}) WHERE d.status IN ('pending', 'leased') AND d.available_at <= {NOW} {filter}{ordering}ORDER BY d.available_at, d.id LIMIT ? FOR UPDATE SKIP LOCKED",
+            "SELECT {}, CAST(TIMESTAMPDIFF(MICROSECOND, d.created_at, {NOW}) DIV 1000 AS SIGNED) AS waited_ms FROM {} AS d FORCE INDEX ({}) WHERE d.status IN ('pending', 'leased') AND d.available_at <= {NOW} {filter}{ordering}ORDER BY d.available_at, d.id LIMIT ? FOR UPDATE SKIP LOCKED",
             qualified_columns(),
             self.outbox,
             self.due_index

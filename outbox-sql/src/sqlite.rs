@@ -29,7 +29,8 @@
 //!
 //! Rows read back (claim, `list_dead`) have the columns of [`MESSAGE_COLUMNS`] in order,
 //! the claim followed by `rowid` (the handle `reject` needs when `id` itself is
-//! unreadable), `list_dead` by `last_error` and `dead_at`.
+//! unreadable) and `waited_ms` (from the insert to the claim), `list_dead` by
+//! `last_error` and `dead_at`.
 //!
 //! # Per-key ordering
 //!
@@ -226,7 +227,8 @@ WHERE id IN (
     ORDER BY d.available_at, d.id
     LIMIT ?1
 )
-RETURNING id, destination, event_type, aggregate_type, aggregate_id, partition_key, tenant_id, idempotency_key, payload, content_type, headers, attempts, created_at, rowid";
+RETURNING id, destination, event_type, aggregate_type, aggregate_id, partition_key, tenant_id, idempotency_key, payload, content_type, headers, attempts, created_at, rowid,
+    {now} - created_at AS waited_ms";
 
 const REJECT: &str = "UPDATE {outbox}
 SET status = 'dead', available_at = NULL, dead_at = {now}, last_error = ?3,

@@ -9,7 +9,8 @@ use std::collections::{BTreeMap, HashSet};
 
 use outbox_engine::{
     Availability, ClaimRequest, CompleteAction, CompleteReport, Completion, DestinationGauges,
-    Gauges, Headers, Lease, LeaseToken, Message, MessageId, NewMessage, PublishedRows,
+    Gauges, Headers, Lease, LeaseToken, Message, MessageId, NewMessage, PublishedRows, Waited,
+    WaitedSince,
 };
 
 /// A fresh lease for `request`, `lease_ms` from now by this host's clock (the rows'
@@ -115,6 +116,15 @@ pub fn attempts(value: i64) -> u32 {
 /// A `COUNT(*)` value (negative values read as 0).
 pub fn count(value: i64) -> u64 {
     u64::try_from(value.max(0)).unwrap_or(0)
+}
+
+/// A claim's `waited_ms` column (the database's clock: now minus the row's insert or
+/// commit) as the wait the relay judges `max_age` by; negative values read as 0.
+pub fn waited(ms: i64, since: WaitedSince) -> Waited {
+    Waited {
+        duration: Duration::from_millis(count(ms)),
+        since,
+    }
 }
 
 /// A limit for binding, saturating.

@@ -73,18 +73,17 @@ pub(crate) fn claimed<DB: SqlDialect>(
     (messages, rejected)
 }
 
-/// The wait a claim returns (PostgreSQL's `waited_ms` and `from_commit`); `None` where
-/// the claim has no such column and the relay measures from `created_at`.
+/// The wait a claim returns, `waited_ms`: from the commit or the transaction's start on
+/// PostgreSQL, which says which in `from_commit`; from the insert on SQLite and MySQL,
+/// which have no such column.
 fn waited<DB: SqlDialect>(row: &DB::Row) -> Option<Waited> {
     let ms = DB::count(row, "waited_ms").ok()?;
     let since = match DB::count(row, "from_commit") {
         Ok(1) => WaitedSince::Commit,
-        _ => WaitedSince::TransactionStart,
+        Ok(_) => WaitedSince::TransactionStart,
+        Err(_) => WaitedSince::Insert,
     };
-    Some(Waited {
-        duration: Duration::from_millis(count(ms)),
-        since,
-    })
+    Some(outbox_sql::values::waited(ms, since))
 }
 
 /// A dead row as a dead letter: its message, `last_error` and `dead_at`.

@@ -238,6 +238,7 @@ where
         release_does_not_count_an_attempt,
         deferral_waits_and_gives_the_attempt_back,
         max_attempts_dead_letters,
+        max_age_follows_the_stores_clock,
         dead_letters_list_replay_discard,
         find_messages_by_id_or_key,
         stats_count_each_state,
@@ -726,6 +727,35 @@ pub async fn max_attempts_dead_letters<H: StoreHarness>(h: &H) {
         dead.iter().all(|d| d.reason.contains("3 attempts")),
         "reason names the attempts: {dead:?}"
     );
+}
+
+/// A claim tells the relay how long each message waited, by the store's clock: a relay
+/// whose wall clock runs two hours ahead must not take a fresh message for one past a
+/// one-hour `max_age` and dead-letter it at its first failure.
+pub async fn max_age_follows_the_stores_clock<H: StoreHarness>(h: &H) {
+    let ids = enqueue_n(h, "orders", 1).await;
+    let ahead = ManualClock::starting_at(chrono::Utc::now() + chrono::Duration::hours(2));
+    let relay = Relay::builder(h.store().clone())
+        .route(
+            "orders",
+            FlakySink::new(RecordingSink::new()).retryable_rate(1.0),
+        )
+        .clock(ahead)
+        .retry(RetryPolicy::default().max_age(Some(Duration::from_secs(3600))))
+        .build()
+        .expect("relay");
+    let report = relay.run_once().await.expect("batch");
+    assert_eq!(
+        (report.retried, report.dead),
+        (1, 0),
+        "the failed first attempt of a fresh message is retried, whatever the relay's clock says"
+    );
+    let found = h
+        .store()
+        .find_messages(&ids[0].to_string(), 1)
+        .await
+        .expect("find");
+    assert_eq!(found.first().map(|m| m.status), Some(Status::Pending));
 }
 
 /// Dead letters can be listed, counted, replayed and discarded by filter; only matches are touched.
