@@ -25,7 +25,6 @@
 //! ```
 
 use std::collections::HashSet;
-use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use diesel::QueryableByName;
@@ -36,7 +35,7 @@ use diesel::sql_types::{
 use outbox_engine::{
     Claim, ClaimRequest, Completion, DeadLetter, DeadLetterFilter, DestinationStats, FoundMessage,
     Gauges, LeaseToken, Message, MessageId, NewMessage, PublishedRows, PurgeRequest, Rejected,
-    Status, StoreError, Waited, WaitedSince,
+    Status, StoreError, WaitedSince,
 };
 use outbox_sql::postgres::Statements;
 use outbox_sql::values::{
@@ -318,14 +317,12 @@ impl DieselDialect for PgConnection {
             let destination = row.fields.destination.clone();
             match row.fields.message(true) {
                 Ok(mut m) => {
-                    m.waited = Some(Waited {
-                        duration: Duration::from_millis(count(row.waited_ms)),
-                        since: if row.from_commit == 1 {
-                            WaitedSince::Commit
-                        } else {
-                            WaitedSince::TransactionStart
-                        },
-                    });
+                    let since = if row.from_commit == 1 {
+                        WaitedSince::Commit
+                    } else {
+                        WaitedSince::TransactionStart
+                    };
+                    m.waited = Some(outbox_sql::values::waited(row.waited_ms, since));
                     claim.messages.push(m);
                 }
                 Err(reason) => {
@@ -495,10 +492,14 @@ impl DieselDialect for PgConnection {
 
     fn purge(&mut self, ctx: &Context<Self>, request: &PurgeRequest) -> Result<u64, StoreError> {
         if ctx.published == PublishedRows::Rotate {
-            let query = Self::query(&ctx.sql.rotate)
-                .bind::<BigInt, _>(millis(request.published_older_than))
-                .bind::<Nullable<BigInt>, _>(request.dead_older_than.map(millis));
-            let emptied: Vec<Emptied> = load(self, query)?;
+            // Two transactions, in this order (see `rotate_prepare` in `outbox-sql`).
+            let rotation = |sql| {
+                Self::query(sql)
+                    .bind::<BigInt, _>(millis(request.published_older_than))
+                    .bind::<Nullable<BigInt>, _>(request.dead_older_than.map(millis))
+            };
+            execute(self, rotation(&ctx.sql.rotate_prepare))?;
+            let emptied: Vec<Emptied> = load(self, rotation(&ctx.sql.rotate))?;
             let emptied = emptied.first().map_or(0, |r| count(r.emptied));
             return Ok(emptied + rows::forget_idle_keys(self, &ctx.sql.shared, request.batch_size)?);
         }

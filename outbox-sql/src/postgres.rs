@@ -18,7 +18,8 @@
 //! | dead-letter filter (`list_dead`, `count_dead`, `replay_dead`, `discard_dead`) | 1 ids uuid[]?, 2 destinations text[]?, 3 event types text[]?, 4 created after?, 5 created before?, 6 error text?, 7 ids above uuid?; `list_dead` adds 8 limit |
 //! | `find` | 1 id uuid?, 2 idempotency key, 3 limit → [`MESSAGE_COLUMNS`], `status`, `last_error`, `published_at`, `dead_at` |
 //! | `purge` | 1 published age ms, 2 dead age ms (NULL keeps dead letters), 3 limit |
-//! | `rotate` | 1 published age ms, 2 dead age ms (NULL keeps dead letters) → `emptied` |
+//! | `rotate_prepare` | 1 published age ms, 2 dead age ms (NULL keeps dead letters) → `moved` |
+//! | `rotate` | as `rotate_prepare` → `emptied` |
 //! | `inbox_record` | 1 consumer, 2 message id |
 //! | `inbox_purge` | 1 age ms, 2 limit |
 //! | `idle_keys` | 1 limit → partition_key |
@@ -95,6 +96,9 @@ pub struct Statements {
     pub delete_published: String,
     /// Gives leased rows back.
     pub release: String,
+    /// Moves the rows free to move out of the oldest slot if it is due (the `rotate`
+    /// layout). Run it, and let it commit, right before `rotate`.
+    pub rotate_prepare: String,
     /// Retires the oldest slot if due (the `rotate` layout): the purge of that layout.
     pub rotate: String,
     /// Sends a wakeup after commit: `(channel payload text)`.
@@ -130,6 +134,7 @@ impl Statements {
                 "DELETE FROM {outbox} WHERE id = ANY($2) AND status = 'leased' AND lease_token = $1 RETURNING id",
             ),
             release: r(RELEASE),
+            rotate_prepare: r("SELECT {outbox_fn:rotate_prepare}($1, $2) AS moved"),
             rotate: r("SELECT {outbox_fn:rotate}($1, $2) AS emptied"),
             admin: Admin {
                 list_dead: dead(LIST_DEAD),

@@ -28,9 +28,10 @@ pub trait FilteredDialect: SqlDialect {
     /// an idempotency key.
     fn find_query<'q>(statement: &'q str, key: &str) -> Query<'q, Self, Self::Arguments<'q>>;
 
-    /// The purge of the `rotate` layout, taking `(published age ms, dead age ms or NULL)`
-    /// and returning `emptied`; `None` where the dialect has no slots.
-    fn rotate(_sql: &Self::Statements) -> Option<&str> {
+    /// The purge of the `rotate` layout: `rotate_prepare` and `rotate`, to run in this
+    /// order, each in its own transaction, both taking `(published age ms, dead age ms or
+    /// NULL)`; the second returns `emptied`. `None` where the dialect has no slots.
+    fn rotation(_sql: &Self::Statements) -> Option<[&str; 2]> {
         None
     }
 }
@@ -98,16 +99,24 @@ where
     }
 
     /// One statement taking `(published age ms, dead age ms or NULL, limit)`; in the
-    /// `rotate` layout, one call of `<outbox>_rotate` instead, which empties a whole slot
+    /// `rotate` layout, the two calls of a rotation instead, which empties a whole slot
     /// or nothing.
     async fn purge(store: &SqlOutbox<DB>, request: &PurgeRequest) -> Result<u64, StoreError> {
         if store.published == PublishedRows::Rotate {
             outbox_sql::check_published_rows(DB::DIALECT, store.published)
                 .map_err(|e| StoreError::new(StoreErrorKind::Schema, e))?;
-            let rotate = DB::rotate(&store.sql).expect("checked: the dialect has slots");
-            let row = sqlx::query(rotate)
-                .bind(millis(request.published_older_than))
-                .bind(request.dead_older_than.map(millis))
+            let [prepare, rotate] =
+                DB::rotation(&store.sql).expect("checked: the dialect has slots");
+            let rotation = |sql| {
+                sqlx::query(sql)
+                    .bind(millis(request.published_older_than))
+                    .bind(request.dead_older_than.map(millis))
+            };
+            rotation(prepare)
+                .execute(&store.pool)
+                .await
+                .map_err(classify)?;
+            let row = rotation(rotate)
                 .fetch_one(&store.pool)
                 .await
                 .map_err(classify)?;

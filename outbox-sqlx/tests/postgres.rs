@@ -307,6 +307,110 @@ async fn rotation_while_relays_run_loses_no_pending_or_dead_row() {
     }
 }
 
+/// A rotation must hold no row lock while it waits for the slot. A session that holds
+/// the oldest slot (any statement on the outbox locks every slot) and then updates a row
+/// the rotation would move, such as an operator's dead-letter replay, or a relay's
+/// completion of a row the rotation's `FOR UPDATE` kept locked after it was leased,
+/// must go on; with the moves and the wait in one transaction the two deadlocked, and
+/// PostgreSQL failed one of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rotation_waits_for_the_slot_without_holding_rows() {
+    use outbox_engine::{ClaimRequest, Completion, Purge, PurgeRequest, Store};
+
+    let h = PgHarness::with_mode(PublishedRows::Rotate).await;
+    let (pool, table) = (h.outbox.pool().clone(), h.table());
+    h.enqueue(vec![
+        common::message("orders", 1),
+        common::message("orders", 2),
+    ])
+    .await
+    .unwrap();
+    let claim = h
+        .outbox
+        .claim(&ClaimRequest::new("relay", 2, Duration::from_secs(60)))
+        .await
+        .unwrap();
+    let (dead, leased) = (claim.messages[0].id, claim.messages[1].id);
+    h.outbox
+        .complete(claim.lease.token, &[Completion::dead(dead, "refused")])
+        .await
+        .unwrap();
+    // Two rotations empty the other slots; the one holding both rows is now the oldest.
+    let now = PurgeRequest::published_older_than(Duration::ZERO);
+    for _ in 0..2 {
+        h.outbox.purge(&now).await.unwrap();
+    }
+    let oldest = table.trim_matches('"').to_owned() + "_slot_0";
+
+    let mut holder = pool.begin().await.unwrap();
+    sqlx::query(&format!(
+        "UPDATE {table} SET lease_until = lease_until WHERE id = $1"
+    ))
+    .bind(leased.as_uuid())
+    .execute(&mut *holder)
+    .await
+    .unwrap();
+    let rotation = tokio::spawn({
+        let store = h.outbox.clone();
+        async move { store.purge(&now).await }
+    });
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_locks WHERE NOT granted AND mode = 'AccessExclusiveLock' \
+             AND relation = to_regclass($1)",
+        )
+        .bind(&oldest)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        if waiting > 0 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "waited 10 s for the rotation to wait for {oldest}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let replay = format!(
+        "UPDATE {table} SET status = 'pending', available_at = now() WHERE id = $1 AND status = 'dead'"
+    );
+    let replay = sqlx::query(&replay)
+        .bind(dead.as_uuid())
+        .execute(&mut *holder);
+    let replayed = tokio::time::timeout(Duration::from_secs(10), replay)
+        .await
+        .expect("the replay waited 10 s")
+        .expect("the replay, while the rotation waits for the slot");
+    assert_eq!(replayed.rows_affected(), 1, "the dead letter was replayed");
+    holder.commit().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), rotation)
+        .await
+        .expect("the rotation ended within 10 s of the holder's commit")
+        .unwrap()
+        .expect("the rotation, once the holder committed");
+
+    let left: Vec<(uuid::Uuid, String, String)> = sqlx::query_as(&format!(
+        "SELECT id, status, tableoid::regclass::text FROM {table} ORDER BY id"
+    ))
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let mut expected = vec![*dead.as_uuid(), *leased.as_uuid()];
+    expected.sort();
+    assert_eq!(
+        left.iter().map(|(id, ..)| *id).collect::<Vec<_>>(),
+        expected,
+        "both rows outlived the rotation: {left:?}"
+    );
+    assert!(
+        left.iter()
+            .all(|(_, _, part)| part.trim_matches('"') != oldest),
+        "nothing is left in the emptied slot: {left:?}"
+    );
+}
+
 /// Commits messages `from..` (at most five, below `to`) in one transaction, each of key
 /// `i % 10` with its place in the key; returns where the next write starts.
 async fn write_keyed(

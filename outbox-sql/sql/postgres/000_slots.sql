@@ -2,9 +2,9 @@
 -- 001, whose CREATE TABLE IF NOT EXISTS then finds this table. The outbox is partitioned
 -- by `slot` into three slots; one is current, and the `slot` default puts every new row
 -- there, so writers in other languages need not know. Finished rows leave with their
--- slot: `<outbox>_rotate` moves the oldest slot's pending, leased and dead rows to the
--- current slot, empties it with TRUNCATE (no dead tuples, no VACUUM, whatever snapshot
--- another session holds) and makes it current. See decision 0031.
+-- slot: `<outbox>_rotate_prepare`, then `<outbox>_rotate`, move the oldest slot's pending,
+-- leased and dead rows to the current slot, empty it with TRUNCATE (no dead tuples, no
+-- VACUUM, whatever snapshot another session holds) and make it current. See decision 0031.
 CREATE TABLE IF NOT EXISTS {outbox_fn:slots} (
     slot    smallint    PRIMARY KEY CHECK (slot BETWEEN 0 AND 2),
     part    regclass    NOT NULL,
@@ -64,31 +64,37 @@ INSERT INTO {outbox_fn:slots} (slot, part, current) VALUES
 -- A slot keeps its state across migrations; its partition is looked up again, in case the
 -- table was dropped and created anew.
 ON CONFLICT (slot) DO UPDATE SET part = EXCLUDED.part;
--- Retires the oldest slot if it is due; returns how many rows left with it (0 if not due).
--- Due when the current slot has been current for half of `published_age_ms` and no row of
--- the oldest slot was published within `published_age_ms`: published rows then stay
--- between one and one and a half times the age. Dead letters move unless `dead_age_ms` is
--- set and they died longer ago than that. Rows free to move move first, locked row by row
--- (relays skip them and go on); then the slot is locked whole (waiting at most 2 s, so
--- relays stall no longer than that) for the rows leased meanwhile and the TRUNCATE. The
--- moves are flagged (`outbox.rotating`) so the per-key numbering trigger, which
--- PostgreSQL fires for a row moved between partitions, leaves their numbers alone; a
--- row's commit time is kept before its move rewrites `xmin`.
-CREATE OR REPLACE FUNCTION {outbox_fn:rotate}(published_age_ms bigint, dead_age_ms bigint DEFAULT NULL)
+-- Whether the oldest slot is due: the current slot has been current (`since`) for half of
+-- `published_age_ms`, and no row of the oldest slot was published within
+-- `published_age_ms`. Published rows then stay between one and one and a half times the
+-- age.
+CREATE OR REPLACE FUNCTION {outbox_fn:rotation_due}(since timestamptz, oldest smallint, published_age_ms bigint)
+    RETURNS boolean LANGUAGE sql STABLE AS {body_tag}
+SELECT now() - since >= published_age_ms * interval '1 millisecond' / 2 AND NOT EXISTS (
+    SELECT 1 FROM {outbox} WHERE slot = oldest AND status = 'published'
+        AND published_at > now() - published_age_ms * interval '1 millisecond')
+{body_tag};
+-- A rotation takes two transactions. This is the first: if the oldest slot is due, it
+-- moves the slot's pending rows, and its dead letters unless `dead_age_ms` is set and
+-- they died longer ago than that, to the current slot, locked row by row (relays skip
+-- them and go on; rows a relay holds are skipped here). It waits for no one. It must
+-- commit before `<outbox>_rotate` waits for the slot: `FOR UPDATE` also keeps the lock of
+-- a row a relay leased after the statement began, and a relay waiting for that row while
+-- it holds the slot would deadlock with the rotation. The moves are flagged
+-- (`outbox.rotating`) so the per-key numbering trigger, which PostgreSQL fires for a row
+-- moved between partitions, leaves their numbers alone; a row's commit time is kept
+-- before its move rewrites `xmin`. Returns how many rows moved.
+CREATE OR REPLACE FUNCTION {outbox_fn:rotate_prepare}(published_age_ms bigint, dead_age_ms bigint DEFAULT NULL)
     RETURNS bigint LANGUAGE plpgsql AS {body_tag}
 DECLARE
     live {outbox_fn:slots}%ROWTYPE;
     oldest {outbox_fn:slots}%ROWTYPE;
-    published_age interval := published_age_ms * interval '1 millisecond';
     dead_age interval := dead_age_ms * interval '1 millisecond';
-    emptied bigint;
     moved bigint;
 BEGIN
     SELECT * INTO live FROM {outbox_fn:slots} WHERE current FOR UPDATE;
     SELECT * INTO oldest FROM {outbox_fn:slots} WHERE slot = (live.slot + 1) % 3 FOR UPDATE;
-    IF now() - live.since < published_age / 2 OR EXISTS (
-        SELECT 1 FROM {outbox} WHERE slot = oldest.slot AND status = 'published'
-            AND published_at > now() - published_age) THEN
+    IF NOT {outbox_fn:rotation_due}(live.since, oldest.slot, published_age_ms) THEN
         RETURN 0;
     END IF;
     PERFORM set_config('outbox.rotating', 'on', true);
@@ -98,11 +104,35 @@ BEGIN
         SELECT id FROM {outbox} WHERE slot = oldest.slot
             AND (status = 'pending' OR (status = 'dead' AND (dead_age IS NULL OR dead_at > now() - dead_age)))
         FOR UPDATE SKIP LOCKED);
+    GET DIAGNOSTICS moved = ROW_COUNT;
+    RETURN moved;
+END
+{body_tag};
+-- The second transaction: retires the oldest slot if it is due, and returns how many rows
+-- left with it (0 if not due). Before it takes any row lock, it locks the slot whole
+-- (waiting at most 2 s, so relays stall no longer than that), then moves the pending,
+-- leased and dead rows left (flagged, as above) and empties the slot with TRUNCATE.
+-- Alone it is complete too, but then every pending row moves while relays wait.
+CREATE OR REPLACE FUNCTION {outbox_fn:rotate}(published_age_ms bigint, dead_age_ms bigint DEFAULT NULL)
+    RETURNS bigint LANGUAGE plpgsql AS {body_tag}
+DECLARE
+    live {outbox_fn:slots}%ROWTYPE;
+    oldest {outbox_fn:slots}%ROWTYPE;
+    dead_age interval := dead_age_ms * interval '1 millisecond';
+    emptied bigint;
+    moved bigint;
+BEGIN
+    SELECT * INTO live FROM {outbox_fn:slots} WHERE current FOR UPDATE;
+    SELECT * INTO oldest FROM {outbox_fn:slots} WHERE slot = (live.slot + 1) % 3 FOR UPDATE;
+    IF NOT {outbox_fn:rotation_due}(live.since, oldest.slot, published_age_ms) THEN
+        RETURN 0;
+    END IF;
     -- Counted before the lock, so relays do not wait for the count; no row arrives in a
     -- slot that is not current, so only the moves below change it.
     EXECUTE format('SELECT count(*) FROM %s', oldest.part) INTO emptied;
     PERFORM set_config('lock_timeout', '2s', true);
     EXECUTE format('LOCK TABLE %s IN ACCESS EXCLUSIVE MODE', oldest.part);
+    PERFORM set_config('outbox.rotating', 'on', true);
     UPDATE {outbox} SET slot = live.slot,
         committed_at = COALESCE(committed_at, CASE WHEN current_setting('track_commit_timestamp') = 'on' THEN pg_xact_commit_timestamp(xmin) END)
     WHERE slot = oldest.slot

@@ -30,8 +30,8 @@ impl FilteredDialect for Postgres {
             .bind(filter.after_id.map(|id| *id.as_uuid()))
     }
 
-    fn rotate(sql: &Statements) -> Option<&str> {
-        Some(&sql.rotate)
+    fn rotation(sql: &Statements) -> Option<[&str; 2]> {
+        Some([&sql.rotate_prepare, &sql.rotate])
     }
 
     fn find_query<'q>(sql: &'q str, key: &str) -> Query<'q, Postgres, PgArguments> {
