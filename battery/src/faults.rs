@@ -97,9 +97,13 @@ impl Fault {
                  when killed and then fail that producer for good; sink-kafka's broker_restart \
                  test covers the restart with that worked around",
             ),
-            Self::NetSink if sink == SinkKind::Kafka => {
+            Self::NetSink | Self::SilentSink if sink == SinkKind::Kafka => {
                 Some("Kafka clients connect to the addresses the broker advertises, around a proxy")
             }
+            Self::ClockSkew if database == Database::Sqlite => Some(
+                "SQLite has no clock of its own: each process computes the table's times with \
+                 its own clock, and processes that share a SQLite file share a host and its clock",
+            ),
             Self::NetStore | Self::SilentStore if database == Database::Sqlite => {
                 Some("SQLite is a file: there is no connection to put a proxy on")
             }
