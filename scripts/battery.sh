@@ -6,6 +6,8 @@
 #   scripts/battery.sh                 the whole table (hours: run it on demand)
 #   scripts/battery.sh --quick         the CI slice: a few cells with fewer cycles
 #   STORES="postgres" SINKS="http redis" FAULTS="kill9 db-restart" CYCLES=20 scripts/battery.sh
+#   CELLS="mysql sqs kill9
+#          diesel-sqlite kafka kill3" scripts/battery.sh     exactly these cells, one per line
 #
 # Starts the services it needs (scripts/services.sh), builds `outbox` and `outbox-battery`,
 # and bounds every cell with a time limit. Exits 1 if any cell broke a promise or the
@@ -26,6 +28,9 @@ if ((quick)); then
         "diesel-postgres redis sink-restart"
     )
     cycles=${CYCLES:-5}
+elif [[ -n ${CELLS:-} ]]; then
+    mapfile -t cells < <(sed 's/^[[:space:]]*//; /^$/d' <<<"$CELLS")
+    cycles=${CYCLES:-20}
 else
     cells=()
     for store in ${STORES:-postgres sqlite mysql diesel-postgres diesel-sqlite diesel-mysql}; do
