@@ -44,7 +44,7 @@ pub(crate) enum Fault {
     /// The same between the relays and the database.
     SilentStore,
     /// Two relays whose wall clocks are off, one 10 minutes ahead and one 10 minutes
-    /// behind (libfaketime; 10 and 20 minutes ahead on Kafka); each cycle one of them, in turn, is killed while it holds
+    /// behind (libfaketime); each cycle one of them, in turn, is killed while it holds
     /// leases and restarted. Leases, due times and commit order must follow the
     /// database's clock: a relay that judged them by its own would take rows another
     /// still holds, or wait 10 minutes for due rows.
