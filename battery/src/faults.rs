@@ -136,6 +136,10 @@ pub(crate) struct Target<'a> {
 /// slow machine can hold it up.
 const LEASE_WAIT: Duration = Duration::from_secs(60);
 
+/// How many kills [`Target::kill_mid_batch`] tries before it gives up on landing one
+/// mid-batch.
+const KILL_TRIES: usize = 20;
+
 impl Target<'_> {
     /// Injects `fault` `cycles` times.
     pub(crate) async fn inject(&mut self, fault: Fault, cycles: usize) -> Injected {
@@ -152,21 +156,14 @@ impl Target<'_> {
         for cycle in 0..cycles {
             match fault {
                 Fault::None => tokio::time::sleep(Duration::from_secs(1)).await,
-                Fault::Kill9 => {
-                    self.holding_leases(0).await;
-                    pause(0..300).await;
-                    injected.leased_at_kills += self.kill(0).await;
-                }
+                Fault::Kill9 => injected.leased_at_kills += self.kill_mid_batch(0).await,
                 Fault::Kill3 => {
                     pause(200..1_000).await;
                     let slot = fastrand::usize(..self.relays.len());
                     injected.leased_at_kills += self.kill(slot).await;
                 }
                 Fault::ClockSkew => {
-                    let slot = cycle % 2;
-                    self.holding_leases(slot).await;
-                    pause(0..300).await;
-                    injected.leased_at_kills += self.kill(slot).await;
+                    injected.leased_at_kills += self.kill_mid_batch(cycle % 2).await;
                 }
                 Fault::Sigstop => {
                     self.holding_leases(0).await;
@@ -231,6 +228,24 @@ impl Target<'_> {
             || async { self.ledger.leased_by(pid).await > 0 },
         )
         .await;
+    }
+
+    /// Kills the relay in `slot` while it holds leased rows, at a random point of its
+    /// batch; returns the rows it held. A kill that lands between batches (the relay
+    /// finished its batch during the random pause) does not count: the next try kills
+    /// the new relay as soon as it is seen holding leases.
+    async fn kill_mid_batch(&mut self, slot: usize) -> i64 {
+        let mut delay = 0..300;
+        for _ in 0..KILL_TRIES {
+            self.holding_leases(slot).await;
+            pause(delay).await;
+            let leased = self.kill(slot).await;
+            if leased > 0 {
+                return leased;
+            }
+            delay = 0..1;
+        }
+        panic!("{KILL_TRIES} kills of relay {slot} in a row found it holding no leased rows");
     }
 
     /// SIGKILL to the relay in `slot`, then a new one in its place; returns the rows the

@@ -312,7 +312,7 @@ async fn run(args: RunArgs) -> std::process::ExitCode {
         RelayCommand::cli(&outbox_binary(args.outbox), &config)
     };
     if args.fault == Fault::ClockSkew {
-        command = command.clocks_off_by(&["+10m", "-10m"]);
+        command = command.clocks_off_by(&["+10m", "-10m"], &dir);
     }
 
     let stop = Arc::new(AtomicBool::new(false));

@@ -14,6 +14,8 @@ pub(crate) struct RelayCommand {
     args: Vec<String>,
     /// Per slot, how far the relay's wall clock is off (libfaketime's `FAKETIME`).
     clock_offsets: Vec<&'static str>,
+    /// The libraries that skew those clocks (`LD_PRELOAD`), once `clocks_off_by` set them.
+    skew_preload: String,
 }
 
 impl RelayCommand {
@@ -27,6 +29,7 @@ impl RelayCommand {
                 "relay".into(),
             ],
             clock_offsets: Vec::new(),
+            skew_preload: String::new(),
         }
     }
 
@@ -41,21 +44,25 @@ impl RelayCommand {
                 config.display().to_string(),
             ],
             clock_offsets: Vec::new(),
+            skew_preload: String::new(),
         }
     }
 
     /// Runs the relay in slot `i` with its wall clock off by `offsets[i]` (`+10m`,
     /// `-10m`) through libfaketime; the monotonic clock, which times leases and waits
-    /// inside the relay, is left alone.
+    /// inside the relay, is left alone. `scratch` receives the small library that
+    /// completes libfaketime (`battery/shim/cnd_timedwait.c`, built with `cc`).
     ///
     /// # Panics
     ///
-    /// If libfaketime does not change the wall clock of a child process here.
-    pub(crate) fn clocks_off_by(mut self, offsets: &[&'static str]) -> Self {
+    /// If the shim does not build, or libfaketime does not change the wall clock of a
+    /// child process here.
+    pub(crate) fn clocks_off_by(mut self, offsets: &[&'static str], scratch: &Path) -> Self {
+        self.skew_preload = format!("{} {}", build_shim(scratch).display(), faketime_library());
         for offset in offsets {
             let mut date = Command::new("date");
             date.arg("+%s");
-            skew(&mut date, offset);
+            skew(&mut date, &self.skew_preload, offset);
             let output = date.output().expect("run date");
             let seen: i64 = String::from_utf8_lossy(&output.stdout)
                 .trim()
@@ -82,10 +89,26 @@ fn faketime_library() -> String {
         .unwrap_or_else(|_| "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1".into())
 }
 
-/// Has `command` run with its wall clock off by `offset`.
-fn skew(command: &mut Command, offset: &str) {
+/// Builds `battery/shim/cnd_timedwait.c` into `scratch`; returns the library's path.
+fn build_shim(scratch: &Path) -> PathBuf {
+    let source = scratch.join("cnd_timedwait.c");
+    let library = scratch.join("cnd_timedwait.so");
+    std::fs::write(&source, include_str!("../shim/cnd_timedwait.c")).expect("write the shim");
+    let status = Command::new("cc")
+        .args(["-shared", "-fPIC", "-O2", "-o"])
+        .args([&library, &source])
+        .arg("-ldl")
+        .status()
+        .expect("run cc (the clock-skew fault builds a small C library)");
+    assert!(status.success(), "cc could not build {}", source.display());
+    library
+}
+
+/// Has `command` run with `preload` (the shim and libfaketime) and its wall clock off by
+/// `offset`.
+fn skew(command: &mut Command, preload: &str, offset: &str) {
     command
-        .env("LD_PRELOAD", faketime_library())
+        .env("LD_PRELOAD", preload)
         .env("FAKETIME", offset)
         .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
 }
@@ -133,7 +156,7 @@ impl Relays {
             .env("AWS_ACCESS_KEY_ID", "battery")
             .env("AWS_SECRET_ACCESS_KEY", "battery");
         if let Some(offset) = self.command.clock_offsets.get(slot) {
-            skew(&mut command, offset);
+            skew(&mut command, &self.command.skew_preload, offset);
         }
         let child = ChildGuard::spawn(format!("relay {slot}"), &mut command);
         self.slots[slot] = Some(child);
