@@ -24,7 +24,7 @@ if ((quick)); then
         "sqlite redis kill3"
         "mysql http receiver-5xx"
         "postgres redis db-kill"
-        "postgres http clock-skew"
+        "postgres kafka clock-skew"
         "diesel-postgres redis sink-restart"
     )
     cycles=${CYCLES:-5}
