@@ -151,7 +151,11 @@ impl Relays {
         command
             .args(&self.command.args)
             .env_remove("OUTBOX_CONFIG")
-            .env("RUST_LOG", "error")
+            // `OUTBOX_BATTERY_RELAY_LOG` (a `RUST_LOG` filter) to see a cell's relays at work.
+            .env(
+                "RUST_LOG",
+                std::env::var("OUTBOX_BATTERY_RELAY_LOG").unwrap_or_else(|_| "error".into()),
+            )
             .env("AWS_REGION", "us-east-1")
             .env("AWS_ACCESS_KEY_ID", "battery")
             .env("AWS_SECRET_ACCESS_KEY", "battery");
