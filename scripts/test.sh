@@ -50,6 +50,7 @@ check() {
 logged() { # log-file limit command...
     local log=$1 limit=$2
     shift 2
+    : >"$log" # before tail opens it: the background job may not have created it yet
     timeout --kill-after=30s "$limit" "$@" >"$log" 2>&1 </dev/null &
     local pid=$!
     tail -n +1 -f --pid="$pid" "$log"
