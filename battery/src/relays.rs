@@ -12,10 +12,17 @@ use outbox_test_support::ChildGuard;
 pub(crate) struct RelayCommand {
     program: PathBuf,
     args: Vec<String>,
+    /// Skewed wall clocks, once `clocks_off_by` set them.
+    skew: Option<Skew>,
+}
+
+/// How the relays' wall clocks are skewed.
+#[derive(Debug, Clone)]
+struct Skew {
+    /// The libraries that skew them (`LD_PRELOAD`): the shim, then libfaketime.
+    preload: String,
     /// Per slot, how far the relay's wall clock is off (libfaketime's `FAKETIME`).
-    clock_offsets: Vec<&'static str>,
-    /// The libraries that skew those clocks (`LD_PRELOAD`), once `clocks_off_by` set them.
-    skew_preload: String,
+    offsets: Vec<&'static str>,
 }
 
 impl RelayCommand {
@@ -28,8 +35,7 @@ impl RelayCommand {
                 config.display().to_string(),
                 "relay".into(),
             ],
-            clock_offsets: Vec::new(),
-            skew_preload: String::new(),
+            skew: None,
         }
     }
 
@@ -43,8 +49,7 @@ impl RelayCommand {
                 "--config".into(),
                 config.display().to_string(),
             ],
-            clock_offsets: Vec::new(),
-            skew_preload: String::new(),
+            skew: None,
         }
     }
 
@@ -58,11 +63,11 @@ impl RelayCommand {
     /// If the shim does not build, or libfaketime does not change the wall clock of a
     /// child process here.
     pub(crate) fn clocks_off_by(mut self, offsets: &[&'static str], scratch: &Path) -> Self {
-        self.skew_preload = format!("{} {}", build_shim(scratch).display(), faketime_library());
+        let preload = format!("{} {}", build_shim(scratch).display(), faketime_library());
         for offset in offsets {
             let mut date = Command::new("date");
             date.arg("+%s");
-            skew(&mut date, &self.skew_preload, offset);
+            skew(&mut date, &preload, offset);
             let output = date.output().expect("run date");
             let seen: i64 = String::from_utf8_lossy(&output.stdout)
                 .trim()
@@ -78,7 +83,10 @@ impl RelayCommand {
                 faketime_library()
             );
         }
-        self.clock_offsets = offsets.to_vec();
+        self.skew = Some(Skew {
+            preload,
+            offsets: offsets.to_vec(),
+        });
         self
     }
 }
@@ -159,8 +167,10 @@ impl Relays {
             .env("AWS_REGION", "us-east-1")
             .env("AWS_ACCESS_KEY_ID", "battery")
             .env("AWS_SECRET_ACCESS_KEY", "battery");
-        if let Some(offset) = self.command.clock_offsets.get(slot) {
-            skew(&mut command, &self.command.skew_preload, offset);
+        if let Some(Skew { preload, offsets }) = &self.command.skew
+            && let Some(offset) = offsets.get(slot)
+        {
+            skew(&mut command, preload, offset);
         }
         let child = ChildGuard::spawn(format!("relay {slot}"), &mut command);
         self.slots[slot] = Some(child);
