@@ -53,6 +53,7 @@ pub const OUTBOX_MIGRATIONS: &[(&str, &str)] = &[
         "005_commit_time",
         include_str!("../sql/postgres/005_commit_time.sql"),
     ),
+    ("006_heads", include_str!("../sql/postgres/006_heads.sql")),
 ];
 /// The migration that comes first in the `rotate` layout: the table in three slots and
 /// `<outbox>_rotate` (see the file).
@@ -121,14 +122,9 @@ impl Statements {
             migration_lock: "SELECT pg_advisory_xact_lock($1)".to_owned(),
             insert: r(INSERT),
             insert_batch: r(INSERT_BATCH),
-            claim: r(&claim("", "")),
-            claim_filtered: r(&claim(FILTER, "")),
-            claim_ordered: [
-                r(&claim("", &ordered(""))),
-                r(&claim(FILTER, &ordered(""))),
-                r(&claim("", &ordered(", 'dead'"))),
-                r(&claim(FILTER, &ordered(", 'dead'"))),
-            ],
+            claim: r(&claim("")),
+            claim_filtered: r(&claim(FILTER)),
+            claim_ordered: claims_ordered(&r, false),
             complete: r(COMPLETE),
             delete_published: r(
                 "DELETE FROM {outbox} WHERE id = ANY($2) AND status = 'leased' AND lease_token = $1 RETURNING id",
@@ -186,14 +182,9 @@ impl Statements {
         let mut sql = Self::new(names);
         if published == outbox_engine::PublishedRows::Rotate {
             let r = |t: &str| names.render(Dialect::Postgres, t);
-            sql.claim = r(&claim_in_slots("", ""));
-            sql.claim_filtered = r(&claim_in_slots(FILTER, ""));
-            sql.claim_ordered = [
-                r(&claim_in_slots("", &ordered(""))),
-                r(&claim_in_slots(FILTER, &ordered(""))),
-                r(&claim_in_slots("", &ordered(", 'dead'"))),
-                r(&claim_in_slots(FILTER, &ordered(", 'dead'"))),
-            ];
+            sql.claim = r(&claim_in_slots(""));
+            sql.claim_filtered = r(&claim_in_slots(FILTER));
+            sql.claim_ordered = claims_ordered(&r, true);
         }
         sql
     }
@@ -215,8 +206,8 @@ impl Statements {
 
 const FILTER: &str = "AND d.destination = ANY($5)";
 
-fn claim(filter: &str, ordering: &str) -> String {
-    CLAIM.replace("{due}", &due("d.id", filter, ordering, ""))
+fn claim(filter: &str) -> String {
+    CLAIM.replace("{due}", &due("d.id", filter, ""))
 }
 
 /// The claim of the `rotate` layout: each slot is searched by a query of its own, so each
@@ -224,7 +215,7 @@ fn claim(filter: &str, ordering: &str) -> String {
 /// is. Searched together, the planner may sort every due row of all slots instead, which
 /// it does when a slot's statistics date from when it held published rows only: the cost
 /// of each claim then grows with the backlog.
-fn claim_in_slots(filter: &str, ordering: &str) -> String {
+fn claim_in_slots(filter: &str) -> String {
     let slots: Vec<String> = (0..3)
         .map(|slot| {
             format!(
@@ -232,7 +223,6 @@ fn claim_in_slots(filter: &str, ordering: &str) -> String {
                 due(
                     "d.id, d.available_at",
                     filter,
-                    ordering,
                     &format!("AND d.slot = {slot}")
                 )
             )
@@ -248,21 +238,130 @@ fn claim_in_slots(filter: &str, ordering: &str) -> String {
 }
 
 /// Locks the due rows to lease, earliest first, at most `$1`, returning `columns`.
-fn due(columns: &str, filter: &str, ordering: &str, slot: &str) -> String {
+fn due(columns: &str, filter: &str, slot: &str) -> String {
     format!(
         "SELECT {columns} FROM {{outbox}} AS d
-    WHERE d.status IN ('pending', 'leased') AND d.available_at <= now() {slot} {filter} {ordering}
+    WHERE d.status IN ('pending', 'leased') AND d.available_at <= now() {slot} {filter}
     ORDER BY d.available_at, d.id
     LIMIT $1
     FOR UPDATE SKIP LOCKED"
     )
 }
 
-/// A row is claimable only when no row of its key and destination with a lower `seq` still holds the key:
-/// pending or leased, and dead too when `dead` is `, 'dead'`.
-fn ordered(dead: &str) -> String {
+/// The per-key ordered claims, `[skip, skip filtered, halt, halt filtered]`, rendered by
+/// `r`; `slots` for the `rotate` layout.
+fn claims_ordered(r: &impl Fn(&str) -> String, slots: bool) -> [String; 4] {
+    [(false, false), (true, false), (false, true), (true, true)]
+        .map(|(filtered, halt)| r(&CLAIM.replace("{due}", &due_ordered(filtered, halt, slots))))
+}
+
+/// Locks the rows a per-key ordered claim may lease, earliest first, at most `$1`. A keyed
+/// row may be leased only when it is its key and destination's head: no row of the pair
+/// with a lower `seq` is pending or leased (or dead, when `halt`).
+///
+/// Testing each due row for being a head, as the due index yields them, costs a probe per
+/// row, and when the earliest rows all wait behind heads that are leased, backing off or
+/// dead, a claim would probe the whole backlog to find a few heads. So only a window of
+/// the earliest due rows (four times the limit) is tested that way. When it yields fewer
+/// than the limit, the claim also looks up the head of each (key, destination) pair that
+/// has unfinished rows, with one probe per pair (a skip scan of the head index, stopping
+/// at the limit), and the earliest unkeyed due rows from their own index. Its cost then
+/// grows with the number of keys, not with the rows waiting behind them.
+fn due_ordered(filtered: bool, halt: bool, slots: bool) -> String {
+    let holds = if halt {
+        "('pending', 'leased', 'dead')"
+    } else {
+        "('pending', 'leased')"
+    };
+    let only = |alias: &str| {
+        if filtered {
+            format!("AND {alias}.destination = ANY($5)")
+        } else {
+            String::new()
+        }
+    };
+    let window = earliest(
+        "c.id, c.partition_key, c.destination, c.seq",
+        &format!("c.status IN ('pending', 'leased') {}", only("c")),
+        "$1 * 4",
+        slots,
+    );
+    let unkeyed = earliest(
+        "f.id",
+        &format!(
+            "f.partition_key IS NULL AND f.status IN ('pending', 'leased') {}",
+            only("f")
+        ),
+        "$1",
+        slots,
+    );
+    let filter = only("d");
+    let head_filter = only("q");
     format!(
-        "AND (d.seq IS NULL OR NOT EXISTS (SELECT 1 FROM {{outbox}} p WHERE p.partition_key = d.partition_key AND p.destination = d.destination AND p.seq < d.seq AND p.status IN ('pending', 'leased'{dead})))"
+        "WITH RECURSIVE front AS MATERIALIZED (
+        SELECT w.id FROM ({window}) AS w
+        WHERE w.seq IS NULL OR NOT EXISTS (SELECT 1 FROM {{outbox}} AS p WHERE p.partition_key = w.partition_key AND p.destination = w.destination AND p.seq < w.seq AND p.status IN {holds})
+        LIMIT $1
+    ),
+    pairs AS (
+        (SELECT k.partition_key, k.destination FROM {{outbox}} AS k
+         WHERE k.partition_key IS NOT NULL AND k.status IN ('pending', 'leased', 'dead')
+         ORDER BY k.partition_key, k.destination LIMIT 1)
+        UNION ALL
+        SELECT n.partition_key, n.destination FROM pairs AS q CROSS JOIN LATERAL (
+            SELECT k.partition_key, k.destination FROM {{outbox}} AS k
+            WHERE k.partition_key IS NOT NULL AND k.status IN ('pending', 'leased', 'dead')
+              AND (k.partition_key, k.destination) > (q.partition_key, q.destination)
+            ORDER BY k.partition_key, k.destination LIMIT 1) AS n
+    )
+    SELECT d.id FROM {{outbox}} AS d
+    WHERE d.id = ANY(ARRAY(
+            SELECT id FROM front
+            UNION ALL
+            (SELECT h.id FROM pairs AS q CROSS JOIN LATERAL (
+                SELECT x.id, x.status, x.available_at FROM {{outbox}} AS x
+                WHERE x.partition_key = q.partition_key AND x.destination = q.destination
+                  AND x.status IN {holds}
+                ORDER BY x.seq LIMIT 1) AS h
+             WHERE (SELECT count(*) FROM front) < $1 {head_filter}
+               AND h.status IN ('pending', 'leased') AND h.available_at <= now()
+             LIMIT $1)
+            UNION ALL
+            SELECT u.id FROM ({unkeyed}) AS u WHERE (SELECT count(*) FROM front) < $1
+        ))
+      AND d.status IN ('pending', 'leased') AND d.available_at <= now() {filter}
+    ORDER BY d.available_at, d.id
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED"
+    )
+}
+
+/// The earliest due rows of alias `a` (in `columns`) that meet `condition`, at most
+/// `limit`, in due-index order: with `slots`, each slot is read by itself and the reads
+/// are merged, as in [`claim_in_slots`].
+fn earliest(columns: &str, condition: &str, limit: &str, slots: bool) -> String {
+    let alias = &columns[..1];
+    let read = |slot: &str| {
+        format!(
+            "SELECT {columns}, {alias}.available_at AS due_at FROM {{outbox}} AS {alias}
+            WHERE {condition} AND {alias}.available_at <= now() {slot}
+            ORDER BY {alias}.available_at, {alias}.id LIMIT {limit}"
+        )
+    };
+    if !slots {
+        return read("");
+    }
+    let reads: Vec<String> = (0..3)
+        .map(|slot| {
+            format!(
+                "SELECT * FROM ({}) AS e{slot}",
+                read(&format!("AND {alias}.slot = {slot}"))
+            )
+        })
+        .collect();
+    format!(
+        "SELECT * FROM ({}) AS e ORDER BY e.due_at, e.id LIMIT {limit}",
+        reads.join(" UNION ALL ")
     )
 }
 

@@ -1187,6 +1187,7 @@ where
         order_is_commit_order_not_id_order,
         unordered_claims_ignore_keys,
         keys_are_scoped_per_destination,
+        heads_behind_a_held_back_backlog,
     );
 }
 
@@ -1385,6 +1386,64 @@ pub async fn unordered_claims_ignore_keys<H: StoreHarness>(h: &H) {
     let ids: Vec<_> = a.iter().map(NewMessage::id).collect();
     h.enqueue(a).await.expect("enqueue");
     assert_eq!(sorted(claim_ids(h, &request(100)).await.1), sorted(ids));
+}
+
+/// A head is claimed however many held-back rows come before it: when the earliest due
+/// rows all wait behind a head that is leased or dead, the heads and unkeyed rows after
+/// them are still found, on every destination.
+pub async fn heads_behind_a_held_back_backlog<H: StoreHarness>(h: &H) {
+    let hot: Vec<_> = (0..40).map(|n| keyed("hot", n)).collect();
+    let hot_ids: Vec<_> = hot.iter().map(NewMessage::id).collect();
+    h.enqueue(hot).await.expect("enqueue");
+    let halt = per_key(3, DeadHead::Halt);
+    let (hot_token, got) = claim_ids(h, &halt).await;
+    assert_eq!(got, vec![hot_ids[0]], "only the head of a single key");
+
+    let on_other = |n: usize| {
+        NewMessage::builder("other", "suite.keyed")
+            .json(&serde_json::json!({ "n": n }))
+            .partition_key("hot")
+            .build()
+            .expect("valid message")
+    };
+    let later = vec![
+        keyed("cold", 0),
+        keyed("cold", 1),
+        message("ordered", 7),
+        on_other(0),
+        on_other(1),
+    ];
+    let later_ids: Vec<_> = later.iter().map(NewMessage::id).collect();
+    h.enqueue(later).await.expect("enqueue");
+    let (token, got) = claim_ids(h, &halt).await;
+    assert_eq!(
+        sorted(got),
+        sorted(vec![later_ids[0], later_ids[2], later_ids[3]]),
+        "the heads and the unkeyed row behind 39 rows that wait for a leased head"
+    );
+    let done: Vec<_> = [0, 2, 3]
+        .map(|i| Completion::published(later_ids[i]))
+        .to_vec();
+    h.store().complete(token, &done).await.expect("complete");
+    h.store()
+        .complete(hot_token, &[Completion::dead(hot_ids[0], "400")])
+        .await
+        .expect("complete");
+
+    let (token, got) = claim_ids(h, &halt).await;
+    assert_eq!(
+        sorted(got),
+        sorted(vec![later_ids[1], later_ids[4]]),
+        "halt: the dead head holds back its key and destination, nothing else"
+    );
+    let done = [later_ids[1], later_ids[4]].map(Completion::published);
+    h.store().complete(token, &done).await.expect("complete");
+    let skip = per_key(3, DeadHead::Skip).destinations(vec!["ordered".into()]);
+    assert_eq!(
+        claim_ids(h, &skip).await.1,
+        vec![hot_ids[1]],
+        "skip: the key goes on past its dead head"
+    );
 }
 
 /// A key's order is owed per destination: the same key on another destination is another
