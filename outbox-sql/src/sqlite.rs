@@ -62,6 +62,7 @@ pub const OUTBOX_MIGRATIONS: &[(&str, &str)] = &[
         include_str!("../sql/sqlite/003_row_checks.sql"),
     ),
     ("004_writers", include_str!("../sql/sqlite/004_writers.sql")),
+    ("006_heads", include_str!("../sql/sqlite/006_heads.sql")),
 ];
 /// Migration files of the inbox table.
 pub const INBOX_MIGRATIONS: &[(&str, &str)] =
@@ -113,14 +114,10 @@ impl Statements {
         Self {
             next_seq: r(NEXT_SEQ),
             insert: r(INSERT),
-            claim: r(&claim("", "")),
-            claim_filtered: r(&claim(FILTER, "")),
-            claim_ordered: [
-                r(&claim("", &ordered(SKIP))),
-                r(&claim(FILTER, &ordered(SKIP))),
-                r(&claim("", &ordered(HALT))),
-                r(&claim(FILTER, &ordered(HALT))),
-            ],
+            claim: r(&claim("")),
+            claim_filtered: r(&claim(FILTER)),
+            claim_ordered: [(false, false), (true, false), (false, true), (true, true)]
+                .map(|(filtered, halt)| r(&claim_ordered(filtered, halt))),
             complete: r(COMPLETE),
             reject: r(REJECT),
             delete_published: r(
@@ -185,23 +182,98 @@ impl Statements {
 
 const FILTER: &str = "AND d.destination IN (SELECT value FROM json_each(?5))";
 
-fn claim(filter: &str, ordering: &str) -> String {
-    CLAIM
-        .replace("{filter}", filter)
-        .replace("{ordering}", ordering)
+fn claim(filter: &str) -> String {
+    CLAIM.replace(
+        "{due}",
+        &format!(
+            "SELECT d.id FROM {{outbox}} AS d
+    WHERE d.status IN ('pending', 'leased') AND d.available_at <= {{now}} {filter}
+    ORDER BY d.available_at, d.id
+    LIMIT ?1"
+        ),
+    )
 }
 
-// The states that hold a key back. Both lists repeat the key index's own condition,
-// `status IN ('pending', 'leased', 'dead')`, word for word: SQLite uses a partial index
-// only when the query contains its WHERE term, and would otherwise scan the due index
-// for every candidate.
-const SKIP: &str = "p.status IN ('pending', 'leased', 'dead') AND p.status <> 'dead'";
-const HALT: &str = "p.status IN ('pending', 'leased', 'dead')";
-
-/// A row is claimable only when no row of its key and destination with a lower `seq` holds the key back.
-fn ordered(holding: &str) -> String {
-    format!(
-        "AND (d.seq IS NULL OR NOT EXISTS (SELECT 1 FROM {{outbox}} AS p WHERE p.partition_key = d.partition_key AND p.destination = d.destination AND p.seq < d.seq AND {holding}))"
+/// The per-key ordered claim: a keyed row is leased only when no row of its key and
+/// destination with a lower `seq` holds the key back (is pending or leased, or dead when
+/// `halt`). As on PostgreSQL (see `due_ordered` there), only a window of the earliest due
+/// rows, four times the limit, is checked row by row; when it yields fewer than the limit,
+/// the head of each (key, destination) pair is looked up by a skip scan of the head index,
+/// and the earliest unkeyed rows are read from their own index, so a backlog held back
+/// behind a few heads costs a probe per key, not per row.
+///
+/// Every status list repeats an index's condition word for word: SQLite uses a partial
+/// index only when the query contains its WHERE terms, and would otherwise scan.
+fn claim_ordered(filtered: bool, halt: bool) -> String {
+    let holding = |alias: &str| {
+        let all = format!("{alias}.status IN ('pending', 'leased', 'dead')");
+        if halt {
+            all
+        } else {
+            format!("{all} AND {alias}.status <> 'dead'")
+        }
+    };
+    let only = |alias: &str| {
+        if filtered {
+            FILTER.replace("d.", &format!("{alias}."))
+        } else {
+            String::new()
+        }
+    };
+    let (hold_p, hold_x) = (holding("p"), holding("x"));
+    let (only_c, only_q, only_f, only_d) = (only("c"), only("q"), only("f"), only("d"));
+    let next_pair = |column: &str| {
+        format!(
+            "(SELECT k.{column} FROM {{outbox}} AS k
+              WHERE k.partition_key IS NOT NULL AND k.status IN ('pending', 'leased', 'dead')
+                AND (k.partition_key, k.destination) > (q.partition_key, q.destination)
+              ORDER BY k.partition_key, k.destination LIMIT 1)"
+        )
+    };
+    let (next_key, next_destination) = (next_pair("partition_key"), next_pair("destination"));
+    CLAIM.replace(
+        "{due}",
+        &format!(
+            "WITH RECURSIVE front AS MATERIALIZED (
+        SELECT w.id FROM (
+            SELECT c.id, c.partition_key, c.destination, c.seq FROM {{outbox}} AS c
+            WHERE c.status IN ('pending', 'leased') AND c.available_at <= {{now}} {only_c}
+            ORDER BY c.available_at, c.id LIMIT ?1 * 4) AS w
+        WHERE w.seq IS NULL OR NOT EXISTS (SELECT 1 FROM {{outbox}} AS p WHERE p.partition_key = w.partition_key AND p.destination = w.destination AND p.seq < w.seq AND {hold_p})
+        LIMIT ?1
+    ),
+    pairs(partition_key, destination) AS (
+        SELECT * FROM (
+            SELECT k.partition_key, k.destination FROM {{outbox}} AS k
+            WHERE k.partition_key IS NOT NULL AND k.status IN ('pending', 'leased', 'dead')
+            ORDER BY k.partition_key, k.destination LIMIT 1)
+        UNION ALL
+        SELECT {next_key}, {next_destination} FROM pairs AS q WHERE q.partition_key IS NOT NULL
+    )
+    SELECT d.id FROM {{outbox}} AS d
+    WHERE d.id IN (
+            SELECT id FROM front
+            UNION ALL
+            SELECT id FROM (
+                SELECT h.id FROM (
+                    SELECT (SELECT x.id FROM {{outbox}} AS x
+                            WHERE x.partition_key = q.partition_key AND x.destination = q.destination AND {hold_x}
+                            ORDER BY x.seq LIMIT 1) AS id
+                    FROM pairs AS q
+                    WHERE q.partition_key IS NOT NULL {only_q} AND (SELECT count(*) FROM front) < ?1) AS h
+                WHERE EXISTS (SELECT 1 FROM {{outbox}} AS y WHERE y.id = h.id AND y.status IN ('pending', 'leased') AND y.available_at <= {{now}})
+                LIMIT ?1)
+            UNION ALL
+            SELECT id FROM (
+                SELECT f.id FROM {{outbox}} AS f
+                WHERE f.partition_key IS NULL AND f.status IN ('pending', 'leased') AND f.available_at <= {{now}} {only_f}
+                  AND (SELECT count(*) FROM front) < ?1
+                ORDER BY f.available_at, f.id LIMIT ?1)
+        )
+      AND d.status IN ('pending', 'leased') AND d.available_at <= {{now}} {only_d}
+    ORDER BY d.available_at, d.id
+    LIMIT ?1"
+        ),
     )
 }
 
@@ -222,10 +294,7 @@ const CLAIM: &str = "UPDATE {outbox}
 SET status = 'leased', lease_owner = ?2, lease_token = ?3,
     lease_until = {now} + ?4, available_at = {now} + ?4, attempts = attempts + 1
 WHERE id IN (
-    SELECT d.id FROM {outbox} AS d
-    WHERE d.status IN ('pending', 'leased') AND d.available_at <= {now} {filter} {ordering}
-    ORDER BY d.available_at, d.id
-    LIMIT ?1
+    {due}
 )
 RETURNING id, destination, event_type, aggregate_type, aggregate_id, partition_key, tenant_id, idempotency_key, payload, content_type, headers, attempts, created_at, rowid,
     {now} - created_at AS waited_ms";
