@@ -513,6 +513,88 @@ async fn rotate_plans_stay_index_probes_under_stale_statistics() {
     );
 }
 
+/// An ordered claim reads a bounded window of the due index, whatever the backlog held
+/// back behind leased heads: with every key's head leased, 1,980 rows wait, and the claim
+/// must find the two free heads without testing each waiting row. (It tested each one, a
+/// key-index probe per row, until the battery's drain stalled on such a backlog.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ordered_claims_read_a_window_not_the_held_back_backlog() {
+    use outbox_engine::{ClaimRequest, DeadHead, MessageOrder, Store};
+    for mode in [PublishedRows::Keep, PublishedRows::Rotate] {
+        let h = PgHarness::with_mode(mode).await;
+        let keyed = |key: usize, n: usize| {
+            NewMessage::builder("orders", "order.updated")
+                .json(&serde_json::json!({ "key": key, "n": n }))
+                .partition_key(format!("k{key}"))
+                .build()
+                .unwrap()
+        };
+        h.enqueue(
+            (0..100)
+                .flat_map(|n| (0..20).map(move |key| keyed(key, n)))
+                .collect(),
+        )
+        .await
+        .unwrap();
+        let ordered = |batch| {
+            ClaimRequest::new("relay", batch, Duration::from_secs(60))
+                .ordering(MessageOrder::PerKey(DeadHead::Halt))
+        };
+        let held = h.outbox.claim(&ordered(20)).await.unwrap();
+        assert_eq!(held.messages.len(), 20, "one head per key");
+        h.enqueue(vec![keyed(20, 0), keyed(21, 0)]).await.unwrap();
+
+        let (pool, table) = (h.outbox.pool(), h.table());
+        sqlx::query(&format!("ANALYZE {table}"))
+            .execute(pool)
+            .await
+            .unwrap();
+        let sql = outbox_sql::postgres::Statements::for_rows(h.outbox.names(), mode);
+        let mut tx = pool.begin().await.unwrap();
+        let plan: Vec<String> = sqlx::query_scalar(&format!(
+            "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) {}",
+            sql.claim_ordered(false, true)
+        ))
+        .bind(10_i64)
+        .bind("planner")
+        .bind(uuid::Uuid::new_v4())
+        .bind(60_000_i64)
+        .fetch_all(&mut *tx)
+        .await
+        .unwrap();
+        tx.rollback().await.unwrap();
+        let plan = plan.join("\n");
+        // Entries a due-index scan yields, and those its own filter dropped.
+        let mut due_rows = 0;
+        let mut in_due_scan = false;
+        for line in plan.lines() {
+            let number = |after: &str| -> u64 {
+                let rest = line.split(after).nth(1).unwrap();
+                rest.split([' ', ')']).next().unwrap().parse().unwrap()
+            };
+            if line.contains("->") {
+                in_due_scan = line.contains("_due_idx") || line.contains("available_at_id_idx");
+                if in_due_scan {
+                    due_rows += number("actual rows=");
+                }
+            } else if in_due_scan && line.contains("Rows Removed by Filter:") {
+                due_rows += number("Rows Removed by Filter: ");
+            }
+        }
+        assert!(
+            (1..=40).contains(&due_rows),
+            "{mode:?}: the claim read {due_rows} due-index entries, more than its window of 4 × 10:\n{plan}"
+        );
+        let update = plan
+            .lines()
+            .find(|line| line.trim_start().starts_with("Update on"));
+        assert!(
+            update.is_some_and(|line| line.contains("actual rows=2 loops=1")),
+            "{mode:?}: the claim leased the two free heads:\n{plan}"
+        );
+    }
+}
+
 /// The slots table outlives a hand-dropped outbox; `migrate` recreates the partitions and
 /// points the slots at them, so rotation goes on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
