@@ -130,6 +130,9 @@ pub(crate) struct Target<'a> {
     pub(crate) sink: Option<&'a SinkServer>,
     pub(crate) proxy: Option<&'a Proxy>,
     pub(crate) lease: Duration,
+    /// The relays are the broken relay. It marks a batch before sending it, so what it
+    /// loses, it no longer holds leased: each of its kills counts, leases found or not.
+    pub(crate) broken: bool,
 }
 
 /// A limit for waits on a relay to take leases: generous, since a database restart or a
@@ -233,14 +236,15 @@ impl Target<'_> {
     /// Kills the relay in `slot` while it holds leased rows, at a random point of its
     /// batch; returns the rows it held. A kill that lands between batches (the relay
     /// finished its batch during the random pause) does not count: the next try kills
-    /// the new relay as soon as it is seen holding leases.
+    /// the new relay as soon as it is seen holding leases. The broken relay's kills all
+    /// count (see [`Target::broken`]).
     async fn kill_mid_batch(&mut self, slot: usize) -> i64 {
         let mut delay = 0..300;
         for _ in 0..KILL_TRIES {
             self.holding_leases(slot).await;
             pause(delay).await;
             let leased = self.kill(slot).await;
-            if leased > 0 {
+            if leased > 0 || self.broken {
                 return leased;
             }
             delay = 0..1;

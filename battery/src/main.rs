@@ -336,6 +336,7 @@ async fn run(args: RunArgs) -> std::process::ExitCode {
         sink: consumer.server.as_ref(),
         proxy: proxy.as_ref(),
         lease: lease(args.sink),
+        broken: args.broken,
     }
     .inject(args.fault, args.cycles)
     .await;
