@@ -281,12 +281,14 @@ fn due_ordered(filtered: bool, halt: bool, slots: bool) -> String {
         }
     };
     let window = earliest(
+        "c",
         "c.id, c.partition_key, c.destination, c.seq",
         &format!("c.status IN ('pending', 'leased') {}", only("c")),
         "$1 * 4",
         slots,
     );
     let unkeyed = earliest(
+        "f",
         "f.id",
         &format!(
             "f.partition_key IS NULL AND f.status IN ('pending', 'leased') {}",
@@ -336,11 +338,10 @@ fn due_ordered(filtered: bool, halt: bool, slots: bool) -> String {
     )
 }
 
-/// The earliest due rows of alias `a` (in `columns`) that meet `condition`, at most
-/// `limit`, in due-index order: with `slots`, each slot is read by itself and the reads
-/// are merged, as in [`claim_in_slots`].
-fn earliest(columns: &str, condition: &str, limit: &str, slots: bool) -> String {
-    let alias = &columns[..1];
+/// `columns` of the earliest due rows (the table read as `alias`) that meet `condition`,
+/// at most `limit`, in due-index order: with `slots`, each slot is read by itself and the
+/// reads are merged, as in [`claim_in_slots`].
+fn earliest(alias: &str, columns: &str, condition: &str, limit: &str, slots: bool) -> String {
     let read = |slot: &str| {
         format!(
             "SELECT {columns}, {alias}.available_at AS due_at FROM {{outbox}} AS {alias}

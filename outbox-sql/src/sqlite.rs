@@ -215,7 +215,7 @@ fn claim_ordered(filtered: bool, halt: bool) -> String {
     };
     let only = |alias: &str| {
         if filtered {
-            FILTER.replace("d.", &format!("{alias}."))
+            format!("AND {alias}.destination IN (SELECT value FROM json_each(?5))")
         } else {
             String::new()
         }

@@ -1415,16 +1415,29 @@ pub async fn heads_behind_a_held_back_backlog<H: StoreHarness>(h: &H) {
     ];
     let later_ids: Vec<_> = later.iter().map(NewMessage::id).collect();
     h.enqueue(later).await.expect("enqueue");
-    let (token, got) = claim_ids(h, &halt).await;
+    let only_ordered = per_key(3, DeadHead::Halt).destinations(vec!["ordered".into()]);
+    let (ordered_token, got) = claim_ids(h, &only_ordered).await;
     assert_eq!(
         sorted(got),
-        sorted(vec![later_ids[0], later_ids[2], later_ids[3]]),
-        "the heads and the unkeyed row behind 39 rows that wait for a leased head"
+        sorted(vec![later_ids[0], later_ids[2]]),
+        "the head and the unkeyed row of the destination asked for, behind 39 rows that \
+         wait for a leased head"
     );
-    let done: Vec<_> = [0, 2, 3]
-        .map(|i| Completion::published(later_ids[i]))
-        .to_vec();
-    h.store().complete(token, &done).await.expect("complete");
+    let (other_token, got) = claim_ids(h, &halt).await;
+    assert_eq!(
+        got,
+        vec![later_ids[3]],
+        "the other destination's head of the busy key"
+    );
+    let done = [later_ids[0], later_ids[2]].map(Completion::published);
+    h.store()
+        .complete(ordered_token, &done)
+        .await
+        .expect("complete");
+    h.store()
+        .complete(other_token, &[Completion::published(later_ids[3])])
+        .await
+        .expect("complete");
     h.store()
         .complete(hot_token, &[Completion::dead(hot_ids[0], "400")])
         .await
