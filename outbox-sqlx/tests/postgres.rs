@@ -583,7 +583,7 @@ async fn ordered_claims_read_a_window_not_the_held_back_backlog() {
         }
         assert!(
             (1..=40).contains(&due_rows),
-            "{mode:?}: the claim read {due_rows} due-index entries, more than its window of 4 × 10:\n{plan}"
+            "{mode:?}: the claim read {due_rows} due-index entries; its window is 4 × 10:\n{plan}"
         );
         let update = plan
             .lines()
