@@ -222,15 +222,6 @@ fn claim_ordered(filtered: bool, halt: bool) -> String {
     };
     let (hold_p, hold_x) = (holding("p"), holding("x"));
     let (only_c, only_q, only_f, only_d) = (only("c"), only("q"), only("f"), only("d"));
-    let next_pair = |column: &str| {
-        format!(
-            "(SELECT k.{column} FROM {{outbox}} AS k
-              WHERE k.partition_key IS NOT NULL AND k.status IN ('pending', 'leased', 'dead')
-                AND (k.partition_key, k.destination) > (q.partition_key, q.destination)
-              ORDER BY k.partition_key, k.destination LIMIT 1)"
-        )
-    };
-    let (next_key, next_destination) = (next_pair("partition_key"), next_pair("destination"));
     CLAIM.replace(
         "{due}",
         &format!(
@@ -248,7 +239,11 @@ fn claim_ordered(filtered: bool, halt: bool) -> String {
             WHERE k.partition_key IS NOT NULL AND k.status IN ('pending', 'leased', 'dead')
             ORDER BY k.partition_key, k.destination LIMIT 1)
         UNION ALL
-        SELECT {next_key}, {next_destination} FROM pairs AS q WHERE q.partition_key IS NOT NULL
+        SELECT n.partition_key, n.destination FROM pairs AS q JOIN {{outbox}} AS n ON n.rowid = (
+            SELECT k.rowid FROM {{outbox}} AS k
+            WHERE k.partition_key IS NOT NULL AND k.status IN ('pending', 'leased', 'dead')
+              AND (k.partition_key, k.destination) > (q.partition_key, q.destination)
+            ORDER BY k.partition_key, k.destination LIMIT 1)
     )
     SELECT d.id FROM {{outbox}} AS d
     WHERE d.id IN (
@@ -260,7 +255,7 @@ fn claim_ordered(filtered: bool, halt: bool) -> String {
                             WHERE x.partition_key = q.partition_key AND x.destination = q.destination AND {hold_x}
                             ORDER BY x.seq LIMIT 1) AS id
                     FROM pairs AS q
-                    WHERE q.partition_key IS NOT NULL {only_q} AND (SELECT count(*) FROM front) < ?1) AS h
+                    WHERE (SELECT count(*) FROM front) < ?1 {only_q}) AS h
                 WHERE EXISTS (SELECT 1 FROM {{outbox}} AS y WHERE y.id = h.id AND y.status IN ('pending', 'leased') AND y.available_at <= {{now}})
                 LIMIT ?1)
             UNION ALL
