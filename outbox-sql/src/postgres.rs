@@ -389,17 +389,20 @@ FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text
 
 /// The locked ids come back as an array (an InitPlan), so the UPDATE finds them through the
 /// primary key; a join with a CTE let the planner hash the whole table on every claim.
+/// The commit-timestamp setting is read once per statement (a scalar subquery), and the
+/// wait is computed in `double precision` (`date_part`), not `numeric` (`EXTRACT`): per
+/// row they cost about 0.2 µs each otherwise.
 const CLAIM: &str = "UPDATE {outbox} AS o
 SET status = 'leased', lease_owner = $2, lease_token = $3,
     lease_until = now() + $4 * interval '1 millisecond',
     available_at = now() + $4 * interval '1 millisecond',
     attempts = o.attempts + 1,
-    committed_at = COALESCE(o.committed_at, CASE WHEN current_setting('track_commit_timestamp') = 'on' THEN pg_xact_commit_timestamp(o.xmin) END)
+    committed_at = COALESCE(o.committed_at, CASE WHEN (SELECT current_setting('track_commit_timestamp') = 'on') THEN pg_xact_commit_timestamp(o.xmin) END)
 WHERE o.id = ANY(ARRAY(
     {due}
 ))
 RETURNING o.id, o.destination, o.event_type, o.aggregate_type, o.aggregate_id, o.partition_key, o.tenant_id, o.idempotency_key, o.payload, o.content_type, o.headers::text AS headers, o.attempts, o.created_at,
-    CAST(EXTRACT(EPOCH FROM now() - COALESCE(o.committed_at, o.created_at)) * 1000 AS bigint) AS waited_ms,
+    CAST(date_part('epoch', now() - COALESCE(o.committed_at, o.created_at)) * 1000 AS bigint) AS waited_ms,
     CAST(CASE WHEN o.committed_at IS NULL THEN 0 ELSE 1 END AS bigint) AS from_commit";
 
 const COMPLETE: &str = "UPDATE {outbox} AS o
