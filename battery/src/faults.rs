@@ -1,6 +1,6 @@
 //! The faults, each injected `cycles` times while the writers commit.
 
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use clap::ValueEnum;
@@ -337,6 +337,7 @@ fn restart_database(database: Database, immediate: bool) {
             for _ in 0..100 {
                 if !Command::new("pgrep")
                     .args(["-x", "mariadbd"])
+                    .stdout(Stdio::null())
                     .status()
                     .is_ok_and(|s| s.success())
                 {
