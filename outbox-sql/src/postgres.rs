@@ -123,7 +123,7 @@ impl Statements {
             insert: r(INSERT),
             insert_batch: r(INSERT_BATCH),
             claim: r(&claim("")),
-            claim_filtered: r(&claim(FILTER)),
+            claim_filtered: r(&claim(&only_destinations("d"))),
             claim_ordered: claims_ordered(&r, false),
             complete: r(COMPLETE),
             delete_published: r(
@@ -183,7 +183,7 @@ impl Statements {
         if published == outbox_engine::PublishedRows::Rotate {
             let r = |t: &str| names.render(Dialect::Postgres, t);
             sql.claim = r(&claim_in_slots(""));
-            sql.claim_filtered = r(&claim_in_slots(FILTER));
+            sql.claim_filtered = r(&claim_in_slots(&only_destinations("d")));
             sql.claim_ordered = claims_ordered(&r, true);
         }
         sql
@@ -204,7 +204,10 @@ impl Statements {
     }
 }
 
-const FILTER: &str = "AND d.destination = ANY($5)";
+/// Keeps the rows of table alias `alias` whose destination is in the bound list `$5`.
+fn only_destinations(alias: &str) -> String {
+    format!("AND {alias}.destination = ANY($5)")
+}
 
 fn claim(filter: &str) -> String {
     CLAIM.replace("{due}", &due("d.id", filter, ""))
@@ -275,7 +278,7 @@ fn due_ordered(filtered: bool, halt: bool, slots: bool) -> String {
     };
     let only = |alias: &str| {
         if filtered {
-            format!("AND {alias}.destination = ANY($5)")
+            only_destinations(alias)
         } else {
             String::new()
         }

@@ -115,7 +115,7 @@ impl Statements {
             next_seq: r(NEXT_SEQ),
             insert: r(INSERT),
             claim: r(&claim("")),
-            claim_filtered: r(&claim(FILTER)),
+            claim_filtered: r(&claim(&only_destinations("d"))),
             claim_ordered: [(false, false), (true, false), (false, true), (true, true)]
                 .map(|(filtered, halt)| r(&claim_ordered(filtered, halt))),
             complete: r(COMPLETE),
@@ -180,7 +180,10 @@ impl Statements {
     }
 }
 
-const FILTER: &str = "AND d.destination IN (SELECT value FROM json_each(?5))";
+/// Keeps the rows of table alias `alias` whose destination is in the bound JSON list `?5`.
+fn only_destinations(alias: &str) -> String {
+    format!("AND {alias}.destination IN (SELECT value FROM json_each(?5))")
+}
 
 fn claim(filter: &str) -> String {
     CLAIM.replace(
@@ -215,7 +218,7 @@ fn claim_ordered(filtered: bool, halt: bool) -> String {
     };
     let only = |alias: &str| {
         if filtered {
-            format!("AND {alias}.destination IN (SELECT value FROM json_each(?5))")
+            only_destinations(alias)
         } else {
             String::new()
         }
