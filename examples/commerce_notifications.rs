@@ -5,8 +5,11 @@
 //!
 //! ```text
 //! scripts/services.sh          # PostgreSQL and Redis on loopback
-//! cargo run --example commerce_notifications
+//! cargo run --example commerce_notifications --features workloads
 //! ```
+//!
+//! Needs the `workloads` feature, which builds librdkafka from its C sources (a C compiler
+//! and make) and links libpq (Debian: `libpq-dev`; `scripts/services.sh` installs it).
 //!
 //! The story is in `examples/src/commerce_notifications.rs`; the last line sums it up.
 

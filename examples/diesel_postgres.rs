@@ -1,8 +1,12 @@
 //! The outbox with diesel-async on PostgreSQL (start it with `scripts/services.sh`).
 //!
 //! ```text
-//! cargo run --example diesel_postgres
+//! scripts/services.sh          # PostgreSQL on loopback
+//! cargo run --example diesel_postgres --features workloads
 //! ```
+//!
+//! Needs the `workloads` feature, which builds librdkafka from its C sources (a C compiler
+//! and make) and links libpq (Debian: `libpq-dev`; `scripts/services.sh` installs it).
 //!
 //! Orders and their outbox messages are written on a diesel-async `AsyncPgConnection`
 //! inside `transaction(async |conn| …)`; every third order is rolled back after its

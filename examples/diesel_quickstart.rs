@@ -1,7 +1,7 @@
 //! The outbox with diesel, no servers needed.
 //!
 //! ```text
-//! cargo run --example diesel_quickstart
+//! cargo run --example diesel_quickstart --features diesel
 //! ```
 //!
 //! A shop commits orders with diesel (SQLite): each order and its outbox message in one

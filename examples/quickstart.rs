@@ -4,6 +4,10 @@
 //! cargo run --example quickstart
 //! ```
 //!
+//! Needs a Rust toolchain and a C compiler (SQLite is compiled from its sources); no
+//! server and no system library. At the workspace root this builds the examples package
+//! alone with its default features, so nothing else is compiled.
+//!
 //! A tiny order service commits orders and outbox rows in one SQLite transaction. A relay
 //! delivers signed webhooks to a receiver running in the same process, which verifies each
 //! one and deduplicates it with an inbox inside its own transaction. On purpose, one

@@ -5,8 +5,11 @@
 //!
 //! ```text
 //! scripts/services.sh          # PostgreSQL, Redis, RabbitMQ, Kafka and SQS on loopback
-//! cargo run --example saas_event_bus
+//! cargo run --example saas_event_bus --features workloads
 //! ```
+//!
+//! Needs the `workloads` feature, which builds librdkafka from its C sources (a C compiler
+//! and make) and links libpq (Debian: `libpq-dev`; `scripts/services.sh` installs it).
 //!
 //! The story is in `examples/src/saas_event_bus.rs`; the last line sums it up.
 

@@ -2,7 +2,7 @@
 //! servers needed.
 //!
 //! ```text
-//! cargo run --example traced_checkout
+//! cargo run --example traced_checkout --features traced
 //! ```
 //!
 //! A request span pays order 42: the order update and its outbox row commit in one SQLite
@@ -14,6 +14,6 @@
 
 fn main() -> std::process::ExitCode {
     outbox_examples::run_example(outbox_examples::traced_checkout::run(), |s| {
-        s.receiver_in_request_trace && s.publish_linked_to_request
+        s.receiver_in_request_trace && s.publish_linked_to_request && s.lost == 0
     })
 }

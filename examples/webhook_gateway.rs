@@ -5,8 +5,11 @@
 //!
 //! ```text
 //! scripts/services.sh          # PostgreSQL on loopback
-//! cargo run --example webhook_gateway
+//! cargo run --example webhook_gateway --features workloads
 //! ```
+//!
+//! Needs the `workloads` feature, which builds librdkafka from its C sources (a C compiler
+//! and make) and links libpq (Debian: `libpq-dev`; `scripts/services.sh` installs it).
 //!
 //! The story is in `examples/src/webhook_gateway.rs`; the last line sums it up. The
 //! example replays in process and prints the equivalent `outbox dead replay` command;

@@ -34,3 +34,22 @@ if (check outbox-sink-http) >/dev/null 2>&1; then
     echo "the invariant check found no HTTP client in outbox-sink-http: the check is broken" >&2
     exit 1
 fi
+
+# The README's first command, `cargo run --example quickstart` at the root, builds the
+# default members (the examples package alone, default features) with their dev and build
+# dependencies: no system library (libpq, libmysqlclient), no C broker client, no AWS SDK.
+quickstart_forbidden='^(mysqlclient-sys|pq-sys|rdkafka-sys|rdkafka|lapin|aws-sdk-[a-z]+|diesel|diesel-async|opentelemetry[a-z_-]*)$'
+quickstart=$(cargo tree -e normal,build,dev --prefix none --format '{p}' | cut -d' ' -f1 | sort -u)
+bad=$(grep -E "$quickstart_forbidden" <<<"$quickstart" || true)
+if [[ -n $bad ]]; then
+    echo "cargo run --example quickstart would build what the quickstart does not use:" >&2
+    echo "$bad" >&2
+    exit 1
+fi
+echo "quickstart: $(wc -l <<<"$quickstart") crates, none of them a system-library binding, broker client or AWS SDK"
+# ... and the same check finds them in the workload examples.
+workloads=$(cargo tree -p outbox-examples --features workloads -e normal --prefix none --format '{p}' | cut -d' ' -f1)
+if ! grep -qE "$quickstart_forbidden" <<<"$workloads"; then
+    echo "the quickstart check found nothing in the workload examples: the check is broken" >&2
+    exit 1
+fi

@@ -37,7 +37,7 @@ use outbox::{
     DeadHead, DeadLetterFilter, DeadLetters, MessageOrder, NewMessage, Relay, RetryPolicy,
     StoreStats, deterministic_key,
 };
-use outbox_sink_http::{HttpSink, HttpSinkConfig};
+use outbox::http::{HttpSink, HttpSinkConfig};
 use serde_json::json;
 use sqlx::PgPool;
 use uuid::Uuid;

@@ -247,6 +247,7 @@ pub async fn run_sqlite(dir: std::path::PathBuf) -> Result<Summary, Error> {
 /// # Errors
 ///
 /// Any database, network or configuration failure; PostgreSQL not reachable.
+#[cfg(feature = "workloads")]
 pub async fn run_postgres(dir: std::path::PathBuf) -> Result<Summary, Error> {
     use diesel_async::{AsyncConnection, AsyncPgConnection};
     use outbox::diesel::postgres::PgOutbox;

@@ -1,12 +1,21 @@
 //! The examples' code, shared by `cargo run --example …` and the tests that run them.
+//!
+//! Each example is behind the feature that names what it needs (see `Cargo.toml`), so the
+//! quickstart builds nothing it does not use.
 
+#[cfg(feature = "workloads")]
 pub mod commerce_notifications;
+#[cfg(feature = "diesel")]
 pub mod diesel_orders;
 pub mod quickstart;
+#[cfg(feature = "workloads")]
 pub mod saas_event_bus;
+#[cfg(feature = "traced")]
 pub mod traced_checkout;
+#[cfg(feature = "workloads")]
 pub mod webhook_gateway;
 
+#[cfg(feature = "workloads")]
 mod support;
 
 /// Runs an example's story on a fresh runtime, prints its summary line, and exits with

@@ -83,10 +83,12 @@ async fn handle(
     };
     let order = event["order"].as_i64().unwrap_or_default();
     if order == REFUSED_ORDER {
-        return StatusCode::UNPROCESSABLE_ENTITY; // e.g. an unknown customer: retrying cannot help
+        println!("receiver: order {order} refused for good (422 unknown customer)");
+        return StatusCode::UNPROCESSABLE_ENTITY; // retrying cannot help
     }
     if order == FLAKY_ORDER && r.failed_once.lock().expect("lock").insert(-order) {
-        return StatusCode::SERVICE_UNAVAILABLE; // fails before anything is committed
+        println!("receiver: order {order} failed before committing (503); the relay retries");
+        return StatusCode::SERVICE_UNAVAILABLE;
     }
     let Ok(mut tx) = r.pool.begin().await else {
         return StatusCode::SERVICE_UNAVAILABLE;
@@ -96,6 +98,7 @@ async fn handle(
         Err(error) => return error.status(),
     };
     if received.is_new() {
+        println!("receiver: order {order} verified, recorded in the inbox, email sent");
         let applied = sqlx::query("INSERT INTO emails_sent (order_id) VALUES (?)")
             .bind(order)
             .execute(&mut *tx)
@@ -104,13 +107,15 @@ async fn handle(
             return StatusCode::SERVICE_UNAVAILABLE;
         }
     } else {
+        println!("receiver: order {order} delivered again; the inbox knows it, ignored");
         *r.duplicates.lock().expect("lock") += 1;
     }
     if tx.commit().await.is_err() {
         return StatusCode::SERVICE_UNAVAILABLE;
     }
     if order == LOST_ACK_ORDER && r.failed_once.lock().expect("lock").insert(order) {
-        return StatusCode::INTERNAL_SERVER_ERROR; // committed, but the answer is lost
+        println!("receiver: order {order} committed, but its answer is lost (500)");
+        return StatusCode::INTERNAL_SERVER_ERROR;
     }
     StatusCode::NO_CONTENT
 }
@@ -186,6 +191,7 @@ pub async fn run(dir: PathBuf) -> Result<Summary, Error> {
         outbox.enqueue(&mut tx, &message).await?;
         tx.commit().await?;
         outbox.notify().await?; // after commit: the relay claims now, not at its next poll
+        println!("shop: order {order} committed with its outbox row, one SQLite transaction");
     }
 
     // Wait until every committed order is published or dead.
@@ -213,11 +219,13 @@ pub async fn run(dir: PathBuf) -> Result<Summary, Error> {
         .fetch_all(&shop_db)
         .await?;
     let dead = outbox.list_dead(&DeadLetterFilter::all(), 100).await?;
-    let dead_orders: Vec<i64> = dead
-        .iter()
-        .filter_map(|d| serde_json::from_slice::<serde_json::Value>(&d.message.payload).ok())
-        .filter_map(|v| v["order"].as_i64())
-        .collect();
+    let mut dead_orders = Vec::new();
+    for letter in &dead {
+        let payload = serde_json::from_slice::<serde_json::Value>(&letter.message.payload)?;
+        let order = payload["order"].as_i64().unwrap_or_default();
+        println!("relay: order {order} dead-lettered ({})", letter.reason);
+        dead_orders.push(order);
+    }
     if effects != applied.len() as i64 {
         return Err(format!(
             "{effects} side effects for {} orders: the inbox let a copy through",

@@ -2,9 +2,11 @@
 //! feature: request → enqueue → relay publish → receiver.
 
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use opentelemetry::trace::{SpanId, TraceContextExt, TraceId, TracerProvider as _};
 use opentelemetry_sdk::error::OTelSdkResult;
@@ -28,14 +30,16 @@ pub struct Summary {
     pub receiver_in_request_trace: bool,
     /// The relay's publish span links to the request's span.
     pub publish_linked_to_request: bool,
+    /// The committed order's message never reached the receiver (0 or 1).
+    pub lost: u64,
 }
 
 impl fmt::Display for Summary {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "spans={} receiver_in_request_trace={} publish_linked_to_request={}",
-            self.spans, self.receiver_in_request_trace, self.publish_linked_to_request
+            "spans={} receiver_in_request_trace={} publish_linked_to_request={} lost={}",
+            self.spans, self.receiver_in_request_trace, self.publish_linked_to_request, self.lost
         )
     }
 }
@@ -68,11 +72,20 @@ impl SpanExporter for Stdout {
 }
 
 /// The receiving service continues the trace the message carries.
-async fn receive(headers: HeaderMap, body: axum::body::Bytes) -> StatusCode {
+async fn receive(
+    State(received): State<Arc<AtomicU64>>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> StatusCode {
     let span = tracing::info_span!("receive order.paid", bytes = body.len());
     // The HTTP sink sends the message's own `traceparent`: the enqueueing request's.
     let _ = span.set_parent(trace::context_from(|name| headers.get(name)?.to_str().ok()));
-    async { StatusCode::NO_CONTENT }.instrument(span).await
+    async {
+        received.fetch_add(1, Ordering::Relaxed);
+        StatusCode::NO_CONTENT
+    }
+    .instrument(span)
+    .await
 }
 
 /// Runs the story and sums up the exported spans.
@@ -93,7 +106,10 @@ pub async fn run() -> Result<Summary, Error> {
     )?;
 
     // The receiver, on loopback.
-    let app = axum::Router::new().route("/hooks", axum::routing::post(receive));
+    let received = Arc::new(AtomicU64::new(0));
+    let app = axum::Router::new()
+        .route("/hooks", axum::routing::post(receive))
+        .with_state(received.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let url = format!("http://{}/hooks", listener.local_addr()?);
     let server = tokio::spawn(async move { axum::serve(listener, app).await });
@@ -153,10 +169,11 @@ pub async fn run() -> Result<Summary, Error> {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     provider.force_flush()?;
-    Ok(summarize(&spans.0.lock().expect("spans"), request_ids))
+    let lost = u64::from(received.load(Ordering::Relaxed) == 0);
+    Ok(summarize(&spans.0.lock().expect("spans"), request_ids, lost))
 }
 
-fn summarize(spans: &[SpanData], (trace_id, span_id): (TraceId, SpanId)) -> Summary {
+fn summarize(spans: &[SpanData], (trace_id, span_id): (TraceId, SpanId), lost: u64) -> Summary {
     let named = |name: &str| spans.iter().find(|s| s.name == name);
     let receiver_in_request_trace = named("receive order.paid")
         .is_some_and(|s| s.span_context.trace_id() == trace_id && s.parent_span_id == span_id);
@@ -169,5 +186,6 @@ fn summarize(spans: &[SpanData], (trace_id, span_id): (TraceId, SpanId)) -> Summ
         spans: spans.len(),
         receiver_in_request_trace,
         publish_linked_to_request,
+        lost,
     }
 }

@@ -39,7 +39,7 @@ use outbox::layers::{CircuitConfig, SinkExt};
 use outbox::postgres::{PgInbox, PgNotifier, PgOutbox};
 use outbox::receiver::WebhookReceiver;
 use outbox::{DeadLetterFilter, DeadLetters, Relay, RetryPolicy, deterministic_key};
-use outbox_sink_http::{HttpSink, HttpSinkConfig, fan_out};
+use outbox::http::{HttpSink, HttpSinkConfig, fan_out};
 use serde_json::json;
 use sqlx::PgPool;
 use uuid::Uuid;

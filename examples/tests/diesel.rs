@@ -13,6 +13,7 @@ async fn the_diesel_quickstart_delivers_exactly_the_committed_orders() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+#[cfg(feature = "workloads")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_diesel_async_postgres_story_delivers_exactly_the_committed_orders() {
     let dir = tempfile_dir("postgres");
