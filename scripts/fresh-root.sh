@@ -44,11 +44,8 @@ mirror=${OUTBOX_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 
 # 1. The root, once per machine: a stamp marks a finished debootstrap.
 if [[ ! -f $root/.outbox-root-complete || $(cat "$root/.outbox-root-complete") != "$packages" ]]; then
-    command -v debootstrap >/dev/null || {
-        log "installing debootstrap"
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null ||
-            fail "install debootstrap"
-    }
+    command -v debootstrap >/dev/null ||
+        fail "needs debootstrap (Debian package debootstrap; scripts/services.sh installs it)"
     log "debootstrap bookworm (minbase + $packages) into $root (once per machine, ~2 min)"
     rm -rf "$root"
     timeout 15m debootstrap --variant=minbase --include="$packages" bookworm "$root" "$mirror" \

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Makes the servers the tests need available on loopback, and prints their URLs.
 #
-# Uses a server that is already running; otherwise starts an installed one; otherwise
-# installs it from Debian's packages (as root) and starts it. Creates the test databases.
-# Safe to run again and again.
+# Installs what DEBIAN_PACKAGES lists and the machine lacks (as root, or with sudo; without
+# either it fails and names the packages), uses a server that is already running or starts
+# it, and creates the test databases. Safe to run again and again.
+#
+#   scripts/services.sh              everything below; prints NAME=VALUE lines
+#   scripts/services.sh --packages   prints the Debian packages it needs, on one line
 #
 #   PostgreSQL  postgres://postgres@127.0.0.1:5432/test   (trust auth on loopback)
 #   MariaDB     mysql://root@127.0.0.1:3306/test          (root, empty password)
@@ -13,15 +16,32 @@
 #               rabbitmqctl must work for the tests that close connections or stop the app)
 #   Kafka       127.0.0.1:9092   (tansu, a Kafka-protocol broker, in memory; built once with
 #               cargo install into ~/.cache/outbox-tools; the tests also start private
-#               brokers on other ports with the binary OUTBOX_TEST_TANSU names)
+#               brokers on other ports with the binary OUTBOX_TEST_TANSU names). With
+#               OUTBOX_SERVICES_KAFKA=background and tansu not built yet, the build starts
+#               in the background and a later run of this script waits for it and starts
+#               the broker.
 #   SQS         http://127.0.0.1:4566   (moto_server from PyPI, an SQS emulator in memory, in a
 #               virtualenv under ~/.cache/outbox-tools; queues `outbox-test` and
 #               `outbox-test.fifo`; the tests also start private emulators with the binary
 #               OUTBOX_TEST_MOTO names)
 #   Python and Node with the drivers the foreign-writer tests use (see ensure_writers)
 #   Chromium (Debian) and playwright-core (npm) for the dashboard's browser test
-#   libpq and libmariadb (Debian's -dev packages), which diesel's connections link to
+#   libpq and libmariadb (Debian's -dev packages), which diesel's connections link to;
+#   libfaketime, which skews a relay's clock in the battery's clock-skew fault; debootstrap
+#   for scripts/fresh-root.sh
 set -euo pipefail
+
+# Every Debian package the tests need; the README's "Testing" section shows this list.
+DEBIAN_PACKAGES=(
+    postgresql postgresql-client mariadb-server mariadb-client redis-server rabbitmq-server
+    build-essential pkg-config libpq-dev libmariadb-dev libmariadb-dev-compat libfaketime
+    python3 python3-venv nodejs npm curl chromium debootstrap
+)
+
+if [[ ${1:-} == --packages ]]; then
+    echo "${DEBIAN_PACKAGES[*]}"
+    exit 0
+fi
 
 log() { printf '[services] %s\n' "$*" >&2; }
 
@@ -29,15 +49,44 @@ as_root() {
     if [[ $(id -u) -eq 0 ]]; then "$@"; else sudo "$@"; fi
 }
 
-APT_UPDATED=0
-apt_install() {
-    if [[ $APT_UPDATED -eq 0 ]]; then
-        log "apt-get update"
-        as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
-        APT_UPDATED=1
+# Whether a package of DEBIAN_PACKAGES is there: its program where it has one (whoever
+# installed it, and whatever versioned package brought it), else dpkg's word.
+present() {
+    case $1 in
+    postgresql) compgen -G '/usr/lib/postgresql/*/bin/postgres' ;;
+    postgresql-client) command -v psql && command -v pg_isready ;;
+    mariadb-server) test -x /usr/sbin/mariadbd ;;
+    mariadb-client) command -v mariadb && command -v mariadb-admin ;;
+    redis-server) test -x /usr/bin/redis-server && command -v redis-cli ;;
+    rabbitmq-server) test -x /usr/sbin/rabbitmq-server && command -v rabbitmqctl ;;
+    chromium) test -x /usr/bin/chromium ;;
+    build-essential) command -v cc && command -v make ;;
+    python3) command -v python3 ;;
+    python3-venv) python3 -c 'import ensurepip, venv' ;;
+    nodejs) command -v node ;;
+    npm | curl | debootstrap | pkg-config) command -v "$1" ;;
+    *) [[ $(dpkg-query -W -f '${Status}' "$1" 2>/dev/null) == *" installed" ]] ;;
+    esac >/dev/null 2>&1
+}
+
+ensure_packages() {
+    local missing=() package
+    for package in "${DEBIAN_PACKAGES[@]}"; do
+        present "$package" || missing+=("$package")
+    done
+    ((${#missing[@]})) || return 0
+    if [[ $(id -u) -ne 0 ]] && ! sudo -n true 2>/dev/null; then
+        log "missing Debian packages, and neither root nor sudo to install them: ${missing[*]}"
+        log "install them with: sudo apt-get install ${missing[*]}"
+        exit 1
     fi
-    log "installing $*"
-    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+    log "installing Debian packages: ${missing[*]}"
+    if ! as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq ||
+        ! as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null; then
+        log "could not install the Debian packages: ${missing[*]}"
+        log "install them with: sudo apt-get install ${missing[*]}"
+        exit 1
+    fi
 }
 
 wait_for() { # description, seconds, command...
@@ -53,9 +102,6 @@ wait_for() { # description, seconds, command...
 
 ensure_postgres() {
     if ! pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null; then
-        if ! compgen -G "/etc/postgresql/*/main" >/dev/null; then
-            apt_install postgresql postgresql-client
-        fi
         local version
         version=$(ls /etc/postgresql | sort -V | tail -1)
         local hba="/etc/postgresql/$version/main/pg_hba.conf"
@@ -92,9 +138,6 @@ mariadb_up() { mariadb-admin -h 127.0.0.1 -P 3306 -u root ping; }
 
 ensure_mariadb() {
     if ! command -v mariadb-admin >/dev/null || ! mariadb_up >/dev/null 2>&1; then
-        if [[ ! -x /usr/sbin/mariadbd ]]; then
-            apt_install mariadb-server mariadb-client
-        fi
         log "starting MariaDB"
         as_root mkdir -p /run/mysqld
         as_root chown mysql:mysql /run/mysqld 2>/dev/null || true
@@ -116,9 +159,6 @@ redis_up() { [[ $(redis-cli -h 127.0.0.1 -p 6379 ping 2>/dev/null) == PONG ]]; }
 
 ensure_redis() {
     # The sink tests also run /usr/bin/redis-server themselves (restarts, replicas).
-    if [[ ! -x /usr/bin/redis-server ]] || ! command -v redis-cli >/dev/null; then
-        apt_install redis-server
-    fi
     if ! redis_up; then
         log "starting Redis"
         redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no \
@@ -131,9 +171,6 @@ ensure_redis() {
 rabbitmq_up() { as_root rabbitmqctl -q await_startup --timeout 5; }
 
 ensure_rabbitmq() {
-    if ! command -v rabbitmqctl >/dev/null || [[ ! -x /usr/sbin/rabbitmq-server ]]; then
-        apt_install rabbitmq-server
-    fi
     if ! rabbitmq_up >/dev/null 2>&1; then
         if as_root rabbitmqctl -q ping >/dev/null 2>&1; then
             # The node runs but its app is stopped: a broker-fault test was killed before
@@ -162,13 +199,35 @@ TANSU_VERSION=0.6.0
 
 kafka_up() { (exec 3<>/dev/tcp/127.0.0.1/9092) 2>/dev/null; }
 
+tansu_built() { [[ -x $1 && $("$1" --version 2>/dev/null) == *"$TANSU_VERSION"* ]]; }
+
 ensure_kafka() {
-    local tansu=$TOOLS_DIR/bin/tansu
-    if [[ ! -x $tansu ]] || [[ $("$tansu" --version 2>/dev/null) != *"$TANSU_VERSION"* ]]; then
-        command -v cc >/dev/null && command -v make >/dev/null || apt_install build-essential
-        log "building tansu $TANSU_VERSION into $TOOLS_DIR (once per machine, several minutes)"
-        cargo install tansu --locked --quiet --version "$TANSU_VERSION" \
-            --features dynostore,libsql --root "$TOOLS_DIR" >&2
+    local tansu=$TOOLS_DIR/bin/tansu lock=$TOOLS_DIR/tansu-build.lock
+    local build_log=$TOOLS_DIR/tansu-build.log
+    # Its own target directory: a build in the background must not hold the lock of the
+    # caller's (CARGO_TARGET_DIR), nor leave tansu's objects in it.
+    local build=(env CARGO_TARGET_DIR="$TOOLS_DIR/tansu-target" cargo install tansu --locked
+        --quiet --version "$TANSU_VERSION" --features dynostore,libsql --root "$TOOLS_DIR")
+    mkdir -p "$TOOLS_DIR"
+    if ! tansu_built "$tansu"; then
+        if [[ ${OUTBOX_SERVICES_KAFKA:-} == background ]]; then
+            if flock -n "$lock" true; then
+                log "building tansu $TANSU_VERSION in the background (log: $build_log)"
+                setsid -f flock "$lock" nice -n 10 "${build[@]}" >"$build_log" 2>&1 </dev/null
+            fi
+            echo "OUTBOX_TEST_KAFKA_BROKERS=127.0.0.1:9092"
+            echo "OUTBOX_TEST_TANSU=$tansu"
+            return 0
+        fi
+        if ! flock -n "$lock" true; then
+            log "waiting for the tansu build in the background (log: $build_log)"
+            flock "$lock" true
+        fi
+        if ! tansu_built "$tansu"; then
+            log "building tansu $TANSU_VERSION into $TOOLS_DIR (once per machine, several minutes)"
+            flock "$lock" "${build[@]}" >&2
+        fi
+        rm -rf "$TOOLS_DIR/tansu-target"
     fi
     if ! kafka_up; then
         log "starting tansu on 127.0.0.1:9092 (in memory)"
@@ -192,11 +251,7 @@ sqs_up() { (exec 3<>/dev/tcp/127.0.0.1/4566) 2>/dev/null; }
 ensure_sqs() {
     local venv=$TOOLS_DIR/moto-venv
     if ! "$venv/bin/python" -c "import moto, sys; sys.exit(moto.__version__ != '$MOTO_VERSION')" >/dev/null 2>&1; then
-        command -v python3 >/dev/null || apt_install python3
-        if ! python3 -m venv --clear "$venv" >/dev/null 2>&1; then
-            apt_install python3-venv
-            python3 -m venv --clear "$venv"
-        fi
+        python3 -m venv --clear "$venv"
         log "installing moto $MOTO_VERSION into $venv"
         "$venv/bin/pip" install -q --disable-pip-version-check "moto[server]==$MOTO_VERSION"
     fi
@@ -207,7 +262,6 @@ ensure_sqs() {
             >"$TOOLS_DIR/run/moto-4566.log" 2>&1 </dev/null)
         wait_for "moto_server (SQS on 4566)" 30 sqs_up
     fi
-    command -v curl >/dev/null || apt_install curl
     # The queues the examples use; CreateQueue answers with the existing queue when it is there.
     for queue in outbox-test outbox-test.fifo; do
         local attributes=
@@ -230,17 +284,12 @@ BROWSER_DIR=${OUTBOX_BROWSER_DIR:-$HOME/.cache/outbox-browser}
 ensure_writers() {
     local venv=$WRITERS_DIR/venv
     if ! "$venv/bin/python" -c 'import psycopg, pymysql' >/dev/null 2>&1; then
-        command -v python3 >/dev/null || apt_install python3
-        if ! python3 -m venv --clear "$venv" >/dev/null 2>&1; then
-            apt_install python3-venv
-            python3 -m venv --clear "$venv"
-        fi
+        python3 -m venv --clear "$venv"
         log "installing psycopg and PyMySQL into $venv"
         "$venv/bin/pip" install -q --disable-pip-version-check 'psycopg[binary]>=3.1,<4' 'PyMySQL>=1.1'
     fi
     echo "OUTBOX_TEST_PYTHON=$venv/bin/python"
     if [[ ! -f $WRITERS_DIR/node/node_modules/pg/package.json ]]; then
-        command -v npm >/dev/null || apt_install nodejs npm
         log "installing the pg package into $WRITERS_DIR/node"
         npm install --prefix "$WRITERS_DIR/node" --silent --no-audit --no-fund 'pg@^8' >/dev/null
     fi
@@ -251,11 +300,7 @@ ensure_writers() {
 # Debian's Chromium and playwright-core (npm) for the dashboard's browser test; Playwright
 # never downloads a browser of its own here.
 ensure_browser() {
-    if [[ ! -x /usr/bin/chromium ]]; then
-        apt_install chromium
-    fi
     if [[ ! -f $BROWSER_DIR/node_modules/playwright-core/package.json ]]; then
-        command -v npm >/dev/null || apt_install nodejs npm
         log "installing playwright-core into $BROWSER_DIR"
         npm install --prefix "$BROWSER_DIR" --silent --no-audit --no-fund 'playwright-core@^1.49' >/dev/null
     fi
@@ -263,20 +308,7 @@ ensure_browser() {
     echo "OUTBOX_TEST_PLAYWRIGHT_PATH=$BROWSER_DIR/node_modules"
 }
 
-# The C client libraries diesel's sync connections link to (libpq, libmariadb), and
-# libfaketime, which skews a relay's clock in the battery's clock-skew fault.
-ensure_client_libs() {
-    local missing=()
-    dpkg -s libfaketime >/dev/null 2>&1 || missing+=(libfaketime)
-    dpkg -s libpq-dev >/dev/null 2>&1 || missing+=(libpq-dev)
-    dpkg -s libmariadb-dev-compat >/dev/null 2>&1 || missing+=(libmariadb-dev libmariadb-dev-compat)
-    command -v pkg-config >/dev/null || missing+=(pkg-config)
-    if [[ ${#missing[@]} -gt 0 ]]; then
-        apt_install "${missing[@]}"
-    fi
-}
-
-ensure_client_libs
+ensure_packages
 ensure_postgres
 ensure_mariadb
 ensure_redis

@@ -120,16 +120,26 @@ summary() {
     exit 0
 }
 
-step "services"
 # Start (or install) the servers the tests need; keep URLs the caller already exported.
-if ! bash scripts/services.sh >"$work/services.env"; then
-    failed_steps+=("services")
-    summary
+services() {
+    if ! bash scripts/services.sh >"$work/services.env"; then
+        failed_steps+=("$step_name")
+        summary
+    fi
+    while IFS='=' read -r name value; do
+        if [[ -z ${!name:-} ]]; then export "$name=$value"; fi
+        echo "$name=${!name}"
+    done <"$work/services.env"
+}
+
+step "services"
+if (($#)); then
+    services
+else
+    # The full run builds the Kafka broker (tansu, once per machine) in the background
+    # while the lints and builds run; the step "kafka broker" waits for it.
+    OUTBOX_SERVICES_KAFKA=background services
 fi
-while IFS='=' read -r name value; do
-    if [[ -z ${!name:-} ]]; then export "$name=$value"; fi
-    echo "$name=${!name}"
-done <"$work/services.env"
 
 step "cargo-nextest"
 if ! cargo nextest --version >/dev/null 2>&1; then
@@ -152,24 +162,22 @@ check cargo clippy --workspace --all-targets --all-features -- -D warnings
 
 step "docs (broken links denied)"
 check env RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --all-features --quiet
+# The README shows the Debian packages scripts/services.sh installs, as one command.
+readme_packages() {
+    local install
+    install="apt-get install $(bash scripts/services.sh --packages)"
+    grep -qF "$install" README.md || { echo "README.md must show \`$install\`" >&2; return 1; }
+}
+check readme_packages
 
 step "architecture invariants"
 check scripts/check-architecture.sh
 
-step "publishable (every library crate packages and builds from its package)"
-# The packages build as registry crates, which cargo never rebuilds for the same version:
-# in a target directory kept between runs, forget our own crates' builds first.
-publish_target="${CARGO_TARGET_DIR:-target}/publish-check"
-rm -rf "$publish_target"/debug/.fingerprint/outbox-* "$publish_target"/package
-# Cargo also unpacks those packages once per version under its home and never again: drop
-# our crates' unpacked sources (not crates.io's) so the check reads this checkout.
-for unpacked in "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/; do
-    case $unpacked in */index.crates.io-*/) continue ;; esac
-    rm -rf "$unpacked"outbox-[0-9]* "$unpacked"outbox-engine-* "$unpacked"outbox-sql-* \
-        "$unpacked"outbox-sqlx-* "$unpacked"outbox-sink-* "$unpacked"outbox-receiver-* \
-        "$unpacked"outbox-dashboard-* "$unpacked"outbox-diesel-*
-done
-check env CARGO_TARGET_DIR="$publish_target" cargo publish --workspace --dry-run --allow-dirty --quiet
+step "publishable (every library crate packages and compiles from its package)"
+check scripts/check-packages.sh
+
+step "the README's first command on a bare machine (scripts/fresh-root.sh)"
+check scripts/fresh-root.sh
 
 step "harness self-check (a failing or hanging test ends with its children, red)"
 check scripts/check-harness.sh
@@ -180,6 +188,9 @@ check cargo test --workspace --all-features --no-run --quiet
 target_dir=${CARGO_TARGET_DIR:-target}
 [[ $target_dir == /* ]] || target_dir=$PWD/$target_dir
 export OUTBOX_CLI=$target_dir/debug/outbox
+
+step "kafka broker (waits for its build in the background)"
+services
 
 step "feature gating (front crate without the redis feature)"
 nextest 10m -p outbox --features http --test readme_config
