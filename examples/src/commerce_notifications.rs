@@ -30,6 +30,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use outbox::TableNames;
+use outbox::http::{HttpSink, HttpSinkConfig};
 use outbox::layers::{RateLimit, SinkExt};
 use outbox::postgres::PgOutbox;
 use outbox::redis::{RedisSink, RedisSinkConfig, client as redis};
@@ -37,7 +38,6 @@ use outbox::{
     DeadHead, DeadLetterFilter, DeadLetters, MessageOrder, NewMessage, Relay, RetryPolicy,
     StoreStats, deterministic_key,
 };
-use outbox::http::{HttpSink, HttpSinkConfig};
 use serde_json::json;
 use sqlx::PgPool;
 use uuid::Uuid;

@@ -170,7 +170,11 @@ pub async fn run() -> Result<Summary, Error> {
     }
     provider.force_flush()?;
     let lost = u64::from(received.load(Ordering::Relaxed) == 0);
-    Ok(summarize(&spans.0.lock().expect("spans"), request_ids, lost))
+    Ok(summarize(
+        &spans.0.lock().expect("spans"),
+        request_ids,
+        lost,
+    ))
 }
 
 fn summarize(spans: &[SpanData], (trace_id, span_id): (TraceId, SpanId), lost: u64) -> Summary {
