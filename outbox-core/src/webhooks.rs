@@ -43,6 +43,7 @@
 //! # }
 //! ```
 
+use std::borrow::Cow;
 use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
@@ -50,6 +51,7 @@ use std::time::Duration;
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use hmac::{Hmac, Mac};
+use percent_encoding::{AsciiSet, CONTROLS, percent_decode_str, utf8_percent_encode};
 use sha2::Sha256;
 use subtle::{Choice, ConstantTimeEq};
 
@@ -176,7 +178,8 @@ pub const MIN_SECRET_BYTES: usize = 16;
 
 /// Signs one message, returning `v1,<base64 HMAC-SHA256 of "{msg_id}.{timestamp}.{body}">`.
 ///
-/// `msg_id` must pass [`is_signable_id`] (no `.`); verifiers refuse other ids.
+/// `msg_id` must pass [`is_signable_id`] (no `.`; [`webhook_id`] makes one of any
+/// idempotency key); verifiers refuse other ids.
 pub fn sign(secret: &Secret, msg_id: &str, timestamp: i64, body: &[u8]) -> String {
     let tag = secret.mac(msg_id, timestamp, body);
     format!("v1,{}", BASE64.encode(tag))
@@ -325,9 +328,35 @@ impl Verifier {
     }
 }
 
+/// What [`webhook_id`] writes as `%XX`: `.`, the separator of the signed content; `%`, so
+/// that the encoding can be undone; and what an HTTP header value cannot carry as it is
+/// (space, which parsers trim at the ends, control characters and non-ASCII bytes).
+const ID_ESCAPES: &AsciiSet = &CONTROLS.add(b' ').add(b'%').add(b'.');
+
+/// The `webhook-id` that carries an idempotency key: the key with `.`, `%`, spaces,
+/// control characters and non-ASCII bytes percent-encoded, so that every key can be
+/// signed. Most keys come out unchanged; [`idempotency_key`] undoes it.
+///
+/// ```
+/// use outbox_engine::webhooks::{idempotency_key, webhook_id};
+///
+/// assert_eq!(webhook_id("0190f0a4-6b1c-7cc2-9a55-1f0e1d2c3b4a"), "0190f0a4-6b1c-7cc2-9a55-1f0e1d2c3b4a");
+/// assert_eq!(webhook_id("order-42.paid"), "order-42%2Epaid");
+/// assert_eq!(idempotency_key("order-42%2Epaid"), "order-42.paid");
+/// ```
+pub fn webhook_id(key: &str) -> Cow<'_, str> {
+    utf8_percent_encode(key, ID_ESCAPES).into()
+}
+
+/// The idempotency key a `webhook-id` made by [`webhook_id`] carries. An id that holds no
+/// `%` is the key itself; invalid UTF-8 after decoding is replaced, never an error.
+pub fn idempotency_key(webhook_id: &str) -> Cow<'_, str> {
+    percent_decode_str(webhook_id).decode_utf8_lossy()
+}
+
 /// Whether `id` can be a `webhook-id`: it must not contain `.`, the separator of the
 /// signed content `{id}.{timestamp}.{body}`. [`Verifier::verify`] refuses other ids, and
-/// senders must not sign them.
+/// senders must not sign them; [`webhook_id`] turns any idempotency key into one.
 ///
 /// ```
 /// assert!(outbox_engine::webhooks::is_signable_id("0190f0a4-6b1c-7cc2-9a55-1f0e1d2c3b4a"));

@@ -5,7 +5,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http::{HeaderMap, StatusCode};
 use outbox_engine::webhooks::{HEADER_ATTEMPT, HEADER_EVENT_TYPE, HEADER_MESSAGE_ID};
-use outbox_engine::webhooks::{Secret, SecretError, Verifier, VerifyError};
+use outbox_engine::webhooks::{Secret, SecretError, Verifier, VerifyError, idempotency_key};
 use outbox_engine::{Inbox, StoreError, StoreErrorKind};
 
 /// Default largest request body a receiver reads: 1 MiB (the default outbox payload
@@ -21,7 +21,9 @@ pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(10);
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Webhook {
-    /// The signed `webhook-id`: the message's idempotency key. Deduplicate on this.
+    /// The message's idempotency key, from the signed `webhook-id` (which carries it
+    /// percent-encoded where it holds `.`, `%` or what a header cannot carry; see
+    /// `outbox_engine::webhooks::webhook_id`). Deduplicate on this.
     pub id: String,
     /// The signed `webhook-timestamp`, unix seconds.
     pub timestamp: i64,
@@ -281,7 +283,7 @@ impl WebhookReceiver {
         let verified = self.inner.verifier.verify(lookup, body, now)?;
         let text = |name: &str| lookup(name).map(str::to_owned);
         Ok(Webhook {
-            id: verified.id.to_owned(),
+            id: idempotency_key(verified.id).into_owned(),
             timestamp: verified.timestamp,
             message_id: text(HEADER_MESSAGE_ID),
             event_type: text(HEADER_EVENT_TYPE),

@@ -113,6 +113,32 @@ async fn verified_deliveries_run_once_and_duplicates_are_acknowledged() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_with_dots_is_signed_verified_and_recorded_as_written() {
+    let (addr, app) = start(WebhookReceiver::from_secrets([SECRET]).unwrap().consumer("crm")).await;
+    let sink = sink(addr, |e| e.secret(SECRET));
+    let m = NewMessage::builder("hook", "order.paid")
+        .json(&42)
+        .idempotency_key("order-42.paid")
+        .build()
+        .unwrap()
+        .into_message(chrono::Utc::now());
+    for _ in 0..2 {
+        let outcomes = sink
+            .publish(std::slice::from_ref(&m), &PublishContext::default())
+            .await
+            .unwrap();
+        assert_eq!(outcomes, [Outcome::published_with("HTTP 204")]);
+    }
+    assert_eq!(app.effects.load(Ordering::SeqCst), 1, "applied once");
+    let mut tx = app.inbox.begin();
+    assert_eq!(
+        app.inbox.record(&mut tx, "crm", "order-42.paid").await.unwrap(),
+        Delivery::Duplicate,
+        "the inbox holds the key as the application wrote it"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_signatures_are_refused_and_dead_letter_at_the_sender() {
     let (addr, app) = start(WebhookReceiver::from_secrets([SECRET]).unwrap()).await;
     let wrong = sink(addr, |e| e.secret(OLD_SECRET));

@@ -8,7 +8,7 @@
 //! | `outbox-event-type` | the event type | always |
 //! | `outbox-attempt` | the attempt number, from 1 | always |
 //! | `outbox-partition-key`, `outbox-tenant-id`, `outbox-aggregate-type`, `outbox-aggregate-id` | those fields | when the message has them |
-//! | `webhook-id` | the idempotency key | the route has secrets |
+//! | `webhook-id` | the idempotency key, with `.`, `%`, spaces, control and non-ASCII characters percent-encoded | the route has secrets |
 //! | `webhook-timestamp` | unix seconds at send time | the route has secrets |
 //! | `webhook-signature` | `v1,<base64>` per secret | the route has secrets |
 //! | `user-agent` | `outbox-sink-http/<version>` unless configured | always |
@@ -18,7 +18,10 @@
 //! `webhook-id` is the idempotency key rather than the message id because it is the
 //! signed identity receivers deduplicate on: a replayed business transition with a
 //! deterministic key must look like the same webhook. With the default key (the id)
-//! both are the same.
+//! both are the same. The signed content is `{id}.{timestamp}.{body}`, so an id must not
+//! contain `.`: `order-42.paid` is sent as `order-42%2Epaid`, which any Standard Webhooks
+//! verifier accepts and deduplicates on, and which `outbox-receiver` decodes back to the
+//! key (`outbox_engine::webhooks::webhook_id` and `idempotency_key`).
 //!
 //! HTTP header names are case-insensitive and arrive lowercased. A message header whose
 //! name is one of the sink's own (listed above, plus framing headers such as `host` or

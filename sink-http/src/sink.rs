@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures_util::future::join_all;
-use outbox_engine::webhooks::{Secret, is_signable_id, signature_header};
+use outbox_engine::webhooks::{Secret, signature_header, webhook_id};
 use outbox_engine::{
     Failure, FailureClass, Message, Outcome, Outcomes, PublishContext, Sink, gather,
 };
@@ -267,24 +267,14 @@ impl HttpSink {
             .into();
         }
         if !inner.secrets.is_empty() {
-            if !is_signable_id(&message.idempotency_key) {
-                return Failure::permanent(
-                    FailureClass::Serialization,
-                    "the idempotency key contains `.`, which a Standard Webhooks `webhook-id` cannot carry (the signed content is `id.timestamp.body`)",
-                )
-                .into();
-            }
+            // Any key: `.` and what a header cannot carry are percent-encoded.
+            let id = webhook_id(&message.idempotency_key);
             let timestamp = SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
-            let signature = signature_header(
-                &inner.secrets,
-                &message.idempotency_key,
-                timestamp,
-                &message.payload,
-            );
+            let signature = signature_header(&inner.secrets, &id, timestamp, &message.payload);
             for (name, value) in [
-                (headers::WEBHOOK_ID, message.idempotency_key.clone()),
+                (headers::WEBHOOK_ID, id.into_owned()),
                 (headers::WEBHOOK_TIMESTAMP, timestamp.to_string()),
                 (headers::WEBHOOK_SIGNATURE, signature),
             ] {

@@ -5,7 +5,7 @@ mod common;
 use common::{Recorded, SECRET, TestServer};
 use outbox_engine::Headers;
 use outbox_engine::testkit::{Delivered, SinkHarness, sink_suite};
-use outbox_engine::webhooks::{Secret, Verifier};
+use outbox_engine::webhooks::{Secret, Verifier, idempotency_key};
 use outbox_sink_http::{HttpSink, headers};
 
 struct HttpHarness {
@@ -33,11 +33,13 @@ impl HttpHarness {
             .verifier
             .verify(lookup, &r.body, now)
             .unwrap_or_else(|e| panic!("request does not verify: {e}"));
-        let key = r
-            .header(headers::IDEMPOTENCY_KEY)
-            .expect("idempotency-key")
-            .to_owned();
-        assert_eq!(webhook.id, key, "webhook-id is the idempotency key");
+        // The signed identity: the key, percent-encoded where the `webhook-id` needs it.
+        let key = idempotency_key(webhook.id).into_owned();
+        assert_eq!(
+            r.header(headers::IDEMPOTENCY_KEY),
+            Some(key.as_str()),
+            "webhook-id carries the idempotency key"
+        );
         let transport = ["user-agent", "accept", "accept-encoding"];
         let own: Headers = r
             .headers

@@ -8,7 +8,7 @@ use chrono::Utc;
 use common::config;
 use common::{Canary, OLD_SECRET, Reply, SECRET, TestServer, message};
 use outbox_engine::layers::{CircuitConfig, SinkExt};
-use outbox_engine::webhooks::{Secret, Verifier};
+use outbox_engine::webhooks::{Secret, Verifier, idempotency_key};
 use outbox_engine::{
     Failure, FailureClass, Message, MessageId, NewMessage, Outcome, PublishContext, Sink,
 };
@@ -743,9 +743,10 @@ fn debug_output_hides_secrets() {
 }
 
 /// The signed content is `{id}.{timestamp}.{body}`, so a signed id may not contain a
-/// `.` (receivers refuse such ids as ambiguous): the sink refuses to send it.
+/// `.` (verifiers refuse such ids as ambiguous): the sink sends the key percent-encoded in
+/// `webhook-id`, which verifies, and as written in `idempotency-key`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_sink_does_not_sign_an_idempotency_key_with_a_dot() {
+async fn a_key_with_a_dot_is_signed_percent_encoded() {
     let server = TestServer::start().await;
     let sink = common::sink(config(server.url("/hook")).secret(SECRET));
     let mut message = message("t", 1);
@@ -754,14 +755,14 @@ async fn the_sink_does_not_sign_an_idempotency_key_with_a_dot() {
         .publish(&[message], &PublishContext::default())
         .await
         .unwrap();
-    match &outcomes[0] {
-        Outcome::Failed(f) => {
-            assert!(
-                !f.retryable && f.class == FailureClass::Serialization,
-                "{f}"
-            );
-        }
-        other => panic!("must be refused: {other:?}"),
-    }
-    assert_eq!(server.count(), 0, "nothing was sent");
+    assert!(outcomes[0].is_published(), "{outcomes:?}");
+    let request = &server.requests()[0];
+    assert_eq!(request.header("webhook-id"), Some("order%2E42%2Epaid"));
+    assert_eq!(request.header("idempotency-key"), Some("order.42.paid"));
+    let verifier = Verifier::new(vec![Secret::parse(SECRET).unwrap()]);
+    let now = chrono::Utc::now().timestamp();
+    let verified = verifier
+        .verify(|name| request.header(name), &request.body, now)
+        .expect("the request verifies");
+    assert_eq!(idempotency_key(verified.id), "order.42.paid");
 }

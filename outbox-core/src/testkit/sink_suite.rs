@@ -112,6 +112,7 @@ where
         delivers_identity_payload_and_headers,
         binary_payload_is_exact_or_refused,
         redelivery_keeps_identity,
+        natural_keys_arrive_unchanged,
     );
 }
 
@@ -204,6 +205,38 @@ pub async fn delivers_identity_payload_and_headers<H: SinkHarness>(h: &H) {
         for (name, value) in &want.headers {
             assert_eq!(delivered.headers.get(name), Some(value), "header {name}");
         }
+    }
+}
+
+/// Idempotency keys as applications write them, with dots, slashes, colons and percent
+/// signs (`order-42.paid`), reach the receiver unchanged, whatever the sink has to do to
+/// carry them (a Standard Webhooks `webhook-id` cannot hold a `.` as it is).
+pub async fn natural_keys_arrive_unchanged<H: SinkHarness>(h: &H) {
+    let keys = ["order-42.paid", "tenant.acme/invoice:7.v2", "coupon%2E50.applied"];
+    let batch: Vec<Message> = keys
+        .iter()
+        .map(|key| {
+            NewMessage::builder(h.destination(), "suite.event")
+                .json(&serde_json::json!({ "key": key }))
+                .idempotency_key(*key)
+                .build()
+                .expect("valid message")
+                .into_message(Utc::now())
+        })
+        .collect();
+    let outcomes = h
+        .sink()
+        .publish(&batch, &PublishContext::default())
+        .await
+        .expect("publish");
+    assert!(outcomes.iter().all(Outcome::is_published), "{outcomes:?}");
+    let got = received_within(h, keys.len()).await;
+    for m in &batch {
+        let delivered = got
+            .iter()
+            .find(|d| d.id == m.id.to_string())
+            .unwrap_or_else(|| panic!("message {} not received", m.id));
+        assert_eq!(delivered.idempotency_key, m.idempotency_key, "idempotency key");
     }
 }
 
