@@ -231,6 +231,12 @@ fn bad_configuration_gives_one_line_errors_and_a_failure_code() {
         "[store]\nurl = \"sqlite::memory:\"\n[routes.x]\nurl = \"gopher://example.com\"\n",
     )
     .unwrap();
+    let bad_route_name = dir.join("route-name.toml");
+    std::fs::write(
+        &bad_route_name,
+        "[store]\nurl = \"sqlite::memory:\"\n[routes.\"bad name!\"]\nurl = \"https://hooks.example.com/x\"\n",
+    )
+    .unwrap();
     let loopback_route = dir.join("loopback.toml");
     std::fs::write(
         &loopback_route,
@@ -271,6 +277,14 @@ fn bad_configuration_gives_one_line_errors_and_a_failure_code() {
                 "relay".into(),
             ],
             r#"route "hooks": invalid url: SSRF guard refused 127.0.0.1 (loopback); if this endpoint is meant to be internal, allow it for this route: `allow = ["127.0.0.1"]`"#,
+        ),
+        (
+            vec![
+                "--config".into(),
+                bad_route_name.display().to_string(),
+                "relay".into(),
+            ],
+            r#"routes."bad name!": invalid route name: character ' ' not allowed (use A-Z a-z 0-9 _ - . : /)"#,
         ),
         (
             vec![

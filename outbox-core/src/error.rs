@@ -119,6 +119,15 @@ pub enum ConfigError {
         /// What is wrong with it.
         reason: String,
     },
+    /// A route's name is not a destination any message can carry, so the route could
+    /// never publish.
+    #[error("invalid route name {route:?}: {reason}")]
+    InvalidRoute {
+        /// The name as given.
+        route: String,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// No route was configured, so nothing could ever be published.
     #[error("the relay has no routes: add one with `route(destination, sink)`")]
     NoRoutes,

@@ -73,7 +73,7 @@ pub use health::{LagObjective, RelayHealth, Unhealthy};
 pub use memory::{MemoryStore, RowSnapshot};
 pub use message::{
     Availability, Headers, Limits, Message, MessageId, NewMessage, NewMessageBuilder, Waited,
-    WaitedSince, deterministic_key,
+    WaitedSince, check_destination_name, deterministic_key,
 };
 pub use receive::{Delivery, Inbox, NotAnOutboxMessage, Received};
 pub use registry::{PublishedRows, StoreSettings};

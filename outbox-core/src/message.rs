@@ -426,6 +426,22 @@ pub fn deterministic_key(namespace: Uuid, parts: &[&str]) -> Uuid {
     Uuid::new_v5(&namespace, name.as_bytes())
 }
 
+/// Checks that `name` can be a destination: what [`NewMessage`] and the table accept
+/// (1–255 bytes of `A-Z a-z 0-9 _ - . : /`). A route whose name fails this could never
+/// match a row, so relays refuse it.
+///
+/// ```
+/// assert!(outbox_engine::check_destination_name("billing.v2").is_ok());
+/// assert!(outbox_engine::check_destination_name("bad name!").is_err());
+/// ```
+///
+/// # Errors
+///
+/// [`MessageError::InvalidField`] saying what is wrong.
+pub fn check_destination_name(name: &str) -> Result<(), MessageError> {
+    check_destination(name, &Limits::default())
+}
+
 fn check_destination(value: &str, limits: &Limits) -> Result<(), MessageError> {
     check_text("destination", value, limits.max_field_bytes)?;
     let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | ':' | '/');

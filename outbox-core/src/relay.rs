@@ -14,7 +14,8 @@ use tracing::{Instrument, debug, debug_span, info, info_span, warn};
 use crate::clock::{Clock, SystemClock};
 use crate::error::{ConfigError, StoreError, StoreErrorKind};
 use crate::health::{GaugeSettings, RelayHealth};
-use crate::message::{Message, MessageId, WaitedSince};
+use crate::error::MessageError;
+use crate::message::{Message, MessageId, WaitedSince, check_destination_name};
 use crate::retry::{Decision, RetryPolicy};
 use crate::sink::{DynSink, Failure, FailureClass, Outcome, Outcomes, PublishContext, Sink};
 use crate::state::LeaseToken;
@@ -274,6 +275,12 @@ impl<S: Store> RelayBuilder<S> {
         };
         if self.routes.is_empty() {
             return Err(ConfigError::NoRoutes);
+        }
+        for route in self.routes.keys() {
+            if let Err(MessageError::InvalidField { reason, .. }) = check_destination_name(route) {
+                let route = route.clone();
+                return Err(ConfigError::InvalidRoute { route, reason });
+            }
         }
         if !(1..=10_000).contains(&self.batch_size) {
             return Err(invalid("batch_size", "must be between 1 and 10000"));

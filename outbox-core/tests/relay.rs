@@ -688,6 +688,16 @@ fn bad_settings_are_named() {
     assert!(build(|b| b).is_none());
     let no_routes = Relay::builder(MemoryStore::new()).build().err().unwrap();
     assert!(no_routes.to_string().contains("no routes"));
+    // A route no row can name: refused, with the characters a name may use.
+    let bad_name = Relay::builder(MemoryStore::new())
+        .route("bad name!", RecordingSink::new())
+        .build()
+        .err()
+        .unwrap();
+    assert_eq!(
+        bad_name.to_string(),
+        r#"invalid route name "bad name!": character ' ' not allowed (use A-Z a-z 0-9 _ - . : /)"#
+    );
     let _ = FailureClass::Timeout;
 }
 

@@ -55,7 +55,7 @@ use figment::{Figment, Metadata, Profile, Provider};
 use outbox_engine::layers::{POLICY_KEYS, RoutePolicy};
 use outbox_engine::registry::RouteSettings;
 use outbox_engine::settings::{RelaySettings, RetrySettings};
-use outbox_engine::{LagObjective, StoreSettings};
+use outbox_engine::{LagObjective, MessageError, StoreSettings};
 use serde::Deserialize;
 
 use crate::Error;
@@ -362,7 +362,16 @@ impl Config {
     }
 
     fn extract(figment: Figment) -> Result<Self, Error> {
-        figment.extract().map_err(|e| Error::Config(describe(e)))
+        let config: Self = figment.extract().map_err(|e| Error::Config(describe(e)))?;
+        for route in config.routes.keys() {
+            if let Err(MessageError::InvalidField { reason, .. }) =
+                outbox_engine::check_destination_name(route)
+            {
+                let problem = format!("routes.{route:?}: invalid route name: {reason}");
+                return Err(Error::Config(problem));
+            }
+        }
+        Ok(config)
     }
 }
 
