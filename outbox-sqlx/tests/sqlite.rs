@@ -1292,6 +1292,50 @@ async fn a_row_with_only_destination_event_type_and_payload_is_delivered() {
     common::minimal_rows_are_delivered(h.outbox.clone(), 8).await;
 }
 
+/// SQLite's GLOB and text `length` stop at a NUL, so a value with one could carry past the
+/// checks what they refuse (here a line feed): every text column, the id and the headers
+/// refuse it, naming the column, and nothing is inserted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn text_with_an_embedded_nul_is_refused() {
+    let db = TestDb::new().await;
+    let h = SqliteHarness::new(db.pool.clone()).await;
+    let nul_then_line_feed = "CAST(x'6f6b000a58' AS TEXT)"; // "ok", NUL, "\n", "X"
+    let columns = [
+        "destination",
+        "event_type",
+        "aggregate_type",
+        "aggregate_id",
+        "partition_key",
+        "tenant_id",
+        "idempotency_key",
+        "content_type",
+    ];
+    for column in columns {
+        let error = insert_with(&h, column, nul_then_line_feed)
+            .await
+            .expect_err(column)
+            .to_string();
+        assert!(error.contains(&format!("column {column}")), "{column}: {error}");
+    }
+    let uuid = outbox_engine::MessageId::new().to_string();
+    let hex: String = uuid.bytes().map(|b| format!("{b:02x}")).collect();
+    let id = format!("CAST(x'{}00' AS TEXT)", &hex[..70]); // 35 characters, NUL
+    let error = insert_with(&h, "id", &id).await.expect_err("id").to_string();
+    assert!(error.contains("column id"), "{error}");
+    for headers in [r#"'{"x-a": "ok\u0000\nX"}'"#, r#"'{"x-a\u0000\n": "ok"}'"#] {
+        let error = insert_with(&h, "headers", headers)
+            .await
+            .expect_err(headers)
+            .to_string();
+        assert!(error.contains("column headers"), "{headers}: {error}");
+    }
+    let rows: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {}", h.table()))
+        .fetch_one(h.outbox.pool())
+        .await
+        .unwrap();
+    assert_eq!(rows, 0, "nothing was inserted");
+}
+
 /// Keyed rows a writer inserts without `seq` are numbered in commit order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keyed_rows_written_without_seq_are_numbered() {
