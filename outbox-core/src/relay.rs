@@ -865,13 +865,23 @@ impl Publication {
     fn start<S: Store>(relay: &Inner<S>, messages: Vec<Message>) -> Self {
         let mut verdicts = (Vec::new(), Vec::new());
         let mut by_sink: Vec<(Arc<dyn DynSink>, Vec<Message>)> = Vec::new();
+        let limit = relay.retry.attempt_limit();
         for message in messages {
-            if message.attempts > relay.retry.attempt_limit() {
-                // Claimed again and again without a completion: it crashes or hangs relays.
-                let reason = format!(
-                    "claimed {} times without completing (relay crash or lease loss each time)",
-                    message.attempts
-                );
+            if message.attempts > limit {
+                // The claim counts an attempt, and a relay dead-letters a row at the first
+                // claim past the limit: a row past it by more came that way.
+                let reason = if message.attempts == limit.saturating_add(1) {
+                    // Claimed again and again without a completion: it crashes or hangs relays.
+                    format!(
+                        "claimed {} times without completing (relay crash or lease loss each time)",
+                        message.attempts
+                    )
+                } else {
+                    format!(
+                        "the row arrived with attempts = {} (above the limit of {limit}): written so, or the limit was lowered since",
+                        message.attempts - 1
+                    )
+                };
                 verdicts.0.push(message);
                 verdicts
                     .1

@@ -1336,6 +1336,30 @@ async fn text_with_an_embedded_nul_is_refused() {
     assert_eq!(rows, 0, "nothing was inserted");
 }
 
+/// A row written with an attempt count past the limit is dead-lettered at its first claim,
+/// and the reason says how it arrived rather than blaming crashed relays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_written_past_the_attempt_limit_is_dead_lettered_saying_so() {
+    let db = TestDb::new().await;
+    let h = SqliteHarness::new(db.pool.clone()).await;
+    insert_with(&h, "attempts", "1000").await.unwrap();
+    let (report, sink) = common::drain_orders(h.outbox.clone()).await;
+    assert_eq!((report.published, report.dead), (0, 1), "{report:?}");
+    assert!(sink.messages().is_empty());
+    let dead = h
+        .outbox
+        .list_dead(&DeadLetterFilter::all(), 10)
+        .await
+        .unwrap();
+    let reason = &dead[0].reason;
+    assert!(
+        reason.ends_with(
+            "the row arrived with attempts = 1000 (above the limit of 25): written so, or the limit was lowered since"
+        ),
+        "{reason}"
+    );
+}
+
 /// Keyed rows a writer inserts without `seq` are numbered in commit order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keyed_rows_written_without_seq_are_numbered() {
