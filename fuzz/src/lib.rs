@@ -27,6 +27,32 @@ pub fn password(url: &str, whole: &str) -> Option<String> {
     (distinct && !elsewhere && whole.matches(password).count() == 1).then(|| password.to_owned())
 }
 
+/// The path segments and query values of `url` read as a URL that can be told apart (as
+/// [`password`] tells a password): what no error about the URL may show.
+pub fn path_and_query_values(url: &str, whole: &str) -> Vec<String> {
+    let Ok(parsed) = url::Url::parse(url) else {
+        return Vec::new();
+    };
+    let distinct = |text: &str| {
+        text.len() >= 6
+            && text.bytes().any(|b| b.is_ascii_digit())
+            && text.bytes().any(|b| b.is_ascii_alphabetic())
+            && whole.matches(text).count() == 1
+    };
+    let segments = parsed.path().split('/').map(str::to_owned);
+    let values = parsed.query_pairs().map(|(_, v)| v.into_owned());
+    // Taken as the URL writes them (decoded values may differ from the input's text).
+    let raw_values = parsed
+        .query()
+        .unwrap_or("")
+        .split('&')
+        .filter_map(|pair| pair.split_once('=').map(|(_, v)| v.to_owned()));
+    let mut found: Vec<String> = segments.chain(values).chain(raw_values).filter(|t| distinct(t)).collect();
+    found.sort();
+    found.dedup();
+    found
+}
+
 /// The passwords of the URLs that are string values in `toml` (`key = "scheme://…"`), as
 /// [`password`] finds them in `whole`.
 pub fn passwords_in_values(toml: &str, whole: &str) -> Vec<String> {

@@ -155,7 +155,7 @@ impl RouteTable {
 impl fmt::Debug for RouteTable {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RouteTable")
-            .field("url", &self.url().map(outbox_engine::redact::endpoint))
+            .field("url", &self.url().map(outbox_engine::redact::url))
             .field("keys", &self.0.keys().collect::<Vec<_>>())
             .finish()
     }

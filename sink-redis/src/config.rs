@@ -142,7 +142,7 @@ impl Default for RedisSinkConfig {
 impl fmt::Debug for RedisSinkConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisSinkConfig")
-            .field("url", &redact_url(&self.url))
+            .field("url", &outbox_engine::redact::url(&self.url))
             .field("stream", &self.stream)
             .field("maxlen", &self.maxlen)
             .field("dedupe_window", &self.dedupe_window)
@@ -252,7 +252,7 @@ impl RedisSinkConfig {
                 _ if is_client_option(&parsed, &name) => kept.push((name, value)),
                 _ => {
                     return Err(RedisSinkError::InvalidUrl {
-                        url: redact_url(url),
+                        url: outbox_engine::redact::url(url),
                         reason: format!(
                             "unknown option `{name}` (sink options: {}; client options: {})",
                             SINK_OPTIONS.join(", "),
@@ -450,7 +450,7 @@ impl RedisSinkConfig {
             .find(|(name, _)| !is_client_option(&url, name))
         {
             return Err(RedisSinkError::InvalidUrl {
-                url: redact_url(&self.url),
+                url: outbox_engine::redact::url(&self.url),
                 reason: format!(
                     "unknown option `{name}` (sink options in a URL are read by RedisSinkConfig::from_url)"
                 ),
@@ -525,21 +525,21 @@ fn is_client_option(url: &url::Url, name: &str) -> bool {
 
 fn parse_url(text: &str) -> Result<url::Url, RedisSinkError> {
     let url = url::Url::parse(text).map_err(|e| RedisSinkError::InvalidUrl {
-        url: redact_url(text),
+        url: outbox_engine::redact::url(text),
         reason: e.to_string(),
     })?;
     match url.scheme() {
         "redis" | "rediss" | "valkey" | "valkeys" => {
             if url.host_str().is_none_or(str::is_empty) {
                 return Err(RedisSinkError::InvalidUrl {
-                    url: redact_url(text),
+                    url: outbox_engine::redact::url(text),
                     reason: "missing host".to_owned(),
                 });
             }
             let db = url.path().trim_matches('/');
             if !db.is_empty() && db.parse::<u16>().is_err() {
                 return Err(RedisSinkError::InvalidUrl {
-                    url: redact_url(text),
+                    url: outbox_engine::redact::url(text),
                     reason: format!("the path must be a database number, not {db:?}"),
                 });
             }
@@ -547,7 +547,7 @@ fn parse_url(text: &str) -> Result<url::Url, RedisSinkError> {
         "unix" | "redis+unix" | "valkey+unix" => {}
         other => {
             return Err(RedisSinkError::InvalidUrl {
-                url: redact_url(text),
+                url: outbox_engine::redact::url(text),
                 reason: format!(
                     "scheme `{other}` is not a Redis scheme (use redis://, rediss:// or unix://)"
                 ),
@@ -557,46 +557,6 @@ fn parse_url(text: &str) -> Result<url::Url, RedisSinkError> {
     Ok(url)
 }
 
-/// `url` with its password (if any) replaced by `***`, for logs and errors.
-///
-/// ```
-/// assert_eq!(
-///     outbox_sink_redis::redact_url("redis://app:hunter2@cache:6379/1"),
-///     "redis://app:***@cache:6379/1",
-/// );
-/// ```
-pub fn redact_url(url: &str) -> String {
-    match url::Url::parse(url) {
-        Ok(mut parsed) => {
-            if parsed.password().is_some() {
-                let _ = parsed.set_password(Some("***"));
-            }
-            // `unix://` URLs carry the password as `pass=`.
-            if parsed.query_pairs().any(|(name, _)| name == "pass") {
-                let pairs: Vec<(String, String)> = parsed
-                    .query_pairs()
-                    .map(|(name, value)| {
-                        let value = if name == "pass" {
-                            "***".to_owned()
-                        } else {
-                            value.into_owned()
-                        };
-                        (name.into_owned(), value)
-                    })
-                    .collect();
-                parsed.query_pairs_mut().clear().extend_pairs(pairs);
-            }
-            parsed.to_string()
-        }
-        // Unparsable: show the scheme and host part only, never what may be a password.
-        Err(_) => match (url.find("://"), url.rfind('@')) {
-            (Some(scheme_end), Some(at)) if at > scheme_end => {
-                format!("{}://***{}", &url[..scheme_end], &url[at..])
-            }
-            _ => url.to_owned(),
-        },
-    }
-}
 
 fn invalid(setting: &'static str, reason: impl Into<String>) -> RedisSinkError {
     RedisSinkError::InvalidSetting {
@@ -1364,17 +1324,6 @@ mod tests {
             )
             .is_err()
         );
-    }
-
-    #[test]
-    fn redaction_hides_passwords() {
-        assert_eq!(redact_url("redis://h:6379/"), "redis://h:6379/");
-        assert_eq!(redact_url("redis://:pw@h/"), "redis://:***@h/");
-        assert_eq!(
-            redact_url("unix:///tmp/r.sock?db=1&pass=pw"),
-            "unix:///tmp/r.sock?db=1&pass=***"
-        );
-        assert!(!redact_url("redis://u:p w@h/ bad").contains("p w"));
     }
 
     #[test]

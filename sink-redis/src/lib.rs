@@ -104,7 +104,7 @@ mod sink;
 
 pub use config::{
     Durability, FieldLayout, HeaderLayout, MAX_STREAM_KEY_BYTES, METADATA_FIELDS, RedisSinkConfig,
-    StreamTemplate, redact_url,
+    StreamTemplate,
 };
 pub use error::{RedisSinkError, classify, classify_reply};
 pub use sink::RedisSink;

@@ -12,7 +12,6 @@ use tracing::{debug, warn};
 
 use crate::config::{
     Durability, FieldLayout, HeaderLayout, METADATA_FIELDS, RedisSinkConfig, StreamTemplate,
-    redact_url,
 };
 use crate::error::{RedisSinkError, classify, classify_reply};
 
@@ -110,7 +109,7 @@ impl RedisSink {
     /// A [`RedisSinkError`] saying what is wrong; the route must not start.
     pub async fn connect(config: RedisSinkConfig) -> Result<Self, RedisSinkError> {
         let template = config.validate()?;
-        let url = redact_url(&config.url);
+        let url = outbox_engine::redact::url(&config.url);
         let client = open_client(&config, &url)?;
         let connect_error = |source| RedisSinkError::Connect {
             url: url.clone(),
