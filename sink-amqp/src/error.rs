@@ -18,8 +18,10 @@
 //! | `403 ACCESS_REFUSED`, `404 NOT_FOUND` (the exchange does not exist), `530 NOT_ALLOWED` | `Config` | yes |
 //! | `406 PRECONDITION_FAILED` naming the message size (over the broker's `max_message_size`) | `TooLarge` | **no** |
 //! | another `406`, or any other channel error, for a message sent alone | `Rejected` | **no** |
+//! | `501 FRAME_ERROR`, `502 SYNTAX_ERROR`, `503 COMMAND_INVALID`, `505 UNEXPECTED_FRAME` closing the connection after a message sent alone | `Rejected` | **no** |
 //! | `320 CONNECTION_FORCED` (an operator closed it, the broker is stopping), `506 RESOURCE_ERROR`, other connection errors | `Unavailable` | yes |
 //! | checked before sending: payload over `max_payload_bytes` | `TooLarge` | **no** |
+//! | checked before sending: properties (the headers) over the connection's `frame_max`, which would make the broker close the connection | `TooLarge` | **no** |
 //! | checked before sending: exchange or routing key the template cannot render, or over 255 bytes | `Config` | **no** |
 //! | checked before sending: a header named `outbox-…` (reserved for the sink's own headers), a name over 255 bytes | `Serialization` | **no** |
 //! | checked before sending: the rendered exchange does not exist (a passive declare, once per name) | `Config` | yes |
@@ -167,6 +169,17 @@ pub fn classify(error: &LapinError) -> Failure {
                 AMQPErrorKind::Soft(_) => {
                     Failure::permanent(FailureClass::Rejected, format!("broker refused: {reply}"))
                 }
+                // The broker could not read what was sent: for a message sent alone,
+                // that message.
+                AMQPErrorKind::Hard(
+                    AMQPHardError::FRAMEERROR
+                    | AMQPHardError::SYNTAXERROR
+                    | AMQPHardError::COMMANDINVALID
+                    | AMQPHardError::UNEXPECTEDFRAME,
+                ) => Failure::permanent(
+                    FailureClass::Rejected,
+                    format!("broker closed the connection in answer to this message: {reply}"),
+                ),
                 AMQPErrorKind::Hard(_) => Failure::retryable(
                     FailureClass::Unavailable,
                     format!("broker closed the connection: {reply}"),

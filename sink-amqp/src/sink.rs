@@ -204,6 +204,43 @@ impl Sink for AmqpSink {
     }
 }
 
+/// The size of the content header frame that carries `properties`, in bytes, as AMQP
+/// 0-9-1 encodes the properties this sink sets: the frame's 8 bytes of framing, 14 of
+/// class, weight, body size and property flags, then each property present.
+fn header_frame_bytes(properties: &BasicProperties) -> usize {
+    let short = |s: Option<&ShortString>| s.map_or(0, |s| 1 + s.as_str().len());
+    let headers = properties.headers().as_ref().map_or(0, |table| {
+        4 + table
+            .inner()
+            .iter()
+            .map(|(name, value)| {
+                1 + name.as_str().len()
+                    + match value {
+                        AMQPValue::LongString(s) => 1 + 4 + s.as_bytes().len(),
+                        // The sink writes long strings only; anything else, generously.
+                        _ => 1 + 4 + 256,
+                    }
+            })
+            .sum::<usize>()
+    });
+    8 + 14
+        + short(properties.content_type().as_ref())
+        + headers
+        + usize::from(properties.delivery_mode().is_some())
+        + short(properties.message_id().as_ref())
+        + 8 * usize::from(properties.timestamp().is_some())
+        + short(properties.kind().as_ref())
+}
+
+fn too_large_for_a_frame(bytes: usize, frame_max: u32) -> Failure {
+    Failure::permanent(
+        FailureClass::TooLarge,
+        format!(
+            "the message's AMQP properties (its headers) need a {bytes}-byte header frame; the broker's frame size (frame_max) is {frame_max} bytes"
+        ),
+    )
+}
+
 /// A message ready to send: where to, and the AMQP properties.
 struct Prepared {
     index: usize,
@@ -245,7 +282,25 @@ impl Inner {
                 return;
             }
             match self.channel(&mut state, deadline).await {
-                Ok(channel) => channel,
+                Ok(channel) => {
+                    // The properties travel in one frame: a larger one makes the broker
+                    // close the whole connection, so it is refused here, alone.
+                    let frame_max = state.connection.as_ref().map(|c| c.configuration().frame_max());
+                    if let Some(frame_max) = frame_max.filter(|&f| f > 0) {
+                        ready.retain(|p| match header_frame_bytes(&p.properties) {
+                            bytes if bytes > frame_max as usize => {
+                                report(p.index, too_large_for_a_frame(bytes, frame_max).into());
+                                false
+                            }
+                            _ => true,
+                        });
+                    }
+                    if ready.is_empty() {
+                        self.give_back(channel).await;
+                        return;
+                    }
+                    channel
+                }
                 Err(e) => {
                     let failure = not_sent(&state, &e);
                     for p in &ready {
@@ -325,6 +380,10 @@ impl Inner {
                         self.state.lock().await.exchanges.remove(&p.exchange);
                     }
                     Outcome::Failed(failure)
+                }
+                // The broker closed the connection and said why: not the network's doing.
+                Err(e) if matches!(e.kind(), lapin::ErrorKind::ProtocolError(_)) => {
+                    Outcome::Failed(classify(&e))
                 }
                 Err(e) => Outcome::Failed(Failure::retryable(
                     FailureClass::Connection,

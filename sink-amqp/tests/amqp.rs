@@ -602,6 +602,43 @@ async fn refused_before_sending_oversize_reserved_headers_and_unrenderable_names
     broker.cleanup(&[queue, routed], &[]).await;
 }
 
+/// Headers travel in one frame: 64 headers of 8 KiB (inside the table's limits) are over
+/// RabbitMQ's frame size, which would make it close the whole connection. The sink refuses
+/// that message alone and at once, naming the frame size; a message just under the frame
+/// size and the rest of the batch go through on the same connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn headers_over_the_frame_size_fail_alone_before_sending() {
+    let broker = Broker::connect().await;
+    let queue = broker.queue("frame").await;
+    let sink = sink(AmqpSinkConfig::new(url()).routing_key(queue.clone())).await;
+    let with_headers = |n: usize| {
+        let mut builder = NewMessage::builder("e", "wide").json(&n);
+        for i in 0..n {
+            builder = builder.header(format!("x-h{i:02}"), "v".repeat(8 * 1024));
+        }
+        builder.build().unwrap().into_message(Utc::now())
+    };
+    let batch = vec![with_headers(0), with_headers(64), with_headers(15), with_headers(1)];
+    for round in 0..2 {
+        let outcomes = sink
+            .publish(&batch, &PublishContext::default())
+            .await
+            .unwrap();
+        let Outcome::Failed(failure) = &outcomes[1] else {
+            panic!("round {round}: 64 headers of 8 KiB must fail: {:?}", outcomes[1]);
+        };
+        assert_eq!(failure.class, FailureClass::TooLarge, "{failure}");
+        assert!(!failure.retryable, "{failure}");
+        assert!(failure.message.contains("frame_max"), "{failure}");
+        for i in [0, 2, 3] {
+            assert!(outcomes[i].is_published(), "round {round}, message {i}: {:?}", outcomes[i]);
+        }
+    }
+    let got = broker.take(&queue).await;
+    assert_eq!(got.len(), 6, "three messages, twice");
+    broker.cleanup(&[queue], &[]).await;
+}
+
 // ---------------------------------------------------------------------------------------
 // Start-up errors
 // ---------------------------------------------------------------------------------------
