@@ -27,6 +27,9 @@ pub(crate) struct Access {
     /// The CSRF token of this process's forms: random, never derived from the token.
     pub(crate) csrf: String,
     pub(crate) public_read: bool,
+    /// The `Host` values the dashboard answers to (lowercase; an entry without a port
+    /// matches any port). Empty: any host, and no public reads.
+    pub(crate) hosts: Vec<String>,
 }
 
 /// Whether the request carried the token; handlers hide payloads without it.
@@ -46,6 +49,23 @@ impl Access {
                 uuid::Uuid::new_v4().simple()
             ),
             public_read: false,
+            hosts: Vec::new(),
+        })
+    }
+
+    /// Whether the request's `Host` is one the dashboard answers to. A page that a DNS
+    /// name of an attacker's now points at (DNS rebinding) arrives with that name.
+    fn host_allowed(&self, headers: &HeaderMap) -> bool {
+        if self.hosts.is_empty() {
+            return true;
+        }
+        let Some(host) = headers.get(HOST).and_then(|v| v.to_str().ok()) else {
+            return false;
+        };
+        let host = host.to_ascii_lowercase();
+        let name = host.rsplit_once(':').filter(|(_, port)| port.bytes().all(|b| b.is_ascii_digit()));
+        self.hosts.iter().any(|allowed| {
+            *allowed == host || name.is_some_and(|(name, _)| name == allowed)
         })
     }
 
@@ -86,7 +106,15 @@ pub(crate) async fn guard(
 ) -> Response {
     let authorized = shared.access.authorized(request.headers());
     let changes = request.method() != Method::GET && request.method() != Method::HEAD;
-    let mut response = if !authorized && (changes || !shared.access.public_read) {
+    // Public reads need a list of the dashboard's host names to check requests against.
+    let public = shared.access.public_read && !shared.access.hosts.is_empty();
+    let mut response = if !shared.access.host_allowed(request.headers()) {
+        (
+            StatusCode::MISDIRECTED_REQUEST,
+            "this dashboard does not answer to that host name (see the dashboard's `hosts`)\n",
+        )
+            .into_response()
+    } else if !authorized && (changes || !public) {
         (
             StatusCode::UNAUTHORIZED,
             [(
@@ -100,6 +128,13 @@ pub(crate) async fn guard(
         (
             StatusCode::FORBIDDEN,
             "a change must come from the dashboard's own pages\n",
+        )
+            .into_response()
+    } else if !origin_is_host(request.headers()) {
+        // A script of another site reading a page (a navigation sends no `Origin`).
+        (
+            StatusCode::FORBIDDEN,
+            "the dashboard's pages are not for other sites to read\n",
         )
             .into_response()
     } else {
@@ -138,6 +173,12 @@ fn same_origin(headers: &HeaderMap) -> bool {
     {
         return false;
     }
+    origin_is_host(headers)
+}
+
+/// Whether `Origin`, when there is one, names the host the request was sent to.
+fn origin_is_host(headers: &HeaderMap) -> bool {
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     match (header(ORIGIN.as_str()), header(HOST.as_str())) {
         (None, _) => true,
         (Some(origin), Some(host)) => url::Url::parse(origin).is_ok_and(|origin| {

@@ -81,6 +81,7 @@ impl std::fmt::Debug for Dashboard {
         f.debug_struct("Dashboard")
             .field("token", &"[redacted]")
             .field("public_read", &self.shared.access.public_read)
+            .field("hosts", &self.shared.access.hosts)
             .field("relay", &self.shared.relay.is_some())
             .finish_non_exhaustive()
     }
@@ -103,10 +104,34 @@ impl Dashboard {
     }
 
     /// Lets anyone who reaches the dashboard read the overview, the dead-letter lists and
-    /// lookups without the token; payloads, headers and every change still need it.
+    /// lookups without the token; payloads, headers and every change still need it. Takes
+    /// effect only with [`hosts`](Self::hosts): a page whose DNS name was pointed at the
+    /// dashboard (DNS rebinding) could read it otherwise.
     #[must_use]
     pub fn public_read(mut self, open: bool) -> Self {
         self.shared.access.public_read = open;
+        self
+    }
+
+    /// The host names the dashboard answers to, as browsers send them in `Host`
+    /// (`ops.example.com`, `127.0.0.1:9465`; a name without a port matches any port).
+    /// Requests for any other name are refused with 421. Without this list every name is
+    /// answered, and public reads are off.
+    ///
+    /// ```
+    /// # fn demo(store: outbox_engine::AnyStore) -> Result<(), outbox_dashboard::DashboardError> {
+    /// let dashboard = outbox_dashboard::Dashboard::new(store, "a-token-of-at-least-16-bytes")?
+    ///     .hosts(["127.0.0.1:9465", "localhost:9465"])
+    ///     .public_read(true);
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn hosts<S: AsRef<str>>(mut self, hosts: impl IntoIterator<Item = S>) -> Self {
+        self.shared.access.hosts = hosts
+            .into_iter()
+            .map(|h| h.as_ref().trim().to_ascii_lowercase())
+            .filter(|h| !h.is_empty())
+            .collect();
         self
     }
 

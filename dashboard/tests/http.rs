@@ -48,6 +48,7 @@ impl App {
         let store = MemoryStore::new();
         let router = Dashboard::new(AnyStore::new(store.clone()), TOKEN)
             .unwrap()
+            .hosts(["dashboard.test"])
             .public_read(public_read)
             .router();
         Self { store, router }
@@ -64,7 +65,7 @@ impl App {
     }
 
     async fn get(&self, path: &str, token: bool) -> (StatusCode, String, axum::http::HeaderMap) {
-        let mut request = Request::get(path);
+        let mut request = Request::get(path).header(header::HOST, "dashboard.test");
         if token {
             request = request.header(header::AUTHORIZATION, format!("Bearer {TOKEN}"));
         }
@@ -243,6 +244,49 @@ async fn a_replay_is_confirmed_with_its_count_and_moves_exactly_the_filtered_row
         )
         .await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "a selection of nothing");
+}
+
+/// A DNS-rebinding page reaches the dashboard under its own name: with public reads on,
+/// a foreign `Host` is refused (with the token too), as is another site's script reading
+/// a page; without a host list, public reads are off.
+#[tokio::test]
+async fn public_reads_answer_only_the_dashboards_own_host_names() {
+    let app = App::new(true);
+    dead(&app.store, "billing", 1, "410 gone: receiver said <why>", "{}").await;
+    let read = |host: &'static str, origin: Option<&'static str>, token: bool| {
+        let mut request = Request::get("/dead").header(header::HOST, host);
+        if let Some(origin) = origin {
+            request = request.header(header::ORIGIN, origin);
+        }
+        if token {
+            request = request.header(header::AUTHORIZATION, format!("Bearer {TOKEN}"));
+        }
+        request.body(Body::empty()).unwrap()
+    };
+    let (status, page, _) = app.call(read("dashboard.test", None, false)).await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    assert!(page.contains("receiver said"), "{page}");
+    let (status, page, _) = app.call(read("dashboard.test:9465", None, false)).await;
+    assert_eq!(status, StatusCode::OK, "a name without a port matches any port: {page}");
+    for (host, token) in [("rebound.attacker.example:9465", false), ("rebound.attacker.example", true)] {
+        let (status, page, _) = app.call(read(host, None, token)).await;
+        assert_eq!(status, StatusCode::MISDIRECTED_REQUEST, "{host}: {page}");
+        assert!(!page.contains("receiver said"), "{page}");
+    }
+    let (status, page, _) = app
+        .call(read("dashboard.test", Some("https://attacker.example"), false))
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{page}");
+
+    let open_to_any_host = Dashboard::new(AnyStore::new(app.store.clone()), TOKEN)
+        .unwrap()
+        .public_read(true)
+        .router();
+    let response = open_to_any_host
+        .oneshot(read("rebound.attacker.example", None, false))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED, "no hosts, no public reads");
 }
 
 #[tokio::test]

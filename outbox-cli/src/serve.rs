@@ -91,8 +91,10 @@ async fn serve_dashboard(
     relay: Option<RelayHealth>,
 ) -> Result<(), String> {
     let token = settings.token().map_err(|e| e.to_string())?;
+    let hosts = settings.allowed_hosts().map_err(|e| e.to_string())?;
     let mut dashboard = Dashboard::new(store, token)
         .map_err(|e| format!("dashboard: {e}"))?
+        .hosts(hosts)
         .public_read(settings.public_read);
     if let Some(relay) = relay {
         dashboard = dashboard.relay(relay);

@@ -203,6 +203,8 @@ pub struct HealthConfig {
 /// listen = "127.0.0.1:9465"              # the default
 /// token_env = "OUTBOX_DASHBOARD_TOKEN"   # or token = "…", or token_file = "/run/secrets/…"
 /// public_read = false                    # true: pages without payloads need no token
+/// hosts = ["ops.example.com"]            # the names browsers use; with public_read, the
+///                                        # listen address (and localhost) when not set
 /// ```
 #[derive(Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -218,6 +220,9 @@ pub struct DashboardConfig {
     pub token_file: Option<std::path::PathBuf>,
     /// Pages without payloads or actions need no token.
     pub public_read: bool,
+    /// The host names the dashboard answers to (`Host`, with `:port` or without); see
+    /// [`allowed_hosts`](Self::allowed_hosts).
+    pub hosts: Option<Vec<String>>,
 }
 
 /// Where the dashboard listens when `dashboard.listen` is not set.
@@ -227,6 +232,49 @@ impl DashboardConfig {
     /// The address to listen on.
     pub fn listen(&self) -> &str {
         self.listen.as_deref().unwrap_or(DEFAULT_DASHBOARD_LISTEN)
+    }
+
+    /// The host names the dashboard answers to: `hosts` when set; else, with
+    /// `public_read`, the listen address (and `localhost` on loopback), so that a
+    /// DNS-rebinding page cannot read it; else any (every page needs the token).
+    ///
+    /// ```
+    /// let config = outbox::Config::from_toml(
+    ///     "[store]\nurl = \"sqlite::memory:\"\n[dashboard]\ntoken_env = \"T\"\npublic_read = true\n",
+    ///     Vec::<(String, String)>::new(),
+    /// )?;
+    /// let dashboard = config.dashboard.expect("the table is there");
+    /// assert_eq!(dashboard.allowed_hosts()?, ["127.0.0.1:9465", "localhost:9465"]);
+    /// # Ok::<(), outbox::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] for `public_read` on every address (`0.0.0.0`, `[::]`) without
+    /// `hosts`: the names browsers use cannot be known then.
+    pub fn allowed_hosts(&self) -> Result<Vec<String>, Error> {
+        if let Some(hosts) = &self.hosts {
+            return Ok(hosts.clone());
+        }
+        if !self.public_read {
+            return Ok(Vec::new());
+        }
+        let listen = self.listen();
+        let addr: std::net::SocketAddr = listen.parse().map_err(|_| {
+            Error::Config(format!(
+                "dashboard.hosts: set it, since dashboard.listen {listen:?} is not an address to derive the host names from"
+            ))
+        })?;
+        if addr.ip().is_unspecified() {
+            return Err(Error::Config(
+                "dashboard.hosts: public_read on every address needs the host names browsers use (hosts = [\"ops.example.com\"]), or a page of any site could read the dashboard through DNS rebinding".into(),
+            ));
+        }
+        let mut hosts = vec![listen.to_owned()];
+        if addr.ip().is_loopback() {
+            hosts.push(format!("localhost:{}", addr.port()));
+        }
+        Ok(hosts)
     }
 
     /// The token, from exactly one of `token`, `token_env` and `token_file`.
@@ -284,6 +332,7 @@ impl fmt::Debug for DashboardConfig {
             .field("token_env", &self.token_env)
             .field("token_file", &self.token_file)
             .field("public_read", &self.public_read)
+            .field("hosts", &self.hosts)
             .finish()
     }
 }
