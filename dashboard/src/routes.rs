@@ -1,13 +1,17 @@
 //! The handlers: read the store, check the form, and hand the figures to `pages`.
 
+use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Extension;
 use axum::body::Bytes;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Redirect, Response};
-use outbox_engine::{Backend, DeadLetterFilter, DeadLetters, FindMessages, Store};
+use outbox_engine::{
+    Backend, DeadLetterFilter, DeadLetters, FindMessages, Store, StoreError, StoreErrorKind,
+};
 
 use crate::Shared;
 use crate::auth::Authorized;
@@ -21,9 +25,27 @@ const GAUGE_LIMIT: usize = 50_000;
 /// At most this many messages a lookup lists.
 const LOOKUP_LIMIT: usize = 50;
 
+/// How long a page waits for the store before answering 503: a database that stopped
+/// answering must not hold a page (or the operator) for the pool's own timeouts.
+const STORE_DEADLINE: Duration = Duration::from_secs(5);
+
 type AppState = State<Arc<Shared>>;
 
-fn store_error(error: &outbox_engine::StoreError) -> Response {
+/// `query`, or a timeout error once [`STORE_DEADLINE`] passed.
+async fn within<T>(
+    query: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    tokio::time::timeout(STORE_DEADLINE, query)
+        .await
+        .unwrap_or_else(|_| {
+            Err(StoreError::new(
+                StoreErrorKind::Timeout,
+                format!("no answer within {} s", STORE_DEADLINE.as_secs()),
+            ))
+        })
+}
+
+fn store_error(error: &StoreError) -> Response {
     pages::problem(
         StatusCode::SERVICE_UNAVAILABLE,
         &format!("the store answered with an error: {error}"),
@@ -38,7 +60,7 @@ pub(crate) async fn overview(
     State(shared): AppState,
     Extension(base): Extension<Base>,
 ) -> Response {
-    match shared.store.gauges(GAUGE_LIMIT).await {
+    match within(shared.store.gauges(GAUGE_LIMIT)).await {
         Ok(gauges) => {
             pages::overview(&base, gauges.as_ref(), shared.relay.as_ref()).into_response()
         }
@@ -63,11 +85,11 @@ pub(crate) async fn dead_letters(
             Err(reason) => return bad_request(&reason),
         }
     }
-    let count = match shared.store.count_dead(&filter.to_filter()).await {
+    let count = match within(shared.store.count_dead(&filter.to_filter())).await {
         Ok(count) => count,
         Err(error) => return store_error(&error),
     };
-    let letters = match shared.store.list_dead(&page_filter, PAGE).await {
+    let letters = match within(shared.store.list_dead(&page_filter, PAGE)).await {
         Ok(letters) => letters,
         Err(error) => return store_error(&error),
     };
@@ -134,7 +156,7 @@ pub(crate) async fn review_page(
         Ok(review) => review,
         Err((status, reason)) => return pages::problem(status, &reason),
     };
-    match shared.store.count_dead(&review.filter).await {
+    match within(shared.store.count_dead(&review.filter)).await {
         Ok(count) => pages::confirm(&base, &review, count, &shared.access.csrf).into_response(),
         Err(error) => store_error(&error),
     }
@@ -150,8 +172,8 @@ pub(crate) async fn apply(
         Err((status, reason)) => return pages::problem(status, &reason),
     };
     let done = match review.change {
-        Change::Replay => shared.store.replay_dead(&review.filter).await,
-        Change::Discard => shared.store.discard_dead(&review.filter).await,
+        Change::Replay => within(shared.store.replay_dead(&review.filter)).await,
+        Change::Discard => within(shared.store.discard_dead(&review.filter)).await,
     };
     let count = match done {
         Ok(count) => count,
@@ -159,7 +181,7 @@ pub(crate) async fn apply(
     };
     if review.change == Change::Replay {
         // Wake listening relays; without wakeups they find the rows at their next poll.
-        let _ = shared.store.notify().await;
+        let _ = within(shared.store.notify()).await;
     }
     let verb = match review.change {
         Change::Replay => "replayed",
@@ -178,7 +200,7 @@ pub(crate) async fn message(
     if let Err(reason) = message_id(&id) {
         return bad_request(&reason);
     }
-    match shared.store.find_messages(&id, 1).await {
+    match within(shared.store.find_messages(&id, 1)).await {
         Ok(found) => match found.first() {
             Some(found) => {
                 pages::message(&base, found, authorized, &shared.access.csrf).into_response()
@@ -199,7 +221,7 @@ pub(crate) async fn lookup(
     if key.is_empty() {
         return pages::lookup(&base, &key, &[]).into_response();
     }
-    match shared.store.find_messages(&key, LOOKUP_LIMIT).await {
+    match within(shared.store.find_messages(&key, LOOKUP_LIMIT)).await {
         Ok(found) => pages::lookup(&base, &key, &found).into_response(),
         Err(error) => store_error(&error),
     }

@@ -310,6 +310,41 @@ async fn without_the_token_actions_answer_401_and_change_nothing() {
     setup.drop_table().await;
 }
 
+/// A database that stops answering (here a proxy that goes silent in front of PostgreSQL)
+/// makes every page answer 503 within the dashboard's 5-second deadline, never hang.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_page_answers_503_in_time_when_the_database_stops_answering() {
+    let setup = setup().await;
+    let mut text = std::fs::read_to_string(&setup.config).unwrap();
+    let proxy = outbox_test_support::proxy::in_front(&mut text).await;
+    let config = setup.dir.path().join("through-proxy.toml");
+    std::fs::write(&config, text).unwrap();
+    let _dashboard = setup.outbox("dashboard", &config);
+    setup.started().await;
+    proxy.set(outbox_test_support::proxy::Net::Silence);
+    let pages = [
+        "/".to_owned(),
+        "/dead".to_owned(),
+        "/lookup?q=x".to_owned(),
+        format!("/messages/{}", setup.script_id),
+    ];
+    for path in pages {
+        let started = std::time::Instant::now();
+        let request = format!(
+            "GET {path} HTTP/1.1\r\nhost: {}\r\nauthorization: Bearer {TOKEN}\r\nconnection: close\r\n\r\n",
+            setup.addr
+        );
+        let page = tokio::time::timeout(Duration::from_secs(20), common::http(&setup.addr, &request))
+            .await
+            .unwrap_or_else(|_| panic!("{path}: no answer within 20 s"));
+        let took = started.elapsed();
+        assert!(page.starts_with("HTTP/1.1 503"), "{path}: {page}");
+        assert!(took < Duration::from_secs(8), "{path} took {took:?}");
+    }
+    proxy.set(outbox_test_support::proxy::Net::Pass);
+    setup.drop_table().await;
+}
+
 /// In `outbox relay`, the overview shows the relay's heartbeat, publish rate and latency.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_relay_serves_its_rate_and_latency_on_the_dashboard() {
