@@ -49,7 +49,12 @@ pub struct LagObjective {
     max_pending_age: Option<Duration>,
     destinations: BTreeMap<String, Duration>,
     max_heartbeat_age: Option<Duration>,
+    max_failing: Option<Duration>,
 }
+
+/// How long every publish of a route may fail before the relay is not ready, unless the
+/// objective says otherwise ([`LagObjective::max_failing`]).
+pub const DEFAULT_MAX_FAILING: Duration = Duration::from_secs(60);
 
 impl LagObjective {
     /// No age limit; the heartbeat limit is the relay's default.
@@ -74,6 +79,14 @@ impl LagObjective {
     /// ends within its lease).
     pub fn max_heartbeat_age(mut self, age: Duration) -> Self {
         self.max_heartbeat_age = Some(age);
+        self
+    }
+
+    /// How long every publish of one route may fail (a broker or receiver down, no
+    /// message getting through) before the relay is not ready. Default
+    /// [`DEFAULT_MAX_FAILING`].
+    pub fn max_failing(mut self, duration: Duration) -> Self {
+        self.max_failing = Some(duration);
         self
     }
 
@@ -109,6 +122,16 @@ struct State {
     heartbeat: Option<Instant>,
     stopped: bool,
     gauges: Option<(Instant, Gauges)>,
+    /// Routes whose publishes fail since a time, with no publish through since.
+    failing: BTreeMap<String, Failing>,
+}
+
+/// A route that fails: since when, how often, and the class of the first failure.
+#[derive(Debug)]
+struct Failing {
+    since: Instant,
+    failures: u64,
+    class: &'static str,
 }
 
 /// A handle on a relay's health, cheap to clone; take it with
@@ -130,6 +153,7 @@ impl RelayHealth {
                 heartbeat: None,
                 stopped: false,
                 gauges: None,
+                failing: BTreeMap::new(),
             })),
             activity: Activity::default(),
         }
@@ -156,6 +180,34 @@ impl RelayHealth {
 
     pub(crate) fn stop(&self) {
         self.state().stopped = true;
+    }
+
+    /// Counts a failed attempt to publish to `destination`; true for the first failure
+    /// since the route last published (or ever).
+    pub(crate) fn route_failed(&self, destination: &str, class: &'static str) -> bool {
+        let mut state = self.state();
+        if let Some(failing) = state.failing.get_mut(destination) {
+            failing.failures += 1;
+            return false;
+        }
+        let failing = Failing {
+            since: Instant::now(),
+            failures: 1,
+            class,
+        };
+        state.failing.insert(destination.to_owned(), failing);
+        true
+    }
+
+    /// Counts a publish to `destination`; if the route was failing, how long and how
+    /// many attempts failed.
+    pub(crate) fn route_published(&self, destination: &str) -> Option<(Duration, u64)> {
+        let mut state = self.state();
+        if state.failing.is_empty() {
+            return None;
+        }
+        let failing = state.failing.remove(destination)?;
+        Some((failing.since.elapsed(), failing.failures))
     }
 
     fn record(&self, gauges: Gauges) {
@@ -206,8 +258,9 @@ impl RelayHealth {
         }
     }
 
-    /// Readiness: alive, the gauges are fresh (read within three intervals), and each
-    /// destination's oldest pending age is within its threshold.
+    /// Readiness: alive, no route failing every publish for longer than the objective's
+    /// [`max_failing`](LagObjective::max_failing), the gauges are fresh (read within three
+    /// intervals), and each destination's oldest pending age is within its threshold.
     ///
     /// # Errors
     ///
@@ -220,6 +273,19 @@ impl RelayHealth {
             .unwrap_or_default();
         let wants_ages = objective.max_pending_age.is_some() || !objective.destinations.is_empty();
         let state = self.state();
+        let max_failing = objective.max_failing.unwrap_or(DEFAULT_MAX_FAILING);
+        for (destination, failing) in &state.failing {
+            let since = failing.since.elapsed();
+            if since > max_failing {
+                reasons.push(format!(
+                    "destination {destination}: no publish got through for {} ({} failed attempts, first failure: {}; limit {})",
+                    humantime::format_duration(round(since)),
+                    failing.failures,
+                    failing.class,
+                    humantime::format_duration(max_failing)
+                ));
+            }
+        }
         match &state.gauges {
             Some((at, gauges)) if at.elapsed() <= state.interval * 3 => {
                 for d in &gauges.destinations {

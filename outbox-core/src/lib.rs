@@ -69,7 +69,7 @@ pub mod testkit;
 pub use backend::{AnyStore, Backend, DynStore, Listener};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{ConfigError, MessageError, StoreError, StoreErrorKind};
-pub use health::{LagObjective, RelayHealth, Unhealthy};
+pub use health::{DEFAULT_MAX_FAILING, LagObjective, RelayHealth, Unhealthy};
 pub use memory::{MemoryStore, RowSnapshot};
 pub use message::{
     Availability, Headers, Limits, Message, MessageId, NewMessage, NewMessageBuilder, Waited,

@@ -697,6 +697,9 @@ impl<S: Store> Inner<S> {
                         ),
                     };
                     *published.entry(destination).or_default() += 1;
+                    if let Some((took, failures)) = self.health.route_published(destination) {
+                        warn!(destination, failures, down_for = ?took, "route recovered: publishing again");
+                    }
                     activity.push((destination, lag));
                     lags.entry((destination, since))
                         .or_insert_with(|| {
@@ -706,11 +709,17 @@ impl<S: Store> Inner<S> {
                 }
                 CompleteAction::Retry { delay, error } => {
                     report.retried += 1;
-                    info!(id = %message.id, destination, attempt = message.attempts, class, retry_in = ?delay, %error, "publish failed; retrying");
+                    if self.health.route_failed(destination, class) {
+                        warn!(destination, class, %error, "route failing: publishes are retried (said once; again when it recovers)");
+                    }
+                    debug!(id = %message.id, destination, attempt = message.attempts, class, retry_in = ?delay, %error, "publish failed; retrying");
                     metrics::counter!("outbox_messages_retried_total", "destination" => destination.to_owned(), "class" => class).increment(1);
                 }
                 CompleteAction::Defer { delay, error } => {
                     report.retried += 1;
+                    if self.health.route_failed(destination, class) {
+                        warn!(destination, class, %error, "route failing: messages wait to be sent (said once; again when it recovers)");
+                    }
                     debug!(id = %message.id, destination, attempt = message.attempts, class, retry_in = ?delay, %error, "not sent; deferred");
                     metrics::counter!("outbox_messages_deferred_total", "destination" => destination.to_owned(), "class" => class).increment(1);
                 }

@@ -851,3 +851,70 @@ async fn retries_and_dead_letters_log_the_message_and_the_cause() {
         assert!(dead.contains(part), "{part:?} in {dead}");
     }
 }
+
+/// A sink that fails every publish (the broker is down) until it is switched on.
+#[derive(Clone, Default)]
+struct Switch(Arc<std::sync::atomic::AtomicBool>);
+
+impl Sink for Switch {
+    async fn publish(
+        &self,
+        batch: &[Message],
+        _cx: &outbox_engine::PublishContext,
+    ) -> Result<Vec<Outcome>, Failure> {
+        let outcome = if self.0.load(AtomicOrdering::SeqCst) {
+            Outcome::published()
+        } else {
+            Failure::retryable(FailureClass::Connection, "connection refused").into()
+        };
+        Ok(vec![outcome; batch.len()])
+    }
+}
+
+/// A broker outage shows at the default log level once (not once per retry), and its end
+/// once; readiness fails while no publish of the route gets through for `max_failing`.
+#[tokio::test]
+async fn a_failing_route_is_logged_once_and_makes_the_relay_not_ready() {
+    let logs = Captured::default();
+    let writer = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_max_level(tracing::Level::WARN)
+        .with_ansi(false)
+        .finish();
+    let _logging = tracing::subscriber::set_default(subscriber);
+
+    let clock = ManualClock::new();
+    let store = MemoryStore::with_clock(clock.clone());
+    for i in 0..5 {
+        store.enqueue(msg("events", &format!("e{i}"))).unwrap();
+    }
+    let broker = Switch::default();
+    let relay = Relay::builder(store.clone())
+        .route("events", broker.clone())
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let health = relay.health();
+    let objective = outbox_engine::LagObjective::new().max_failing(Duration::from_millis(1));
+    assert!(health.ready(&objective).is_ok());
+    for _ in 0..4 {
+        assert_eq!(relay.run_once().await.unwrap().retried, 5);
+        clock.advance(Duration::from_secs(3600));
+    }
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let unready = health.ready(&objective).unwrap_err().to_string();
+    assert!(
+        unready.contains("destination events: no publish got through") && unready.contains("20 failed attempts"),
+        "{unready}"
+    );
+    let text = || String::from_utf8_lossy(&logs.0.lock().unwrap()).into_owned();
+    assert_eq!(text().matches("route failing").count(), 1, "{}", text());
+    assert!(logs.line("route failing").contains("connection refused"));
+
+    broker.0.store(true, AtomicOrdering::SeqCst);
+    assert_eq!(relay.run_once().await.unwrap().published, 5);
+    assert_eq!(text().matches("route recovered").count(), 1, "{}", text());
+    assert!(logs.line("route recovered").contains("failures=20"));
+    assert!(health.ready(&objective).is_ok(), "ready again once a publish got through");
+}

@@ -172,13 +172,14 @@ pub struct MetricsConfig {
 }
 
 /// The relay's lag objective: `/readyz` fails while a destination's oldest pending row
-/// is older than its threshold, `/healthz` while the workers have not beaten for
-/// `max_heartbeat_age`.
+/// is older than its threshold or no publish of a route got through for `max_failing`,
+/// `/healthz` while the workers have not beaten for `max_heartbeat_age`.
 ///
 /// ```toml
 /// [health]
 /// max_pending_age = "5m"
 /// destinations = { billing = "30s" }
+/// max_failing = "1m"      # the default
 /// ```
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -192,6 +193,9 @@ pub struct HealthConfig {
     /// Longest time without a worker beat (default: three leases, at least 2 minutes).
     #[serde(with = "outbox_engine::duration::optional")]
     pub max_heartbeat_age: Option<Duration>,
+    /// Longest time every publish of one route may fail (default 1 minute).
+    #[serde(with = "outbox_engine::duration::optional")]
+    pub max_failing: Option<Duration>,
 }
 
 /// The web dashboard (crate `outbox-dashboard`): where it listens and the token it asks
@@ -351,6 +355,9 @@ impl HealthConfig {
         }
         if let Some(age) = self.max_heartbeat_age {
             objective = objective.max_heartbeat_age(age);
+        }
+        if let Some(duration) = self.max_failing {
+            objective = objective.max_failing(duration);
         }
         for (destination, Threshold(age)) in &self.destinations {
             objective = objective.destination(destination.clone(), *age);
