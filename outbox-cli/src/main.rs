@@ -206,15 +206,34 @@ fn main() -> ExitCode {
     }
 }
 
+/// The AWS SDK's crates log the access key id of the credentials they use (at info,
+/// debug and trace): they stay at `warn` unless `RUST_LOG` names them.
+const QUIET_UNLESS_NAMED: &[&str] = &[
+    "aws_config",
+    "aws_credential_types",
+    "aws_runtime",
+    "aws_sdk_sqs",
+    "aws_sigv4",
+    "aws_smithy_runtime",
+    "aws_smithy_runtime_api",
+];
+
 /// Logs to stderr what `RUST_LOG` selects (warnings and errors by default).
 fn install_logging(format: LogFormat) -> Result<()> {
     use tracing_subscriber::EnvFilter;
     use tracing_subscriber::filter::LevelFilter;
 
-    let filter = EnvFilter::builder()
+    let mut filter = EnvFilter::builder()
         .with_default_directive(LevelFilter::WARN.into())
         .from_env()
         .map_err(|e| format!("RUST_LOG: {e}"))?;
+    let named = std::env::var("RUST_LOG").unwrap_or_default();
+    for target in QUIET_UNLESS_NAMED {
+        if !named.contains(target) {
+            let directive = format!("{target}=warn").parse().expect("a valid directive");
+            filter = filter.add_directive(directive);
+        }
+    }
     let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);

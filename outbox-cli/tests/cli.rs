@@ -593,3 +593,51 @@ fn rust_log_selects_what_is_logged() {
     );
     assert_eq!(stderr(&bad).lines().count(), 1, "{}", stderr(&bad));
 }
+
+/// The AWS SDK logs the access key id of static credentials (at info, debug and trace).
+/// With `RUST_LOG=trace`, an SQS route's start-up (its queue is read, so the SDK resolves
+/// and signs with the credentials) logs plenty, and never the key id: the CLI keeps the
+/// SDK's crates at `warn` unless `RUST_LOG` names them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sqs_access_key_id_stays_out_of_trace_logs() {
+    const KEY_ID: &str = "AKIAOUTBOXLEAKCHECK7";
+    let endpoint = std::env::var("OUTBOX_TEST_SQS_ENDPOINT")
+        .unwrap_or_else(|_| "http://127.0.0.1:4566".to_owned());
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("outbox.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[store]\nurl = \"sqlite:{}\"\n\n[routes.queue]\nurl = \"sqs+{endpoint}/123456789012/outbox-test\"\nregion = \"us-east-1\"\naccess_key_id = \"{KEY_ID}\"\nsecret_access_key = \"test-secret-key\"\n",
+            dir.path().join("outbox.db").display()
+        ),
+    )
+    .unwrap();
+    let config = config.to_str().unwrap();
+    let migrated = outbox_cmd(&["--config", config, "migrate"]);
+    assert!(migrated.status.success(), "{}", stderr(&migrated));
+
+    let log_path = dir.path().join("relay.log");
+    let log = std::fs::File::create(&log_path).unwrap();
+    let _relay = outbox_test_support::ChildGuard::spawn(
+        "outbox relay",
+        Command::new(env!("CARGO_BIN_EXE_outbox"))
+            .args(["--config", config, "relay"])
+            .env_remove("OUTBOX_CONFIG")
+            .env("RUST_LOG", "trace")
+            .stdout(std::process::Stdio::null())
+            .stderr(log),
+    );
+    let read = || std::fs::read_to_string(&log_path).unwrap_or_default();
+    outbox_test_support::wait_until(
+        "the relay to start its SQS route (moto from scripts/services.sh; OUTBOX_TEST_SQS_ENDPOINT)",
+        Duration::from_secs(60),
+        || async { read().contains("relay running") },
+    )
+    .await;
+    // A few claims and their trace lines.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let logged = read();
+    assert!(logged.lines().count() > 20, "trace logging is on: {logged}");
+    assert!(!logged.contains(KEY_ID), "the access key id was logged:\n{logged}");
+}

@@ -117,7 +117,7 @@ impl fmt::Debug for SqsSinkConfig {
             .field("binary", &self.binary)
             .field("connect_timeout", &self.connect_timeout)
             .field("profile", &self.profile)
-            .field("access_key_id", &self.access_key_id)
+            .field("access_key_id", &hidden(&self.access_key_id))
             .field("secret_access_key", &hidden(&self.secret_access_key))
             .field("session_token", &hidden(&self.session_token))
             .finish()

@@ -46,6 +46,11 @@
 //! | `DelaySeconds` | ❌ (the outbox delays itself: `NewMessage::delay` holds the row until due) |
 //! | queues created by the sink | ❌ (a queue is checked at start-up, never created) |
 //!
+//! The AWS SDK's own crates log the access key id of the credentials they resolve (at
+//! `info`, `debug` and `trace`). The `outbox` CLI keeps them at `warn` unless `RUST_LOG`
+//! names them; an application with its own subscriber should do the same, e.g.
+//! `aws_config=warn,aws_sigv4=warn,aws_smithy_runtime=warn,aws_smithy_runtime_api=warn`.
+//!
 //! # Message layout
 //!
 //! | SQS | from the message |
