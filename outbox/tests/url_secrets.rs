@@ -28,11 +28,10 @@ fn url() -> impl Strategy<Value = (String, Vec<String>)> {
         secret(),
         prop::collection::vec(secret(), 0..4),
         prop::collection::vec(("[a-z_]{1,12}", secret()), 0..4),
-        prop::bool::ANY,
     )
-        .prop_map(|(scheme, password, segments, query, port)| {
-            let port = if port { ":1" } else { "" };
-            let mut url = format!("{scheme}://relay:{password}@127.0.0.1{port}/");
+        .prop_map(|(scheme, password, segments, query)| {
+            // Port 1: nothing listens, so what a server would answer is not in question.
+            let mut url = format!("{scheme}://relay:{password}@127.0.0.1:1/");
             url.push_str(&segments.join("/"));
             if !query.is_empty() {
                 let pairs: Vec<String> = query.iter().map(|(k, v)| format!("{k}={v}")).collect();
@@ -51,10 +50,10 @@ async fn errors_about(url: &str) -> Vec<String> {
     let registry = Registry::default();
     let mut errors = Vec::new();
     let table = RouteTable::new([("url", serde_json::Value::String(url.to_owned()))]);
-    match tokio::time::timeout(Duration::from_secs(10), registry.build_sink("r", &table)).await {
+    match tokio::time::timeout(Duration::from_secs(20), registry.build_sink("r", &table)).await {
         Ok(Err(error)) => errors.push(format!("{error} / {error:?}")),
         Ok(Ok(_)) => {}
-        Err(_) => panic!("building a sink from {url:?} took over 10 s"),
+        Err(_) => panic!("building a sink from {url:?} took over 20 s"),
     }
     let settings = StoreSettings::new(url);
     if let Err(error) = registry.store_schema(&settings) {
@@ -73,7 +72,8 @@ async fn errors_about(url: &str) -> Vec<String> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+    // Each case may wait for a connection attempt (Kafka's start-up takes its 5 s).
+    #![proptest_config(ProptestConfig { cases: 100, ..ProptestConfig::default() })]
 
     #[test]
     fn errors_never_repeat_a_path_segment_a_query_value_or_a_password((url, secrets) in url()) {
