@@ -9,12 +9,11 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use tokio::sync::{Notify, mpsc, watch};
 use tokio::task::JoinSet;
-use tracing::{Instrument, debug, debug_span, info, info_span, warn};
+use tracing::{Instrument, debug, debug_span, info_span, warn};
 
 use crate::clock::{Clock, SystemClock};
-use crate::error::{ConfigError, StoreError, StoreErrorKind};
+use crate::error::{ConfigError, MessageError, StoreError, StoreErrorKind};
 use crate::health::{GaugeSettings, RelayHealth};
-use crate::error::MessageError;
 use crate::message::{Message, MessageId, WaitedSince, check_destination_name};
 use crate::retry::{Decision, RetryPolicy};
 use crate::sink::{DynSink, Failure, FailureClass, Outcome, Outcomes, PublishContext, Sink};
