@@ -63,10 +63,12 @@ impl Access {
             return false;
         };
         let host = host.to_ascii_lowercase();
-        let name = host.rsplit_once(':').filter(|(_, port)| port.bytes().all(|b| b.is_ascii_digit()));
-        self.hosts.iter().any(|allowed| {
-            *allowed == host || name.is_some_and(|(name, _)| name == allowed)
-        })
+        let name = host
+            .rsplit_once(':')
+            .filter(|(_, port)| port.bytes().all(|b| b.is_ascii_digit()));
+        self.hosts
+            .iter()
+            .any(|allowed| *allowed == host || name.is_some_and(|(name, _)| name == allowed))
     }
 
     /// Whether `headers` carry the token, as a bearer token or a basic-auth password.

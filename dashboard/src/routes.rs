@@ -32,9 +32,7 @@ const STORE_DEADLINE: Duration = Duration::from_secs(5);
 type AppState = State<Arc<Shared>>;
 
 /// `query`, or a timeout error once [`STORE_DEADLINE`] passed.
-async fn within<T>(
-    query: impl Future<Output = Result<T, StoreError>>,
-) -> Result<T, StoreError> {
+async fn within<T>(query: impl Future<Output = Result<T, StoreError>>) -> Result<T, StoreError> {
     tokio::time::timeout(STORE_DEADLINE, query)
         .await
         .unwrap_or_else(|_| {

@@ -133,6 +133,7 @@ async fn without_the_token_nothing_is_read_or_changed() {
     let (status, _, _) = app
         .call(
             Request::post("/dead/apply")
+                .header(header::HOST, "dashboard.test")
                 .header(
                     header::AUTHORIZATION,
                     "Bearer a-token-of-thirty-two-characterZ",
@@ -252,7 +253,14 @@ async fn a_replay_is_confirmed_with_its_count_and_moves_exactly_the_filtered_row
 #[tokio::test]
 async fn public_reads_answer_only_the_dashboards_own_host_names() {
     let app = App::new(true);
-    dead(&app.store, "billing", 1, "410 gone: receiver said <why>", "{}").await;
+    dead(
+        &app.store,
+        "billing",
+        1,
+        "410 gone: receiver said <why>",
+        "{}",
+    )
+    .await;
     let read = |host: &'static str, origin: Option<&'static str>, token: bool| {
         let mut request = Request::get("/dead").header(header::HOST, host);
         if let Some(origin) = origin {
@@ -267,14 +275,25 @@ async fn public_reads_answer_only_the_dashboards_own_host_names() {
     assert_eq!(status, StatusCode::OK, "{page}");
     assert!(page.contains("receiver said"), "{page}");
     let (status, page, _) = app.call(read("dashboard.test:9465", None, false)).await;
-    assert_eq!(status, StatusCode::OK, "a name without a port matches any port: {page}");
-    for (host, token) in [("rebound.attacker.example:9465", false), ("rebound.attacker.example", true)] {
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "a name without a port matches any port: {page}"
+    );
+    for (host, token) in [
+        ("rebound.attacker.example:9465", false),
+        ("rebound.attacker.example", true),
+    ] {
         let (status, page, _) = app.call(read(host, None, token)).await;
         assert_eq!(status, StatusCode::MISDIRECTED_REQUEST, "{host}: {page}");
         assert!(!page.contains("receiver said"), "{page}");
     }
     let (status, page, _) = app
-        .call(read("dashboard.test", Some("https://attacker.example"), false))
+        .call(read(
+            "dashboard.test",
+            Some("https://attacker.example"),
+            false,
+        ))
         .await;
     assert_eq!(status, StatusCode::FORBIDDEN, "{page}");
 
@@ -286,7 +305,11 @@ async fn public_reads_answer_only_the_dashboards_own_host_names() {
         .oneshot(read("rebound.attacker.example", None, false))
         .await
         .unwrap();
-    assert_eq!(response.status(), StatusCode::UNAUTHORIZED, "no hosts, no public reads");
+    assert_eq!(
+        response.status(),
+        StatusCode::UNAUTHORIZED,
+        "no hosts, no public reads"
+    );
 }
 
 #[tokio::test]

@@ -639,5 +639,8 @@ async fn the_sqs_access_key_id_stays_out_of_trace_logs() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     let logged = read();
     assert!(logged.lines().count() > 20, "trace logging is on: {logged}");
-    assert!(!logged.contains(KEY_ID), "the access key id was logged:\n{logged}");
+    assert!(
+        !logged.contains(KEY_ID),
+        "the access key id was logged:\n{logged}"
+    );
 }

@@ -36,10 +36,17 @@ pub fn url(url: &str) -> String {
         if let Some(port) = parsed.port() {
             shown.push_str(&format!(":{port}"));
         }
-        shown.push_str(if parsed.path() == "/" || parsed.path().is_empty() { "/" } else { "/…" });
+        shown.push_str(if parsed.path() == "/" || parsed.path().is_empty() {
+            "/"
+        } else {
+            "/…"
+        });
     }
     if parsed.query().is_some() {
-        let keys: Vec<String> = parsed.query_pairs().map(|(key, _)| format!("{key}=…")).collect();
+        let keys: Vec<String> = parsed
+            .query_pairs()
+            .map(|(key, _)| format!("{key}=…"))
+            .collect();
         shown.push('?');
         shown.push_str(&keys.join("&"));
     }
@@ -53,7 +60,10 @@ mod tests {
     #[test]
     fn urls_are_shown_by_where_they_point_only() {
         for (raw, shown) in [
-            ("postgres://app@db.internal/app", "postgres://***@db.internal/…"),
+            (
+                "postgres://app@db.internal/app",
+                "postgres://***@db.internal/…",
+            ),
             (
                 "postgres://db/app?password=hunter2&application_name=relay",
                 "postgres://db/…?password=…&application_name=…",
@@ -67,7 +77,10 @@ mod tests {
             ("unix:///tmp/r.sock?db=1&pass=pw", "unix:///…?db=…&pass=…"),
             ("sqlite:outbox.db", "sqlite:…"),
             ("sqlite::memory:", "sqlite:…"),
-            ("htps://hooks.example.com/services/T0/B0/s3cr3t", "htps://hooks.example.com/…"),
+            (
+                "htps://hooks.example.com/services/T0/B0/s3cr3t",
+                "htps://hooks.example.com/…",
+            ),
         ] {
             assert_eq!(url(raw), shown, "{raw}");
         }

@@ -905,7 +905,8 @@ async fn a_failing_route_is_logged_once_and_makes_the_relay_not_ready() {
     tokio::time::sleep(Duration::from_millis(5)).await;
     let unready = health.ready(&objective).unwrap_err().to_string();
     assert!(
-        unready.contains("destination events: no publish got through") && unready.contains("20 failed attempts"),
+        unready.contains("destination events: no publish got through")
+            && unready.contains("20 failed attempts"),
         "{unready}"
     );
     let text = || String::from_utf8_lossy(&logs.0.lock().unwrap()).into_owned();
@@ -916,5 +917,8 @@ async fn a_failing_route_is_logged_once_and_makes_the_relay_not_ready() {
     assert_eq!(relay.run_once().await.unwrap().published, 5);
     assert_eq!(text().matches("route recovered").count(), 1, "{}", text());
     assert!(logs.line("route recovered").contains("failures=20"));
-    assert!(health.ready(&objective).is_ok(), "ready again once a publish got through");
+    assert!(
+        health.ready(&objective).is_ok(),
+        "ready again once a publish got through"
+    );
 }

@@ -1315,12 +1315,18 @@ async fn text_with_an_embedded_nul_is_refused() {
             .await
             .expect_err(column)
             .to_string();
-        assert!(error.contains(&format!("column {column}")), "{column}: {error}");
+        assert!(
+            error.contains(&format!("column {column}")),
+            "{column}: {error}"
+        );
     }
     let uuid = outbox_engine::MessageId::new().to_string();
     let hex: String = uuid.bytes().map(|b| format!("{b:02x}")).collect();
     let id = format!("CAST(x'{}00' AS TEXT)", &hex[..70]); // 35 characters, NUL
-    let error = insert_with(&h, "id", &id).await.expect_err("id").to_string();
+    let error = insert_with(&h, "id", &id)
+        .await
+        .expect_err("id")
+        .to_string();
     assert!(error.contains("column id"), "{error}");
     for headers in [r#"'{"x-a": "ok\u0000\nX"}'"#, r#"'{"x-a\u0000\n": "ok"}'"#] {
         let error = insert_with(&h, "headers", headers)

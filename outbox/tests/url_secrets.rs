@@ -11,8 +11,21 @@ use outbox::{Registry, StoreSettings};
 use proptest::prelude::*;
 
 const SCHEMES: &[&str] = &[
-    "http", "https", "htps", "redis", "rediss", "amqp", "amqps", "kafka", "sqs", "sqs+https",
-    "postgres", "postgresql", "mysql", "sqlite", "gopher",
+    "http",
+    "https",
+    "htps",
+    "redis",
+    "rediss",
+    "amqp",
+    "amqps",
+    "kafka",
+    "sqs",
+    "sqs+https",
+    "postgres",
+    "postgresql",
+    "mysql",
+    "sqlite",
+    "gopher",
 ];
 
 /// A secret: long enough and odd enough that only a leak can put it in a message.
@@ -20,18 +33,24 @@ fn secret() -> impl Strategy<Value = String> {
     "[A-Za-z0-9_~-]{10,20}".prop_map(|s| format!("Zq{s}"))
 }
 
-/// A URL of `scheme` with secrets in the password, every path segment and every query
-/// value, and the secrets themselves.
+/// A URL with secrets in the password (when it has one), every path segment and every
+/// query value, and the secrets themselves.
 fn url() -> impl Strategy<Value = (String, Vec<String>)> {
     (
         prop::sample::select(SCHEMES),
         secret(),
         prop::collection::vec(secret(), 0..4),
         prop::collection::vec(("[a-z_]{1,12}", secret()), 0..4),
+        prop::bool::ANY,
     )
-        .prop_map(|(scheme, password, segments, query)| {
+        .prop_map(|(scheme, password, segments, query, with_password)| {
             // Port 1: nothing listens, so what a server would answer is not in question.
-            let mut url = format!("{scheme}://relay:{password}@127.0.0.1:1/");
+            let user = if with_password {
+                format!("relay:{password}@")
+            } else {
+                String::new()
+            };
+            let mut url = format!("{scheme}://{user}127.0.0.1:1/");
             url.push_str(&segments.join("/"));
             if !query.is_empty() {
                 let pairs: Vec<String> = query.iter().map(|(k, v)| format!("{k}={v}")).collect();
@@ -73,7 +92,7 @@ async fn errors_about(url: &str) -> Vec<String> {
 
 proptest! {
     // Each case may wait for a connection attempt (Kafka's start-up takes its 5 s).
-    #![proptest_config(ProptestConfig { cases: 100, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
     #[test]
     fn errors_never_repeat_a_path_segment_a_query_value_or_a_password((url, secrets) in url()) {
@@ -94,7 +113,11 @@ proptest! {
 /// names where the URL points.
 #[tokio::test]
 async fn the_errors_it_reads_name_where_the_url_points() {
-    let errors = errors_about("htps://relay:Zqpassword@127.0.0.1:1/T0/B0/Zqtoken?channel=Zqvalue").await;
+    let errors =
+        errors_about("htps://relay:Zqpassword@127.0.0.1:1/T0/B0/Zqtoken?channel=Zqvalue").await;
     assert!(!errors.is_empty());
-    assert!(errors[0].contains("htps://***@127.0.0.1:1/…?channel=…"), "{errors:?}");
+    assert!(
+        errors[0].contains("htps://***@127.0.0.1:1/…?channel=…"),
+        "{errors:?}"
+    );
 }

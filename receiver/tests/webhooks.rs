@@ -114,7 +114,12 @@ async fn verified_deliveries_run_once_and_duplicates_are_acknowledged() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_with_dots_is_signed_verified_and_recorded_as_written() {
-    let (addr, app) = start(WebhookReceiver::from_secrets([SECRET]).unwrap().consumer("crm")).await;
+    let (addr, app) = start(
+        WebhookReceiver::from_secrets([SECRET])
+            .unwrap()
+            .consumer("crm"),
+    )
+    .await;
     let sink = sink(addr, |e| e.secret(SECRET));
     let m = NewMessage::builder("hook", "order.paid")
         .json(&42)
@@ -132,7 +137,10 @@ async fn a_key_with_dots_is_signed_verified_and_recorded_as_written() {
     assert_eq!(app.effects.load(Ordering::SeqCst), 1, "applied once");
     let mut tx = app.inbox.begin();
     assert_eq!(
-        app.inbox.record(&mut tx, "crm", "order-42.paid").await.unwrap(),
+        app.inbox
+            .record(&mut tx, "crm", "order-42.paid")
+            .await
+            .unwrap(),
         Delivery::Duplicate,
         "the inbox holds the key as the application wrote it"
     );

@@ -285,7 +285,10 @@ impl Inner {
                 Ok(channel) => {
                     // The properties travel in one frame: a larger one makes the broker
                     // close the whole connection, so it is refused here, alone.
-                    let frame_max = state.connection.as_ref().map(|c| c.configuration().frame_max());
+                    let frame_max = state
+                        .connection
+                        .as_ref()
+                        .map(|c| c.configuration().frame_max());
                     if let Some(frame_max) = frame_max.filter(|&f| f > 0) {
                         ready.retain(|p| match header_frame_bytes(&p.properties) {
                             bytes if bytes > frame_max as usize => {

@@ -618,20 +618,32 @@ async fn headers_over_the_frame_size_fail_alone_before_sending() {
         }
         builder.build().unwrap().into_message(Utc::now())
     };
-    let batch = vec![with_headers(0), with_headers(64), with_headers(15), with_headers(1)];
+    let batch = vec![
+        with_headers(0),
+        with_headers(64),
+        with_headers(15),
+        with_headers(1),
+    ];
     for round in 0..2 {
         let outcomes = sink
             .publish(&batch, &PublishContext::default())
             .await
             .unwrap();
         let Outcome::Failed(failure) = &outcomes[1] else {
-            panic!("round {round}: 64 headers of 8 KiB must fail: {:?}", outcomes[1]);
+            panic!(
+                "round {round}: 64 headers of 8 KiB must fail: {:?}",
+                outcomes[1]
+            );
         };
         assert_eq!(failure.class, FailureClass::TooLarge, "{failure}");
         assert!(!failure.retryable, "{failure}");
         assert!(failure.message.contains("frame_max"), "{failure}");
         for i in [0, 2, 3] {
-            assert!(outcomes[i].is_published(), "round {round}, message {i}: {:?}", outcomes[i]);
+            assert!(
+                outcomes[i].is_published(),
+                "round {round}, message {i}: {:?}",
+                outcomes[i]
+            );
         }
     }
     let got = broker.take(&queue).await;

@@ -540,7 +540,7 @@ fn parse_url(text: &str) -> Result<url::Url, RedisSinkError> {
             if !db.is_empty() && db.parse::<u16>().is_err() {
                 return Err(RedisSinkError::InvalidUrl {
                     url: outbox_engine::redact::url(text),
-                    reason: format!("the path must be a database number, not {db:?}"),
+                    reason: "the path must be a database number, such as `/0`".to_owned(),
                 });
             }
         }
@@ -556,7 +556,6 @@ fn parse_url(text: &str) -> Result<url::Url, RedisSinkError> {
     }
     Ok(url)
 }
-
 
 fn invalid(setting: &'static str, reason: impl Into<String>) -> RedisSinkError {
     RedisSinkError::InvalidSetting {

@@ -212,7 +212,11 @@ pub async fn delivers_identity_payload_and_headers<H: SinkHarness>(h: &H) {
 /// signs (`order-42.paid`), reach the receiver unchanged, whatever the sink has to do to
 /// carry them (a Standard Webhooks `webhook-id` cannot hold a `.` as it is).
 pub async fn natural_keys_arrive_unchanged<H: SinkHarness>(h: &H) {
-    let keys = ["order-42.paid", "tenant.acme/invoice:7.v2", "coupon%2E50.applied"];
+    let keys = [
+        "order-42.paid",
+        "tenant.acme/invoice:7.v2",
+        "coupon%2E50.applied",
+    ];
     let batch: Vec<Message> = keys
         .iter()
         .map(|key| {
@@ -236,7 +240,10 @@ pub async fn natural_keys_arrive_unchanged<H: SinkHarness>(h: &H) {
             .iter()
             .find(|d| d.id == m.id.to_string())
             .unwrap_or_else(|| panic!("message {} not received", m.id));
-        assert_eq!(delivered.idempotency_key, m.idempotency_key, "idempotency key");
+        assert_eq!(
+            delivered.idempotency_key, m.idempotency_key,
+            "idempotency key"
+        );
     }
 }
 
