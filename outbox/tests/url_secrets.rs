@@ -66,6 +66,8 @@ fn url() -> impl Strategy<Value = (String, Vec<String>)> {
 
 /// Every error a relay could report about `url`, as text (`Display` and `Debug`).
 async fn errors_about(url: &str) -> Vec<String> {
+    // `rediss://` and `amqps://` routes need a TLS provider, as in the CLI.
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
     let registry = Registry::default();
     let mut errors = Vec::new();
     let table = RouteTable::new([("url", serde_json::Value::String(url.to_owned()))]);

@@ -85,7 +85,7 @@ pub enum AmqpSinkError {
         reason: String,
     },
     /// The exchange or routing key template does not parse.
-    #[error("invalid {setting} template {template:?}: {reason}")]
+    #[error("invalid {setting} template: {reason}")]
     InvalidTemplate {
         /// `exchange` or `routing_key`.
         setting: &'static str,

@@ -462,10 +462,12 @@ pub(crate) fn check_topic_name(name: &str) -> Result<(), String> {
     if name == "." || name == ".." {
         return Err("`.` and `..` are not topic names".to_owned());
     }
-    if !name.bytes().all(legal_topic_byte) {
+    if let Some(bad) = name
+        .chars()
+        .find(|c| !c.is_ascii() || !legal_topic_byte(*c as u8))
+    {
         return Err(format!(
-            "topic {:?} holds characters Kafka refuses (only ASCII letters, digits, `.`, `_` and `-`)",
-            name.chars().take(64).collect::<String>()
+            "the topic name holds {bad:?}, which Kafka refuses (only ASCII letters, digits, `.`, `_` and `-`)"
         ));
     }
     Ok(())

@@ -60,7 +60,7 @@ pub enum KafkaSinkError {
         reason: String,
     },
     /// The topic template does not parse or names an illegal topic.
-    #[error("invalid topic template {template:?}: {reason}")]
+    #[error("invalid topic template: {reason}")]
     InvalidTemplate {
         /// The template (cut to 128 characters).
         template: String,

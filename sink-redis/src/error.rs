@@ -61,7 +61,7 @@ pub enum RedisSinkError {
     )]
     TlsNotEnabled,
     /// The stream template does not parse.
-    #[error("invalid stream template {template:?}: {reason}")]
+    #[error("invalid stream template: {reason}")]
     InvalidTemplate {
         /// The template (cut to 128 characters).
         template: String,
