@@ -146,6 +146,17 @@ async fn received_within<H: SinkHarness>(h: &H, at_least: usize) -> Vec<Delivere
     }
 }
 
+/// Publishes `batch`, which must all be published, and waits for the receiver to have it.
+async fn publish_and_receive<H: SinkHarness>(h: &H, batch: &[Message]) -> Vec<Delivered> {
+    let outcomes = h
+        .sink()
+        .publish(batch, &PublishContext::default())
+        .await
+        .expect("publish");
+    assert!(outcomes.iter().all(Outcome::is_published), "{outcomes:?}");
+    received_within(h, batch.len()).await
+}
+
 /// An empty batch returns no outcomes and sends nothing.
 pub async fn empty_batch_publishes_nothing<H: SinkHarness>(h: &H) {
     let outcomes = h
@@ -183,13 +194,7 @@ pub async fn one_outcome_per_message<H: SinkHarness>(h: &H) {
 /// The receiver sees each message's id, idempotency key, event type, payload and headers.
 pub async fn delivers_identity_payload_and_headers<H: SinkHarness>(h: &H) {
     let batch = messages(h.destination(), 5);
-    let outcomes = h
-        .sink()
-        .publish(&batch, &PublishContext::default())
-        .await
-        .expect("publish");
-    assert!(outcomes.iter().all(Outcome::is_published), "{outcomes:?}");
-    let got = received_within(h, 5).await;
+    let got = publish_and_receive(h, &batch).await;
     let by_id: BTreeMap<_, _> = got.iter().map(|d| (d.id.clone(), d)).collect();
     for m in &batch {
         let delivered = by_id
@@ -228,13 +233,7 @@ pub async fn natural_keys_arrive_unchanged<H: SinkHarness>(h: &H) {
                 .into_message(Utc::now())
         })
         .collect();
-    let outcomes = h
-        .sink()
-        .publish(&batch, &PublishContext::default())
-        .await
-        .expect("publish");
-    assert!(outcomes.iter().all(Outcome::is_published), "{outcomes:?}");
-    let got = received_within(h, keys.len()).await;
+    let got = publish_and_receive(h, &batch).await;
     for m in &batch {
         let delivered = got
             .iter()
