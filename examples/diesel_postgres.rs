@@ -10,8 +10,8 @@
 //!
 //! Orders and their outbox messages are written on a diesel-async `AsyncPgConnection`
 //! inside `transaction(async |conn| …)`; every third order is rolled back after its
-//! message was enqueued. The relay runs on the diesel store's pool and delivers signed
-//! webhooks to a receiver that deduplicates with its diesel inbox.
+//! message was enqueued. The relay opens the PostgreSQL store from a `diesel+postgres://`
+//! URL and delivers signed webhooks to a receiver that deduplicates with its diesel inbox.
 
 fn main() -> std::process::ExitCode {
     let dir = std::env::temp_dir().join("outbox-diesel-postgres");

@@ -7,6 +7,9 @@
 //! `<table>_ledger`. A third of the transactions roll back: their messages must never
 //! arrive. What committed is whatever the ledger holds afterwards, so a commit whose
 //! answer was lost to a fault is counted by what the database kept.
+//!
+//! The diesel cells write the same transactions through `outbox-diesel` on diesel's
+//! sync connections (the table migrated by diesel too); the relays drain it alike.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -14,6 +17,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
+use outbox::diesel::diesel::r2d2::{ConnectionManager, Pool};
+use outbox::diesel::diesel::sql_types::{BigInt, Text};
+use outbox::diesel::diesel::{self, Connection, RunQueryDsl};
 use outbox::mysql::MySqlOutbox;
 use outbox::postgres::PgOutbox;
 use outbox::sqlite::SqliteOutbox;
@@ -44,10 +50,47 @@ macro_rules! on_db {
     };
 }
 
+/// diesel's writer and a pool of diesel's sync connections on the same database.
+#[derive(Clone)]
+enum DieselDb {
+    Postgres(
+        Pool<ConnectionManager<diesel::PgConnection>>,
+        outbox::diesel::postgres::PgOutbox,
+    ),
+    Sqlite(
+        Pool<ConnectionManager<diesel::SqliteConnection>>,
+        outbox::diesel::sqlite::SqliteOutbox,
+    ),
+    MySql(
+        Pool<ConnectionManager<diesel::MysqlConnection>>,
+        outbox::diesel::mysql::MysqlOutbox,
+    ),
+}
+
+/// Runs `$body` with `$pool` and `$outbox` bound to the concrete types of `$db`'s kind.
+macro_rules! on_diesel {
+    ($db:expr, |$pool:ident, $outbox:ident| $body:expr) => {
+        match $db {
+            DieselDb::Postgres($pool, $outbox) => $body,
+            DieselDb::Sqlite($pool, $outbox) => $body,
+            DieselDb::MySql($pool, $outbox) => $body,
+        }
+    };
+}
+
+/// A key's number, read back on a diesel connection.
+#[derive(diesel::QueryableByName)]
+struct Seq {
+    #[diesel(sql_type = BigInt)]
+    seq: i64,
+}
+
 /// The outbox table of one run, its ledger, and the URL relays open it with.
 #[derive(Clone)]
 pub(crate) struct Ledger {
     db: Db,
+    /// The writers' connections in the diesel cells.
+    diesel: Option<DieselDb>,
     /// The outbox table's name.
     pub(crate) table: String,
     /// The store URL for the relays' config.
@@ -71,10 +114,25 @@ pub(crate) struct Writes {
     pub(crate) failed: AtomicU64,
 }
 
+impl Writes {
+    /// Counts one transaction; after a failure, pauses before the next.
+    async fn count(&self, commit: bool, succeeded: bool) {
+        let counter = match (succeeded, commit) {
+            (true, true) => &self.committed,
+            (true, false) => &self.rolled_back,
+            (false, _) => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                &self.failed
+            }
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
 impl Ledger {
     /// Creates a fresh outbox table with `keys` partition keys, in the store of `kind`
-    /// (SQLite: a file in `dir`).
-    pub(crate) async fn create(kind: Database, dir: &Path, keys: usize) -> Self {
+    /// (SQLite: a file in `dir`); with `diesel`, the writers enqueue through diesel.
+    pub(crate) async fn create(kind: Database, dir: &Path, keys: usize, diesel: bool) -> Self {
         let table = format!("battery_{:012x}", fastrand::u64(..1 << 48));
         let names = TableNames::default().outbox(&table).unwrap();
         let (db, store_url, placeholders) = match kind {
@@ -88,7 +146,7 @@ impl Ledger {
                     .unwrap()
                     .application_name("outbox-battery");
                 let pool = connect(kind, &url, pool_options().connect_with(options)).await;
-                let outbox = PgOutbox::with_names(pool.clone(), names);
+                let outbox = PgOutbox::with_names(pool.clone(), names.clone());
                 (Db::Postgres(pool, outbox), url, Placeholders::Numbered)
             }
             Database::Sqlite => {
@@ -100,7 +158,7 @@ impl Ledger {
                     .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
                     .busy_timeout(Duration::from_secs(10));
                 let pool = connect(kind, &url, pool_options().connect_with(options)).await;
-                let outbox = SqliteOutbox::with_names(pool.clone(), names);
+                let outbox = SqliteOutbox::with_names(pool.clone(), names.clone());
                 (Db::Sqlite(pool, outbox), url, Placeholders::Question)
             }
             Database::Mysql => {
@@ -110,12 +168,18 @@ impl Ledger {
                 );
                 let options = url.parse::<sqlx::mysql::MySqlConnectOptions>().unwrap();
                 let pool = connect(kind, &url, pool_options().connect_with(options)).await;
-                let outbox = MySqlOutbox::with_names(pool.clone(), names);
+                let outbox = MySqlOutbox::with_names(pool.clone(), names.clone());
                 (Db::MySql(pool, outbox), url, Placeholders::Question)
             }
         };
+        let diesel = if diesel {
+            Some(diesel_db(kind, &store_url, names.clone()).await)
+        } else {
+            None
+        };
         let ledger = Self {
             db,
+            diesel,
             table,
             store_url,
             keys,
@@ -142,8 +206,20 @@ impl Ledger {
                 .collect::<Vec<_>>()
                 .join(", ")
         );
-        on_db!(&self.db, |pool, outbox| {
-            outbox.migrate().await.expect("migrate the outbox table");
+        match &self.diesel {
+            Some(db) => on_diesel!(db.clone(), |pool, outbox| {
+                tokio::task::spawn_blocking(move || {
+                    outbox.migrate(&mut pool.get().expect("a diesel connection"))
+                })
+                .await
+                .expect("the migrating task")
+                .expect("diesel migrates the outbox table")
+            }),
+            None => on_db!(&self.db, |_pool, outbox| {
+                outbox.migrate().await.expect("migrate the outbox table")
+            }),
+        }
+        on_db!(&self.db, |pool, _outbox| {
             for statement in tables.iter().chain([&insert]) {
                 sqlx::query(statement)
                     .execute(pool)
@@ -191,6 +267,48 @@ impl Ledger {
             }
             let k = key(fastrand::usize(..self.keys));
             let commit = fastrand::u32(..100) >= ROLLBACK_PERCENT;
+            if let Some(db) = &self.diesel {
+                let statements = [bump.clone(), read.clone(), record.clone()];
+                let attempt = on_diesel!(db.clone(), |pool, outbox| {
+                    tokio::task::spawn_blocking(move || {
+                        let [bump, read, record] = statements;
+                        let mut conn = pool.get().map_err(|e| e.to_string())?;
+                        let done = conn.transaction(|conn| {
+                            diesel::sql_query(bump).bind::<Text, _>(&k).execute(conn)?;
+                            let seq = diesel::sql_query(read)
+                                .bind::<Text, _>(&k)
+                                .get_result::<Seq>(conn)?
+                                .seq;
+                            let message = NewMessage::builder("battery", "battery.written")
+                                .partition_key(k.clone())
+                                .json(&serde_json::json!({ "key": k, "seq": seq }))
+                                .build()
+                                .expect("a valid message");
+                            outbox
+                                .enqueue(conn, &message)
+                                .map_err(|e| diesel::result::Error::QueryBuilderError(e.into()))?;
+                            diesel::sql_query(record)
+                                .bind::<Text, _>(message.id().to_string())
+                                .bind::<Text, _>(&k)
+                                .bind::<BigInt, _>(seq)
+                                .execute(conn)?;
+                            if commit {
+                                Ok(())
+                            } else {
+                                Err(diesel::result::Error::RollbackTransaction)
+                            }
+                        });
+                        match done {
+                            Ok(()) | Err(diesel::result::Error::RollbackTransaction) => Ok(()),
+                            Err(e) => Err(e.to_string()),
+                        }
+                    })
+                    .await
+                    .expect("a diesel writer panicked")
+                });
+                writes.count(commit, attempt.is_ok()).await;
+                continue;
+            }
             let attempt = on_db!(&self.db, |pool, outbox| async {
                 let mut tx = pool.begin().await?;
                 sqlx::query(&bump).bind(&k).execute(&mut *tx).await?;
@@ -220,14 +338,7 @@ impl Ledger {
                 }
             }
             .await);
-            match attempt {
-                Ok(()) if commit => writes.committed.fetch_add(1, Ordering::Relaxed),
-                Ok(()) => writes.rolled_back.fetch_add(1, Ordering::Relaxed),
-                Err(_) => {
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    writes.failed.fetch_add(1, Ordering::Relaxed)
-                }
-            };
+            writes.count(commit, attempt.is_ok()).await;
         }
     }
 
@@ -332,6 +443,59 @@ impl Ledger {
             });
         }
     }
+}
+
+/// diesel's writer on the database at `url` (the relays' store URL), with a pool of
+/// diesel's sync connections; PostgreSQL's are named as the battery's own, so faults
+/// that end other sessions spare them as they spare the sqlx writers.
+async fn diesel_db(kind: Database, url: &str, names: TableNames) -> DieselDb {
+    let url = url.to_owned();
+    tokio::task::spawn_blocking(move || {
+        fn pool<C: diesel::r2d2::R2D2Connection + 'static>()
+        -> diesel::r2d2::Builder<ConnectionManager<C>> {
+            Pool::builder()
+                .max_size(8)
+                .connection_timeout(Duration::from_secs(10))
+        }
+        let shown = outbox::redact::url(&url);
+        match kind {
+            Database::Postgres => {
+                let separator = if url.contains('?') { '&' } else { '?' };
+                let named = format!("{url}{separator}application_name=outbox-battery");
+                let pool = pool()
+                    .build(ConnectionManager::new(named))
+                    .unwrap_or_else(|e| {
+                        outbox_test_support::no_server(kind.server(), kind.env_var(), &shown, e)
+                    });
+                DieselDb::Postgres(pool, outbox::diesel::postgres::PgOutbox::with_names(names))
+            }
+            Database::Sqlite => {
+                let path = url.strip_prefix("sqlite:").unwrap_or(&url).to_owned();
+                let pool = pool()
+                    .connection_customizer(Box::new(outbox::diesel::sqlite::Pragmas {
+                        busy_timeout: Duration::from_secs(10),
+                    }))
+                    .build(ConnectionManager::new(path))
+                    .unwrap_or_else(|e| {
+                        outbox_test_support::no_server(kind.server(), kind.env_var(), &shown, e)
+                    });
+                DieselDb::Sqlite(
+                    pool,
+                    outbox::diesel::sqlite::SqliteOutbox::with_names(names),
+                )
+            }
+            Database::Mysql => {
+                let pool = pool()
+                    .build(ConnectionManager::new(url.clone()))
+                    .unwrap_or_else(|e| {
+                        outbox_test_support::no_server(kind.server(), kind.env_var(), &shown, e)
+                    });
+                DieselDb::MySql(pool, outbox::diesel::mysql::MysqlOutbox::with_names(names))
+            }
+        }
+    })
+    .await
+    .expect("the connecting task")
 }
 
 /// The name of partition key `i`.

@@ -85,8 +85,9 @@ struct RunArgs {
     outbox: Option<PathBuf>,
 }
 
-/// The stores the battery runs on: the sqlx stores, and the diesel stores on the same
-/// databases (the writers and the ledger use sqlx either way; the relays use the store).
+/// The stores the battery runs on, by database and by how the writers enqueue: through
+/// sqlx, or through `outbox-diesel` on diesel's connections (the `diesel-` cells, whose
+/// relays open the store by its `diesel+` URL). The ledger's reads use sqlx either way.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub(crate) enum StoreKind {
     Postgres,
@@ -107,8 +108,16 @@ impl StoreKind {
         }
     }
 
+    /// Whether the writers enqueue through diesel.
+    fn diesel(self) -> bool {
+        matches!(
+            self,
+            Self::DieselPostgres | Self::DieselSqlite | Self::DieselMysql
+        )
+    }
+
     /// The URL the relays open the store with: `url`, with `diesel+` before it for the
-    /// diesel stores.
+    /// diesel cells, as a diesel application names its relay store.
     fn relay_url(self, url: &str) -> String {
         match self {
             Self::DieselPostgres | Self::DieselSqlite | Self::DieselMysql => {
@@ -288,7 +297,7 @@ async fn run(args: RunArgs) -> std::process::ExitCode {
     let started = Instant::now();
     let dir = std::env::temp_dir().join(format!("outbox-battery-{:016x}", fastrand::u64(..)));
     std::fs::create_dir_all(&dir).expect("a scratch directory");
-    let ledger = Ledger::create(args.store.database(), &dir, args.keys).await;
+    let ledger = Ledger::create(args.store.database(), &dir, args.keys, args.store.diesel()).await;
     let mut consumer = consumer(args.sink, args.fault, &dir).await;
     let mut store_url = args.store.relay_url(&ledger.store_url);
     let proxy = match args.fault {

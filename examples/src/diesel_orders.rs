@@ -1,6 +1,7 @@
 //! Orders → outbox with diesel → relay → webhook receiver that deduplicates with the
 //! diesel inbox. The SQLite story uses diesel's sync connections; the PostgreSQL story
-//! enqueues on diesel-async connections. Both roll back some orders on purpose.
+//! enqueues on diesel-async connections. Both roll back some orders on purpose. The
+//! relay opens its store from a `diesel+` URL: the one relay store of that database.
 
 use std::fmt;
 use std::sync::Arc;
@@ -14,7 +15,7 @@ use diesel::{RunQueryDsl, SqliteConnection};
 use outbox::diesel::sqlite::{Pragmas, SqliteInbox, SqliteOutbox};
 use outbox::http::{HttpSink, HttpSinkConfig};
 use outbox::receiver::WebhookReceiver;
-use outbox::{NewMessage, Outbox};
+use outbox::{AnyStore, NewMessage, Outbox, StoreSettings, StoreStats};
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
@@ -130,11 +131,12 @@ async fn start_receiver(
 > {
     let pool = sqlite_pool(&dir.join("receiver.db"))?;
     let inbox = SqliteInbox::new();
-    inbox.migrate(&pool).await?;
-    let setup = pool.clone();
+    let (setup, migrating) = (pool.clone(), inbox.clone());
     tokio::task::spawn_blocking(move || {
+        let mut conn = setup.get()?;
+        migrating.migrate(&mut conn)?;
         diesel::sql_query("CREATE TABLE emails_sent (order_id INTEGER NOT NULL)")
-            .execute(&mut setup.get()?)?;
+            .execute(&mut conn)?;
         Ok::<_, Error>(())
     })
     .await??;
@@ -154,23 +156,27 @@ async fn start_receiver(
     Ok((url, pool, server))
 }
 
-/// Runs a relay on `store` until `published` messages went out, then sums up what the
-/// receiver applied against the orders committed.
-async fn settle<S>(
-    store: S,
+/// The relay's store, opened from `url` (`diesel+sqlite:PATH`, `diesel+postgres://…`).
+async fn relay_store(url: String, table: Option<String>) -> Result<AnyStore, Error> {
+    let mut settings = StoreSettings::new(url);
+    settings.table = table;
+    Ok(outbox::Registry::default().connect_store(&settings).await?)
+}
+
+/// Runs a relay on `store` until every committed order's message went out, then sums up
+/// what the receiver applied against the orders committed.
+async fn settle(
+    store: AnyStore,
     receiver_url: String,
     receiver_db: Pool<ConnectionManager<SqliteConnection>>,
     committed: Vec<i64>,
-) -> Result<Summary, Error>
-where
-    S: outbox::backend::DynStore + outbox::StoreStats + Clone,
-{
+) -> Result<Summary, Error> {
     let webhooks = HttpSink::new(
         HttpSinkConfig::new(receiver_url)
             .secret(SECRET)
             .allow("127.0.0.1/32"),
     )?;
-    let relay = Outbox::builder(store.clone())
+    let relay = Outbox::builder_any(store.clone())
         .route("mailer", webhooks)
         .relay(|relay| relay.poll_interval(Duration::from_millis(100)))
         .build()
@@ -208,12 +214,12 @@ pub async fn run_sqlite(dir: std::path::PathBuf) -> Result<Summary, Error> {
     std::fs::create_dir_all(&dir)?;
     let (url, receiver_db, server) = start_receiver(&dir).await?;
 
-    let shop = sqlite_pool(&dir.join("shop.db"))?;
-    let outbox = SqliteOutbox::new(shop.clone());
-    outbox.migrate().await?;
-    let writer = outbox.clone();
+    let path = dir.join("shop.db");
+    let shop = sqlite_pool(&path)?;
+    let writer = SqliteOutbox::new();
     let committed = tokio::task::spawn_blocking(move || {
         let mut conn = shop.get()?;
+        writer.migrate(&mut conn)?;
         diesel::sql_query("CREATE TABLE orders (id INTEGER PRIMARY KEY)").execute(&mut conn)?;
         let mut committed = Vec::new();
         for order in 1..=ORDERS {
@@ -236,13 +242,15 @@ pub async fn run_sqlite(dir: std::path::PathBuf) -> Result<Summary, Error> {
     })
     .await??;
 
-    let summary = settle(outbox, url, receiver_db, committed).await;
+    let store = relay_store(format!("diesel+sqlite:{}", path.display()), None).await?;
+    let summary = settle(store, url, receiver_db, committed).await;
     server.abort();
     summary
 }
 
 /// The PostgreSQL story: orders and messages written on diesel-async connections inside
-/// `transaction(async |conn| …)`, the relay on the diesel store's r2d2 pool.
+/// `transaction(async |conn| …)`, the table migrated on a diesel connection, the relay
+/// on the PostgreSQL store a `diesel+postgres://` URL opens.
 ///
 /// # Errors
 ///
@@ -261,18 +269,19 @@ pub async fn run_postgres(dir: std::path::PathBuf) -> Result<Summary, Error> {
         format!("diesel_orders_{suffix}"),
         format!("diesel_outbox_{suffix}"),
     );
-    let pool = tokio::task::spawn_blocking({
-        let database = database.clone();
+    let outbox = PgOutbox::with_names(outbox::diesel::TableNames::default().outbox(&table)?);
+    tokio::task::spawn_blocking({
+        let (database, outbox) = (database.clone(), outbox.clone());
         move || {
-            Pool::builder()
-                .max_size(4)
-                .build(ConnectionManager::<diesel::PgConnection>::new(database))
+            use diesel::Connection;
+            let mut conn = diesel::PgConnection::establish(&database).map_err(|e| {
+                format!("PostgreSQL is not reachable ({e}); start it with scripts/services.sh")
+            })?;
+            outbox.migrate(&mut conn)?;
+            Ok::<_, Error>(())
         }
     })
-    .await?
-    .map_err(|e| format!("PostgreSQL is not reachable ({e}); start it with scripts/services.sh"))?;
-    let outbox = PgOutbox::with_names(pool, outbox::diesel::TableNames::default().outbox(&table)?);
-    outbox.migrate().await?;
+    .await??;
 
     let mut conn = AsyncPgConnection::establish(&database).await?;
     let create = diesel::sql_query(format!("CREATE TABLE {orders} (id bigint PRIMARY KEY)"));
@@ -297,7 +306,8 @@ pub async fn run_postgres(dir: std::path::PathBuf) -> Result<Summary, Error> {
         }
     }
 
-    let summary = settle(outbox, url, receiver_db, committed).await;
+    let store = relay_store(format!("diesel+{database}"), Some(table.clone())).await?;
+    let summary = settle(store, url, receiver_db, committed).await;
     server.abort();
     let drop = diesel::sql_query(format!("DROP TABLE {orders}, {table}, {table}_keys"));
     diesel_async::RunQueryDsl::execute(drop, &mut conn).await?;

@@ -1,11 +1,9 @@
-//! `diesel`: the diesel backend on PostgreSQL, against baselines in the same run.
-//!
-//! - Enqueue: a business transaction (one UPDATE) on diesel's `PgConnection` alone, with
-//!   a raw `INSERT` into the outbox table, and with the diesel store's enqueue, at 1 and
-//!   4 clients (threads, one connection each); rounds interleaved, medians reported. The
-//!   figure of merit is the enqueue's added cost over the raw insert's.
-//! - Drain: the relay on the diesel store (r2d2 pool, blocking pool) against the relay on
-//!   the sqlx store, same backlog, same batch and workers, delete mode, a no-op sink.
+//! `diesel`: diesel's enqueue on PostgreSQL, against baselines in the same run: a
+//! business transaction (one UPDATE) on diesel's `PgConnection` alone, with a raw
+//! `INSERT` into the outbox table, and with `outbox-diesel`'s enqueue, at 1 and 4 clients
+//! (threads, one connection each); rounds interleaved, medians reported. The figure of
+//! merit is the enqueue's added cost over the raw insert's. (What diesel writes, the one
+//! relay store drains: the `drain` scenario measures it.)
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering as Atomic};
@@ -34,8 +32,7 @@ const MODES: [&str; 3] = ["business only", "+ raw INSERT", "+ diesel enqueue"];
 const TABLE: &str = "bench_diesel_outbox";
 
 pub(crate) async fn run(bench: &Bench, scale: Scale, report: &mut Report) -> Result<(), BoxError> {
-    enqueue(bench, scale, report).await?;
-    drain(bench, scale, report).await
+    enqueue(bench, scale, report).await
 }
 
 fn diesel_pool(url: &str, size: u32) -> Result<Pool<ConnectionManager<PgConnection>>, SendError> {
@@ -44,20 +41,27 @@ fn diesel_pool(url: &str, size: u32) -> Result<Pool<ConnectionManager<PgConnecti
         .build(ConnectionManager::<PgConnection>::new(url))?)
 }
 
-async fn fresh(bench: &Bench, size: u32) -> Result<DieselPgOutbox, BoxError> {
+/// diesel's writer on a fresh table, migrated, and a pool of `size` connections.
+async fn fresh(
+    bench: &Bench,
+    size: u32,
+) -> Result<(DieselPgOutbox, Pool<ConnectionManager<PgConnection>>), BoxError> {
     sqlx::query(&format!(
         "DROP TABLE IF EXISTS {TABLE}, {TABLE}_keys CASCADE"
     ))
     .execute(&bench.pool)
     .await?;
-    let url = bench.url.clone();
-    let pool = tokio::task::spawn_blocking(move || diesel_pool(&url, size))
-        .await?
-        .map_err(local)?;
     let names = outbox_diesel::TableNames::default().outbox(TABLE)?;
-    let outbox = DieselPgOutbox::with_names(pool, names).published_rows(PublishedRows::Delete);
-    outbox.migrate().await?;
-    Ok(outbox)
+    let outbox = DieselPgOutbox::with_names(names).published_rows(PublishedRows::Delete);
+    let (url, writer) = (bench.url.clone(), outbox.clone());
+    let pool = tokio::task::spawn_blocking(move || -> Result<_, SendError> {
+        let pool = diesel_pool(&url, size)?;
+        writer.migrate(&mut *pool.get()?)?;
+        Ok(pool)
+    })
+    .await?
+    .map_err(local)?;
+    Ok((outbox, pool))
 }
 
 async fn enqueue(bench: &Bench, scale: Scale, report: &mut Report) -> Result<(), BoxError> {
@@ -72,7 +76,7 @@ async fn enqueue(bench: &Bench, scale: Scale, report: &mut Report) -> Result<(),
         .bind(ACCOUNTS)
         .execute(pool)
         .await?;
-    let outbox = fresh(bench, 8).await?;
+    let (outbox, diesel) = fresh(bench, 8).await?;
     let mut rows = Vec::new();
     let mut json = serde_json::Map::new();
     for clients in [1usize, 4] {
@@ -81,12 +85,13 @@ async fn enqueue(bench: &Bench, scale: Scale, report: &mut Report) -> Result<(),
         for round in 0..rounds {
             for step in 0..MODES.len() {
                 let mode = (round + step) % MODES.len();
-                let outbox = outbox.clone();
+                let (outbox, diesel) = (outbox.clone(), diesel.clone());
                 let time = scale.enqueue_time;
-                let tps =
-                    tokio::task::spawn_blocking(move || measure(&outbox, mode, clients, time))
-                        .await?
-                        .map_err(local)?;
+                let tps = tokio::task::spawn_blocking(move || {
+                    measure(&outbox, &diesel, mode, clients, time)
+                })
+                .await?
+                .map_err(local)?;
                 samples[mode].push(tps);
             }
         }
@@ -124,7 +129,7 @@ async fn enqueue(bench: &Bench, scale: Scale, report: &mut Report) -> Result<(),
         .await?;
     report.section(
         "diesel-enqueue",
-        "A business transaction (one UPDATE) on diesel's `PgConnection`, alone, with a raw INSERT into the outbox table, and with the diesel store's `enqueue`, each client a thread with its own connection; medians of interleaved rounds. Target: the diesel enqueue's added cost ≤ 1.05 × the raw INSERT's.",
+        "A business transaction (one UPDATE) on diesel's `PgConnection`, alone, with a raw INSERT into the outbox table, and with `outbox-diesel`'s `enqueue`, each client a thread with its own connection; medians of interleaved rounds. Target: the diesel enqueue's added cost ≤ 1.05 × the raw INSERT's.",
         &["clients", "mode", "tx/s", "vs business only", "added cost per tx"],
         rows,
         serde_json::Value::Object(json),
@@ -135,6 +140,7 @@ async fn enqueue(bench: &Bench, scale: Scale, report: &mut Report) -> Result<(),
 /// Transactions per second of `mode` with `clients` threads for `time`.
 fn measure(
     outbox: &DieselPgOutbox,
+    pool: &Pool<ConnectionManager<PgConnection>>,
     mode: usize,
     clients: usize,
     time: Duration,
@@ -146,7 +152,7 @@ fn measure(
         for client in 0..clients {
             let (outbox, done) = (outbox.clone(), Arc::clone(&done));
             threads.push(scope.spawn(move || -> Result<(), SendError> {
-                let mut conn = outbox.pool().get()?;
+                let mut conn = pool.get()?;
                 let mut n = client as i32;
                 while started.elapsed() < time {
                     n = (n + 7919) % ACCOUNTS + 1;
@@ -188,61 +194,4 @@ fn measure(
         Ok(())
     })?;
     Ok(done.load(Atomic::Relaxed) as f64 / started.elapsed().as_secs_f64())
-}
-
-async fn drain(bench: &Bench, scale: Scale, report: &mut Report) -> Result<(), BoxError> {
-    let n = scale.drain_rows;
-    let mut rows = Vec::new();
-    let mut json = serde_json::Map::new();
-    for (batch, workers) in [(100usize, 2usize), (500, 2)] {
-        let mut diesel_rates = Vec::new();
-        let mut sqlx_rates = Vec::new();
-        for _ in 0..scale.rounds {
-            sqlx_rates.push(sqlx_drain(bench, n, batch, workers).await?);
-            diesel_rates.push(diesel_drain(bench, n, batch, workers).await?);
-        }
-        let (d, s) = (median(&diesel_rates), median(&sqlx_rates));
-        rows.push(vec![
-            format!("{batch} × {workers}"),
-            format!("{s:.0}"),
-            format!("{d:.0}"),
-            format!("{:.2}", d / s),
-        ]);
-        json.insert(
-            format!("batch_{batch}_workers_{workers}"),
-            serde_json::json!({ "sqlx": s, "diesel": d, "ratio": d / s }),
-        );
-    }
-    report.section(
-        "diesel-drain",
-        &format!("The relay on the diesel store (r2d2 pool, statements on tokio's blocking pool) against the relay on the sqlx store, {n} unkeyed messages, delete mode, a no-op sink; medians of {} rounds, alternated.", scale.rounds),
-        &["batch × workers", "sqlx relay msg/s", "diesel relay msg/s", "diesel / sqlx"],
-        rows,
-        serde_json::Value::Object(json),
-    );
-    Ok(())
-}
-
-async fn diesel_drain(
-    bench: &Bench,
-    n: usize,
-    batch: usize,
-    workers: usize,
-) -> Result<f64, BoxError> {
-    let outbox = fresh(bench, (workers + 2) as u32).await?;
-    let sqlx_view =
-        outbox_sqlx::postgres::PgOutbox::with_names(bench.pool.clone(), outbox.names().clone());
-    crate::drain::preload(&sqlx_view, &bench.pool, n, false).await?;
-    crate::setup::timed_drain(outbox, n, batch, workers).await
-}
-
-async fn sqlx_drain(
-    bench: &Bench,
-    n: usize,
-    batch: usize,
-    workers: usize,
-) -> Result<f64, BoxError> {
-    let outbox = bench.fresh_outbox(TABLE, PublishedRows::Delete).await?;
-    crate::drain::preload(&outbox, &bench.pool, n, false).await?;
-    crate::setup::timed_drain(outbox, n, batch, workers).await
 }

@@ -121,7 +121,7 @@ enum Scenario {
     Kafka,
     /// SQS sink against a raw `SendMessageBatch` loop (moto).
     Sqs,
-    /// The diesel backend: enqueue against a raw INSERT, its relay against the sqlx relay.
+    /// diesel's enqueue against a raw INSERT.
     Diesel,
 }
 

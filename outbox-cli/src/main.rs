@@ -197,8 +197,8 @@ fn main() -> ExitCode {
         Err(e) => return fail(format!("cannot start the runtime: {e}")),
     };
     let result = runtime.block_on(run(cli));
-    // A store call abandoned on a silent connection may still hold a blocking thread
-    // (diesel's calls cannot be cancelled): exit without waiting for it.
+    // Work a deadline gave up on (a blocking call on a silent connection) must not keep
+    // the process alive: exit without waiting for it.
     runtime.shutdown_timeout(Duration::from_secs(5));
     match result {
         Ok(()) => ExitCode::SUCCESS,

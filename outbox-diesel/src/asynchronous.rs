@@ -68,7 +68,7 @@ impl<C: AsyncDialect> DieselOutbox<C> {
         conn: &mut C::Async,
         message: &NewMessage,
     ) -> Result<(), StoreError> {
-        C::insert_async(conn, self.context(), std::slice::from_ref(message))
+        C::insert_async(conn, self.ctx(), std::slice::from_ref(message))
             .await
             .map(|_| ())
     }
@@ -86,7 +86,7 @@ impl<C: AsyncDialect> DieselOutbox<C> {
         if messages.is_empty() {
             return Ok(0);
         }
-        C::insert_async(conn, self.context(), messages).await
+        C::insert_async(conn, self.ctx(), messages).await
     }
 }
 

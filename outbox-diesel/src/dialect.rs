@@ -1,22 +1,18 @@
-//! The driver each dialect implements for its diesel connection type: the statements of
-//! `outbox-sql`, bound and read with that database's column types. Sealed: the three
-//! dialects are the only implementations.
-
-use std::collections::HashSet;
+//! What each dialect implements for its diesel connection type: the enqueue and
+//! migration statements of `outbox-sql`, bound with that database's column types.
+//! Sealed: the three dialects are the only implementations.
 
 use std::marker::PhantomData;
 
 use diesel::backend::Backend;
 use diesel::query_builder::{AstPass, QueryFragment, QueryId};
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
 use diesel::query_dsl::LoadQuery;
 use diesel::query_dsl::methods::ExecuteDsl;
 use diesel::serialize::ToSql;
 use diesel::sql_types::{HasSqlType, Untyped};
 use diesel::{Connection, QueryResult, RunQueryDsl};
-use outbox_engine::{
-    Claim, ClaimRequest, Completion, DeadLetter, DeadLetterFilter, DestinationStats, FoundMessage,
-    Gauges, LeaseToken, MessageId, NewMessage, PublishedRows, PurgeRequest, StoreError,
-};
+use outbox_engine::{NewMessage, PublishedRows, StoreError};
 use outbox_sql::{Dialect, Migration, Shared, TableNames};
 
 use crate::error::classify;
@@ -112,22 +108,12 @@ impl<DB: Backend> diesel::query_builder::Query for Statement<DB> {
 
 impl<C: Connection> RunQueryDsl<C> for Statement<C::Backend> {}
 
-/// What a store needs besides its pool: the rendered statements and how it finishes rows.
+/// What a writer needs: the rendered statements, the table names and the row layout.
 #[doc(hidden)]
 pub struct Context<C: DieselDialect> {
     pub(crate) sql: C::Statements,
     pub(crate) names: TableNames,
     pub(crate) published: PublishedRows,
-}
-
-/// What an operator does with dead letters.
-#[doc(hidden)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DeadChange {
-    /// Pending again, attempts reset.
-    Replay,
-    /// Deleted.
-    Discard,
 }
 
 /// A diesel connection type the outbox runs on: `PgConnection`, `SqliteConnection` or
@@ -161,62 +147,6 @@ pub trait DieselDialect:
     #[doc(hidden)]
     fn insert(&mut self, ctx: &Context<Self>, messages: &[NewMessage]) -> Result<u64, StoreError>;
 
-    #[doc(hidden)]
-    fn claim(&mut self, ctx: &Context<Self>, request: &ClaimRequest) -> Result<Claim, StoreError>;
-    #[doc(hidden)]
-    fn complete(
-        &mut self,
-        ctx: &Context<Self>,
-        token: LeaseToken,
-        completions: &[Completion],
-    ) -> Result<HashSet<MessageId>, StoreError>;
-    #[doc(hidden)]
-    fn release(
-        &mut self,
-        ctx: &Context<Self>,
-        token: LeaseToken,
-        ids: &[MessageId],
-    ) -> Result<HashSet<MessageId>, StoreError>;
-
-    #[doc(hidden)]
-    fn stats(&mut self, ctx: &Context<Self>) -> Result<Vec<DestinationStats>, StoreError>;
-    /// Keys held back by a dead head, per destination.
-    #[doc(hidden)]
-    fn halted(&mut self, ctx: &Context<Self>) -> Result<Vec<(String, u64)>, StoreError>;
-    /// Three reads whose cost follows the backlog and the dead letters.
-    #[doc(hidden)]
-    fn gauges(&mut self, ctx: &Context<Self>, limit: usize) -> Result<Gauges, StoreError>;
-
-    #[doc(hidden)]
-    fn list_dead(
-        &mut self,
-        ctx: &Context<Self>,
-        filter: &DeadLetterFilter,
-        limit: i64,
-    ) -> Result<Vec<DeadLetter>, StoreError>;
-    #[doc(hidden)]
-    fn count_dead(
-        &mut self,
-        ctx: &Context<Self>,
-        filter: &DeadLetterFilter,
-    ) -> Result<u64, StoreError>;
-    #[doc(hidden)]
-    fn change_dead(
-        &mut self,
-        ctx: &Context<Self>,
-        change: DeadChange,
-        filter: &DeadLetterFilter,
-    ) -> Result<u64, StoreError>;
-    #[doc(hidden)]
-    fn find(
-        &mut self,
-        ctx: &Context<Self>,
-        key: &str,
-        limit: i64,
-    ) -> Result<Vec<FoundMessage>, StoreError>;
-    #[doc(hidden)]
-    fn purge(&mut self, ctx: &Context<Self>, request: &PurgeRequest) -> Result<u64, StoreError>;
-
     /// A statement with its binds, ready to run on this connection.
     #[doc(hidden)]
     fn query(sql: &str) -> Query<Self::Backend> {
@@ -227,14 +157,6 @@ pub trait DieselDialect:
     #[doc(hidden)]
     fn run(&mut self, query: Query<Self::Backend>) -> Result<u64, StoreError>;
 
-    /// What every pooled connection needs before use (SQLite's pragmas), for pools the
-    /// crate builds itself.
-    #[doc(hidden)]
-    fn connection_setup()
-    -> Option<Box<dyn diesel::r2d2::CustomizeConnection<Self, diesel::r2d2::Error>>> {
-        None
-    }
-
     /// An age bound as the milliseconds the statements take.
     #[doc(hidden)]
     fn age_ms(age: std::time::Duration) -> i64 {
@@ -243,6 +165,7 @@ pub trait DieselDialect:
 }
 
 /// Runs `query`, returning the rows.
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
 pub(crate) fn load<C, R>(conn: &mut C, query: Query<C::Backend>) -> Result<Vec<R>, StoreError>
 where
     C: Connection,

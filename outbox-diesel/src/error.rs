@@ -71,23 +71,6 @@ fn by_message(message: &str) -> StoreErrorKind {
     }
 }
 
-/// No connection from the pool in time: the database is down or the pool exhausted.
-pub(crate) fn pool(error: diesel::r2d2::PoolError) -> StoreError {
-    StoreError::new(
-        StoreErrorKind::Unavailable,
-        format!("no database connection: {error}"),
-    )
-    .with_source(error)
-}
-
-/// The blocking task that ran the statement panicked or was cancelled.
-pub(crate) fn task(error: tokio::task::JoinError) -> StoreError {
-    StoreError::new(
-        StoreErrorKind::Other,
-        format!("the database task failed: {error}"),
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -6,7 +6,6 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
-use diesel::r2d2::{ConnectionManager, Pool};
 use diesel::sql_types::{BigInt, Text};
 use outbox_engine::receive::check_key;
 use outbox_engine::{Delivery, StoreError};
@@ -61,14 +60,17 @@ impl<C: DieselDialect> DieselInbox<C> {
         }
     }
 
-    /// Creates the inbox table if missing (idempotent, safe to run concurrently).
+    /// Creates the inbox table on `conn` if missing (idempotent, safe to run
+    /// concurrently, under the lock the sqlx inbox takes too). Run it outside a
+    /// transaction of yours.
     ///
     /// # Errors
     ///
     /// A [`StoreError`] if a statement fails.
-    pub async fn migrate(&self, pool: &Pool<ConnectionManager<C>>) -> Result<(), StoreError> {
+    pub fn migrate(&self, conn: &mut C) -> Result<(), StoreError> {
         let migrations = outbox_sql::inbox_migrations(C::DIALECT, &self.names);
-        crate::store::migrate(pool, &self.names, migrations, true).await
+        let sql = C::statements(&self.names, Default::default());
+        C::migrate(conn, &sql, &migrations, true)
     }
 
     /// The record and purge statements, for the async connections.

@@ -1,23 +1,26 @@
 //! The transactional outbox for diesel users: enqueue inside your own
-//! `conn.transaction(|conn| …)`, a relay store over an r2d2 pool, and the receiver's
-//! inbox, on PostgreSQL, SQLite and MySQL/MariaDB.
+//! `conn.transaction(|conn| …)` (sync, or diesel-async with the `async` feature), and the
+//! receiver's inbox on your connection, on PostgreSQL, SQLite and MySQL/MariaDB.
 //!
-//! The table, its statements and its migrations are those of `outbox-sqlx` (one source,
-//! the `outbox-sql` crate): a table created and written by one backend is migrated,
-//! drained and operated by the other, and the CLI operates both.
+//! This crate is the writing side only. The relay reads the table through the one SQL
+//! store of each database, `outbox-sqlx` (decision 0038): build it with
+//! `outbox_sqlx::postgres::PgOutbox` and friends, or name it by URL in the `outbox`
+//! front crate and CLI, where `diesel+postgres://…`, `diesel+sqlite:PATH` and
+//! `diesel+mysql://…` open that same store. The table, its statements and its migrations
+//! are the ones `outbox-sqlx` runs (one source, the `outbox-sql` crate), so a row you
+//! enqueue here is the row the relay claims.
 //!
 //! | feature | gives |
 //! |---|---|
 //! | `postgres` | [`postgres::PgOutbox`], [`postgres::PgInbox`] on `PgConnection` |
-//! | `sqlite` | [`sqlite::SqliteOutbox`], [`sqlite::SqliteInbox`] on `SqliteConnection`, [`sqlite::Pragmas`] for its pool |
+//! | `sqlite` | [`sqlite::SqliteOutbox`], [`sqlite::SqliteInbox`] on `SqliteConnection`, [`sqlite::Pragmas`] for your pool |
 //! | `mysql` | [`mysql::MysqlOutbox`], [`mysql::MysqlInbox`] on `MysqlConnection` (MySQL 8, MariaDB ≥ 10.6) |
 //! | `async` | enqueue and record on the diesel-async connections of the dialects that are on |
 //!
 //! [`schema`] has the table as diesel `table!`s, to query it with the DSL.
 //!
-//! The relay store runs each call on a pooled connection in tokio's blocking pool
-//! (decision 0029): the relay is async, the statements are diesel's sync ones, and
-//! nothing holds a transaction across an `.await`.
+//! Nothing here opens a connection, commits, or spawns work: each call runs its
+//! statements on the connection you pass.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 // Without a dialect feature only the shared layer compiles, and nothing uses it.
@@ -30,15 +33,13 @@
 #[cfg_attr(docsrs, doc(cfg(feature = "async")))]
 mod asynchronous;
 mod dialect;
-mod driver;
 mod error;
 mod inbox;
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
 mod keyed;
 mod migrate;
-mod rows;
 pub mod schema;
-mod store;
+mod writer;
 
 #[cfg(feature = "mysql")]
 #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
@@ -53,15 +54,10 @@ pub mod sqlite;
 #[cfg(feature = "async")]
 pub use asynchronous::AsyncDialect;
 pub use dialect::DieselDialect;
-#[cfg(feature = "mysql")]
-pub use driver::MYSQL;
-#[cfg(feature = "postgres")]
-pub use driver::POSTGRES;
-#[cfg(feature = "sqlite")]
-pub use driver::SQLITE;
 pub use inbox::DieselInbox;
+pub use outbox_engine::PublishedRows;
 pub use outbox_sql::TableNames;
-pub use store::{DieselOutbox, PublishedRows};
+pub use writer::DieselOutbox;
 
 /// The diesel this crate is built on, for matching versions.
 pub use diesel;

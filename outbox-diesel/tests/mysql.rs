@@ -1,5 +1,6 @@
-//! The diesel store and inbox on a real MariaDB / MySQL: the store, ordering and inbox
-//! suites.
+//! diesel's writer and inbox on a real MariaDB / MySQL: the store and ordering suites
+//! with every message enqueued through diesel and drained by the relay store, and the
+//! inbox suite.
 #![cfg(feature = "mysql")]
 
 mod common;
@@ -26,7 +27,7 @@ async fn harness(mode: PublishedRows) -> common::Harness<MysqlConnection> {
          published_at = published_at - INTERVAL (? * 1000) MICROSECOND, \
          dead_at = dead_at - INTERVAL (? * 1000) MICROSECOND",
     );
-    let pool = common::pool::<MysqlConnection>("MySQL/MariaDB", VAR, &url(), 10);
+    let pool = common::pool::<MysqlConnection>("MySQL/MariaDB", VAR, &url(), 4);
     let table = names.outbox_name().name().to_owned();
     let cleanup = common::DropAfter {
         pool: pool.clone(),
@@ -41,17 +42,20 @@ async fn harness(mode: PublishedRows) -> common::Harness<MysqlConnection> {
             format!("DROP PROCEDURE IF EXISTS `{table}_enqueue`"),
         ],
     };
-    let outbox = MysqlOutbox::with_names(pool, names).published_rows(mode);
-    outbox.migrate().await.expect("migrate");
-    common::Harness {
-        outbox,
-        name: "diesel-mysql",
+    let writer = MysqlOutbox::with_names(names).published_rows(mode);
+    let mut h = common::Harness::open(
+        writer,
+        pool,
+        &outbox_sqlx::MYSQL,
+        &url(),
+        "diesel-mysql",
         mode,
         shift,
-        shift_binds: 5,
-        per_key: true,
-        keep: Some(Box::new(cleanup)),
-    }
+    )
+    .await;
+    h.shift_binds = 5;
+    h.keep = Some(Box::new(cleanup));
+    h
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -78,7 +82,7 @@ async fn mysql_passes_the_inbox_suite() {
             .unwrap();
         let pool = common::pool::<MysqlConnection>("MySQL/MariaDB", VAR, &url(), 12);
         let inbox = MysqlInbox::with_names(names.clone());
-        inbox.migrate(&pool).await.expect("migrate the inbox");
+        common::migrate_inbox(&inbox, &pool).await;
         let table = names.inbox_name().name().to_owned();
         common::InboxOf {
             inbox: common::SyncInbox(inbox),
@@ -103,7 +107,7 @@ async fn mysql_passes_the_inbox_suite() {
 async fn mysql_producer_atomicity() {
     let h = harness(PublishedRows::Keep).await;
     common::producer_atomicity(
-        h.outbox.clone(),
+        &h,
         "CREATE TABLE {table} (id BIGINT PRIMARY KEY) ENGINE = InnoDB",
         "INSERT INTO {table} (id) VALUES (?)",
     )
@@ -111,63 +115,18 @@ async fn mysql_producer_atomicity() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn mysql_table_is_shared_with_the_sqlx_backend() {
+async fn mysql_table_is_shared_with_the_sqlx_writer() {
     let h = harness(PublishedRows::Keep).await;
     let pool = sqlx::MySqlPool::connect(&url()).await.expect("sqlx pool");
-    let sqlx_store =
-        outbox_sqlx::mysql::MySqlOutbox::with_names(pool.clone(), h.outbox.names().clone());
-    sqlx_store.migrate().await.expect("sqlx migrate");
-    h.outbox.migrate().await.expect("diesel migrate again");
-    let store = sqlx_store.clone();
-    common::shared_with_sqlx(h.outbox.clone(), sqlx_store, |messages| async move {
+    let sqlx_writer =
+        outbox_sqlx::mysql::MySqlOutbox::with_names(pool.clone(), h.writer.names().clone());
+    common::shared_with_sqlx(&h, |messages| async move {
         let mut tx = pool.begin().await.expect("begin");
-        store
+        sqlx_writer
             .enqueue_all(&mut tx, &messages)
             .await
             .expect("enqueue");
         tx.commit().await.expect("commit");
-    })
-    .await;
-}
-
-/// A claim stuck on a silent connection keeps its thread and connection (a diesel call
-/// cannot be cancelled), and its transaction keeps the row locked; the driver's store
-/// opens a fresh pool, and its sessions' 30 s `wait_timeout` frees the row.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_silent_database_costs_the_relay_a_lease_not_its_pool() {
-    use outbox_test_support::proxy::Net;
-
-    let table = common::fresh_table("diesel_silent");
-    let pool = sqlx::MySqlPool::connect(&url()).await.expect("sqlx pool");
-    let direct = outbox_sqlx::mysql::MySqlOutbox::with_names(
-        pool.clone(),
-        outbox_sql::TableNames::default().outbox(&table).unwrap(),
-    );
-    direct.migrate().await.expect("migrate");
-    let mut tx = pool.begin().await.unwrap();
-    let message = outbox_engine::NewMessage::builder("orders", "order.paid")
-        .json(&1)
-        .build()
-        .unwrap();
-    direct.enqueue(&mut tx, &message).await.unwrap();
-    tx.commit().await.unwrap();
-
-    let (store, proxy) =
-        common::behind_proxy(&outbox_diesel::MYSQL, &format!("diesel+{}", url()), &table).await;
-    let mut lock = pool.acquire().await.unwrap();
-    sqlx::query(&format!("LOCK TABLES `{table}` WRITE"))
-        .execute(&mut *lock)
-        .await
-        .unwrap();
-    let silence = async {
-        proxy.set(Net::Silence);
-        sqlx::query("UNLOCK TABLES")
-            .execute(&mut *lock)
-            .await
-            .unwrap();
-    };
-    store_suite::silent_database_costs_a_lease_not_the_pool(store, silence, || {
-        proxy.set(Net::Pass);
     })
     .await;
 }
@@ -196,7 +155,7 @@ mod on_diesel_async {
                 .unwrap();
             let pool = common::pool::<MysqlConnection>("MySQL/MariaDB", VAR, &url(), 2);
             let inbox = MysqlInbox::with_names(names.clone());
-            inbox.migrate(&pool).await.expect("migrate the inbox");
+            common::migrate_inbox(&inbox, &pool).await;
             let table = names.inbox_name().name().to_owned();
             common::AsyncInboxOf {
                 inbox,

@@ -1,4 +1,6 @@
-//! The diesel store and inbox on a real PostgreSQL: the store, ordering and inbox suites.
+//! diesel's writer and inbox on a real PostgreSQL: the store and ordering suites with
+//! every message enqueued through diesel and drained by the relay store, and the inbox
+//! suite.
 #![cfg(feature = "postgres")]
 
 mod common;
@@ -33,19 +35,18 @@ async fn harness(mode: PublishedRows) -> common::Harness<PgConnection> {
          published_at = published_at - $1 * interval '1 millisecond', \
          dead_at = dead_at - $1 * interval '1 millisecond'"),
     );
-    // Enough for the suite's eight concurrent claimers.
-    let pool = common::pool::<PgConnection>("PostgreSQL", VAR, &url(), 10);
-    let outbox = PgOutbox::with_names(pool, names).published_rows(mode);
-    outbox.migrate().await.expect("migrate");
-    common::Harness {
-        outbox,
-        name: "diesel-postgres",
+    let pool = common::pool::<PgConnection>("PostgreSQL", VAR, &url(), 4);
+    let writer = PgOutbox::with_names(names).published_rows(mode);
+    common::Harness::open(
+        writer,
+        pool,
+        &outbox_sqlx::POSTGRES,
+        &url(),
+        "diesel-postgres",
         mode,
         shift,
-        shift_binds: 1,
-        per_key: true,
-        keep: None,
-    }
+    )
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -78,7 +79,7 @@ async fn postgres_passes_the_inbox_suite() {
             .unwrap();
         let pool = common::pool::<PgConnection>("PostgreSQL", VAR, &url(), 12);
         let inbox = PgInbox::with_names(names.clone());
-        inbox.migrate(&pool).await.expect("migrate the inbox");
+        common::migrate_inbox(&inbox, &pool).await;
         common::InboxOf {
             inbox: common::SyncInbox(inbox),
             pool,
@@ -96,7 +97,7 @@ async fn postgres_passes_the_inbox_suite() {
 async fn postgres_producer_atomicity() {
     let h = harness(PublishedRows::Keep).await;
     common::producer_atomicity(
-        h.outbox.clone(),
+        &h,
         "CREATE TABLE {table} (id bigint PRIMARY KEY)",
         "INSERT INTO {table} (id) VALUES ($1)",
     )
@@ -104,64 +105,18 @@ async fn postgres_producer_atomicity() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_table_is_shared_with_the_sqlx_backend() {
+async fn postgres_table_is_shared_with_the_sqlx_writer() {
     let h = harness(PublishedRows::Keep).await;
     let pool = sqlx::PgPool::connect(&url()).await.expect("sqlx pool");
-    let sqlx_store =
-        outbox_sqlx::postgres::PgOutbox::with_names(pool.clone(), h.outbox.names().clone());
-    // Migrated by diesel already: sqlx's migrate finds it done, and accepts it.
-    sqlx_store.migrate().await.expect("sqlx migrate");
-    h.outbox.migrate().await.expect("diesel migrate again");
-    let store = sqlx_store.clone();
-    common::shared_with_sqlx(h.outbox.clone(), sqlx_store, |messages| async move {
+    let sqlx_writer =
+        outbox_sqlx::postgres::PgOutbox::with_names(pool.clone(), h.writer.names().clone());
+    common::shared_with_sqlx(&h, |messages| async move {
         let mut tx = pool.begin().await.expect("begin");
-        store
+        sqlx_writer
             .enqueue_all(&mut tx, &messages)
             .await
             .expect("enqueue");
         tx.commit().await.expect("commit");
-    })
-    .await;
-}
-
-/// A claim stuck on a silent connection keeps its thread and connection (a diesel call
-/// cannot be cancelled); the driver's store opens a fresh pool, so the relay goes on.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_silent_database_costs_the_relay_a_lease_not_its_pool() {
-    use outbox_test_support::proxy::Net;
-
-    let table = common::fresh_table("diesel_silent");
-    let pool = sqlx::PgPool::connect(&url()).await.expect("sqlx pool");
-    let direct = outbox_sqlx::postgres::PgOutbox::with_names(
-        pool.clone(),
-        outbox_sql::TableNames::default().outbox(&table).unwrap(),
-    );
-    direct.migrate().await.expect("migrate");
-    let mut tx = pool.begin().await.unwrap();
-    let message = outbox_engine::NewMessage::builder("orders", "order.paid")
-        .json(&1)
-        .build()
-        .unwrap();
-    direct.enqueue(&mut tx, &message).await.unwrap();
-    tx.commit().await.unwrap();
-
-    let (store, proxy) = common::behind_proxy(
-        &outbox_diesel::POSTGRES,
-        &format!("diesel+{}", url()),
-        &table,
-    )
-    .await;
-    let mut lock = pool.begin().await.unwrap();
-    sqlx::query(&format!("LOCK TABLE \"{table}\" IN ACCESS EXCLUSIVE MODE"))
-        .execute(&mut *lock)
-        .await
-        .unwrap();
-    let silence = async {
-        proxy.set(Net::Silence);
-        lock.commit().await.unwrap();
-    };
-    store_suite::silent_database_costs_a_lease_not_the_pool(store, silence, || {
-        proxy.set(Net::Pass);
     })
     .await;
 }
@@ -190,7 +145,7 @@ mod on_diesel_async {
                 .unwrap();
             let pool = common::pool::<PgConnection>("PostgreSQL", VAR, &url(), 2);
             let inbox = PgInbox::with_names(names.clone());
-            inbox.migrate(&pool).await.expect("migrate the inbox");
+            common::migrate_inbox(&inbox, &pool).await;
             common::AsyncInboxOf {
                 inbox,
                 url: url(),

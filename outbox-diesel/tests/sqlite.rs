@@ -1,5 +1,6 @@
-//! The diesel store and inbox on a real SQLite file (WAL, busy timeout, a pool of
-//! connections): the store, ordering and inbox suites.
+//! diesel's writer and inbox on a real SQLite file (WAL, busy timeout, a pool of
+//! connections): the store and ordering suites with every message enqueued through
+//! diesel and drained by the relay store, and the inbox suite.
 #![cfg(feature = "sqlite")]
 
 mod common;
@@ -47,17 +48,20 @@ async fn harness(mode: PublishedRows) -> common::Harness<SqliteConnection> {
          lease_until = lease_until - ?1, published_at = published_at - ?1, dead_at = dead_at - ?1",
     );
     let (pool, dir) = pool();
-    let outbox = SqliteOutbox::with_names(pool, names).published_rows(mode);
-    outbox.migrate().await.expect("migrate");
-    common::Harness {
-        outbox,
-        name: "diesel-sqlite",
+    let writer = SqliteOutbox::with_names(names).published_rows(mode);
+    let url = format!("sqlite:{}", path(&dir));
+    let mut h = common::Harness::open(
+        writer,
+        pool,
+        &outbox_sqlx::SQLITE,
+        &url,
+        "diesel-sqlite",
         mode,
         shift,
-        shift_binds: 1,
-        per_key: true,
-        keep: Some(Box::new(dir)),
-    }
+    )
+    .await;
+    h.keep = Some(Box::new(dir));
+    h
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -82,7 +86,7 @@ async fn sqlite_passes_the_inbox_suite() {
         let names = outbox_sql::TableNames::default();
         let (pool, dir) = pool();
         let inbox = SqliteInbox::with_names(names.clone());
-        inbox.migrate(&pool).await.expect("migrate the inbox");
+        common::migrate_inbox(&inbox, &pool).await;
         common::InboxOf {
             inbox: common::SyncInbox(inbox),
             pool,
@@ -100,7 +104,7 @@ async fn sqlite_passes_the_inbox_suite() {
 async fn sqlite_producer_atomicity() {
     let h = harness(PublishedRows::Keep).await;
     common::producer_atomicity(
-        h.outbox.clone(),
+        &h,
         "CREATE TABLE {table} (id INTEGER PRIMARY KEY)",
         "INSERT INTO {table} (id) VALUES (?1)",
     )
@@ -108,28 +112,26 @@ async fn sqlite_producer_atomicity() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sqlite_table_is_shared_with_the_sqlx_backend() {
-    // sqlx creates the table this time; diesel migrates it again and accepts it.
-    let dir = tempfile::tempdir().expect("a temporary folder");
+async fn sqlite_table_is_shared_with_the_sqlx_writer() {
+    let h = harness(PublishedRows::Keep).await;
+    let dir = h
+        .keep
+        .as_ref()
+        .and_then(|k| k.downcast_ref::<tempfile::TempDir>())
+        .expect("the database folder");
     let options = sqlx::sqlite::SqliteConnectOptions::new()
-        .filename(path(&dir))
-        .create_if_missing(true)
-        .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
+        .filename(path(dir))
         .busy_timeout(Duration::from_secs(10));
     let pool = sqlx::sqlite::SqlitePoolOptions::new()
-        .max_connections(4)
+        .max_connections(2)
         .connect_with(options)
         .await
         .expect("sqlx pool");
-    let names = common::names("outbox");
-    let sqlx_store = outbox_sqlx::sqlite::SqliteOutbox::with_names(pool.clone(), names.clone());
-    sqlx_store.migrate().await.expect("sqlx migrate");
-    let outbox = SqliteOutbox::with_names(pool_at(&dir), names);
-    outbox.migrate().await.expect("diesel migrate");
-    let store = sqlx_store.clone();
-    common::shared_with_sqlx(outbox, sqlx_store, |messages| async move {
+    let sqlx_writer =
+        outbox_sqlx::sqlite::SqliteOutbox::with_names(pool.clone(), h.writer.names().clone());
+    common::shared_with_sqlx(&h, |messages| async move {
         let mut tx = pool.begin().await.expect("begin");
-        store
+        sqlx_writer
             .enqueue_all(&mut tx, &messages)
             .await
             .expect("enqueue");
@@ -164,7 +166,7 @@ mod on_diesel_async {
             let names = outbox_sql::TableNames::default();
             let (pool, dir) = pool();
             let inbox = SqliteInbox::with_names(names.clone());
-            inbox.migrate(&pool).await.expect("migrate the inbox");
+            common::migrate_inbox(&inbox, &pool).await;
             common::AsyncInboxOf {
                 inbox,
                 url: path(&dir),

@@ -7,7 +7,7 @@
 //! | feature | gives |
 //! |---|---|
 //! | `postgres`, `sqlite`, `mysql` | [`sqlx`](outbox_sqlx) stores: enqueue in your transaction, relay store, inbox |
-//! | `diesel-postgres`, `diesel-sqlite`, `diesel-mysql`, `diesel-async` | [`diesel`] stores: enqueue in your diesel transaction (sync or diesel-async), relay store, inbox |
+//! | `diesel-postgres`, `diesel-sqlite`, `diesel-mysql`, `diesel-async` | [`diesel`]: enqueue in your diesel transaction (sync or diesel-async) and the inbox on your connection; the relay store of the same database |
 //! | `http` | the HTTP / webhook sink |
 //! | `receiver`, `receiver-axum` | the webhook receiver: verify, dedupe with any [`Inbox`]; an axum extractor. No HTTP client |
 //! | `redis` | the Redis Streams sink |

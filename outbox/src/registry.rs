@@ -17,11 +17,11 @@ const KNOWN: &[(&str, &str, &str)] = &[
     ("store", "sqlite", "sqlite"),
     ("store", "mysql", "mysql"),
     ("store", "mariadb", "mysql"),
-    ("store", "diesel+postgres", "diesel-postgres"),
-    ("store", "diesel+postgresql", "diesel-postgres"),
-    ("store", "diesel+sqlite", "diesel-sqlite"),
-    ("store", "diesel+mysql", "diesel-mysql"),
-    ("store", "diesel+mariadb", "diesel-mysql"),
+    ("store", "diesel+postgres", "postgres"),
+    ("store", "diesel+postgresql", "postgres"),
+    ("store", "diesel+sqlite", "sqlite"),
+    ("store", "diesel+mysql", "mysql"),
+    ("store", "diesel+mariadb", "mysql"),
     ("sink", "http", "http"),
     ("sink", "https", "http"),
     ("sink", "redis", "redis"),
@@ -33,6 +33,61 @@ const KNOWN: &[(&str, &str, &str)] = &[
     ("sink", "sqs+https", "sqs"),
     ("sink", "sqs+http", "sqs"),
 ];
+
+/// `diesel+postgres://…`, `diesel+sqlite:PATH` and `diesel+mysql://…`: the URL without
+/// its `diesel+` prefix, opened by the sqlx store of that database. A diesel application
+/// enqueues with `outbox-diesel` on its own connections, and its relay drains the same
+/// table through the one relay store each database has (decision 0038).
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+mod diesel {
+    use outbox_engine::StoreSettings;
+    use outbox_engine::registry::{BuildError, StoreDriver};
+
+    /// `settings` with the `diesel+` prefix taken off the URL; `diesel+sqlite:` with
+    /// nothing after it is refused here, where sqlx would open a database in memory.
+    fn plain(settings: &StoreSettings) -> Result<StoreSettings, BuildError> {
+        let url = settings
+            .url
+            .strip_prefix("diesel+")
+            .unwrap_or(&settings.url);
+        if matches!(url, "sqlite:" | "sqlite://") {
+            return Err(BuildError::config(
+                "store.url: diesel+sqlite: needs a file path",
+            ));
+        }
+        let mut plain = settings.clone();
+        plain.url = url.to_owned();
+        Ok(plain)
+    }
+
+    macro_rules! alias {
+        ($name:ident, $driver:path, $schemes:expr) => {
+            pub(super) const $name: StoreDriver = StoreDriver {
+                schemes: $schemes,
+                connect: |settings| {
+                    let plain = plain(settings);
+                    Box::pin(async move { ($driver.connect)(&plain?).await })
+                },
+                schema: $driver.schema,
+            };
+        };
+    }
+
+    #[cfg(feature = "postgres")]
+    alias!(
+        POSTGRES,
+        outbox_sqlx::POSTGRES,
+        &["diesel+postgres", "diesel+postgresql"]
+    );
+    #[cfg(feature = "sqlite")]
+    alias!(SQLITE, outbox_sqlx::SQLITE, &["diesel+sqlite"]);
+    #[cfg(feature = "mysql")]
+    alias!(
+        MYSQL,
+        outbox_sqlx::MYSQL,
+        &["diesel+mysql", "diesel+mariadb"]
+    );
+}
 
 /// The drivers stores and sinks are built with, by URL scheme.
 ///
@@ -70,17 +125,15 @@ impl Default for Registry {
         #[allow(unused_mut)] // with no features enabled nothing is pushed
         let mut registry = Self::empty();
         #[cfg(feature = "postgres")]
-        registry.stores.push(outbox_sqlx::POSTGRES);
+        registry
+            .stores
+            .extend([outbox_sqlx::POSTGRES, diesel::POSTGRES]);
         #[cfg(feature = "sqlite")]
-        registry.stores.push(outbox_sqlx::SQLITE);
+        registry
+            .stores
+            .extend([outbox_sqlx::SQLITE, diesel::SQLITE]);
         #[cfg(feature = "mysql")]
-        registry.stores.push(outbox_sqlx::MYSQL);
-        #[cfg(feature = "diesel-postgres")]
-        registry.stores.push(outbox_diesel::POSTGRES);
-        #[cfg(feature = "diesel-sqlite")]
-        registry.stores.push(outbox_diesel::SQLITE);
-        #[cfg(feature = "diesel-mysql")]
-        registry.stores.push(outbox_diesel::MYSQL);
+        registry.stores.extend([outbox_sqlx::MYSQL, diesel::MYSQL]);
         #[cfg(feature = "http")]
         registry.sinks.push(outbox_sink_http::DRIVER);
         #[cfg(feature = "redis")]

@@ -1,12 +1,14 @@
-//! A configuration names a diesel store by URL (`diesel+sqlite:PATH`): the front crate
-//! builds it through the registry, migrates it, and a relay built from the same
-//! configuration drains what a diesel transaction enqueued.
+//! A diesel application names its relay store by URL (`diesel+sqlite:PATH`): the front
+//! crate opens the sqlx store of that database, and a relay built on it drains what a
+//! diesel transaction enqueued on the application's own connection.
 
-use outbox::diesel::sqlite::SqliteOutbox;
+use diesel::Connection;
+use outbox::diesel::sqlite::SqliteOutbox as DieselWriter;
+use outbox::sqlite::SqliteOutbox;
 use outbox::{Config, NewMessage, Outbox};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_diesel_store_is_built_from_its_url() {
+async fn a_diesel_url_opens_the_stores_relay_on_what_diesel_wrote() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("outbox.db");
     let config = Config::from_toml(
@@ -17,21 +19,22 @@ async fn a_diesel_store_is_built_from_its_url() {
     let store = outbox::Registry::default()
         .connect_store(&config.store)
         .await
-        .expect("the diesel store builds from its URL");
-    outbox::Backend::migrate(&store).await.expect("migrate");
-    let diesel_store = store
-        .downcast_ref::<SqliteOutbox>()
-        .expect("a diesel SQLite store")
-        .clone();
+        .expect("the store builds from its diesel+ URL");
+    assert!(
+        store.downcast_ref::<SqliteOutbox>().is_some(),
+        "diesel+sqlite: opens the SQLite relay store"
+    );
 
     let message = NewMessage::builder("billing", "invoice.paid")
         .json(&7)
         .build()
         .unwrap();
     let id = message.id();
-    let writer = diesel_store.clone();
+    let file = path.clone();
     tokio::task::spawn_blocking(move || {
-        let mut conn = writer.pool().get().unwrap();
+        let mut conn = diesel::SqliteConnection::establish(file.to_str().unwrap()).unwrap();
+        let writer = DieselWriter::new();
+        writer.migrate(&mut conn).expect("diesel migrates");
         conn.immediate_transaction(|conn| {
             writer.enqueue(conn, &message).unwrap();
             Ok::<_, diesel::result::Error>(())

@@ -1,4 +1,6 @@
-//! Harnesses of the conformance suites over the diesel stores, for every dialect.
+//! Harnesses of the conformance suites for every dialect: each message enqueued through
+//! diesel (sync or diesel-async), the relay side the sqlx store of the same database, as
+//! a `diesel+` URL opens it.
 #![allow(dead_code, unreachable_pub)]
 
 use std::time::Duration;
@@ -7,9 +9,10 @@ use diesel::RunQueryDsl;
 use diesel::connection::TransactionManager;
 use diesel::r2d2::{ConnectionManager, Pool, PooledConnection};
 use outbox_diesel::{DieselDialect, DieselInbox, DieselOutbox, PublishedRows, TableNames};
+use outbox_engine::registry::StoreDriver;
 use outbox_engine::testkit::store_suite::Capabilities;
 use outbox_engine::testkit::{InboxHarness, StoreHarness};
-use outbox_engine::{NewMessage, StoreError, StoreErrorKind};
+use outbox_engine::{AnyStore, NewMessage, StoreError, StoreErrorKind, StoreSettings};
 
 pub fn fresh_table(prefix: &str) -> String {
     format!("{prefix}_{:016x}", fastrand::u64(..))
@@ -46,10 +49,32 @@ where
         .expect("blocking task")
 }
 
-/// The store suite's harness: a fresh outbox table; `advance` moves its times back by
-/// the dialect's `shift` statement (one `$1`/`?` bind: milliseconds).
+/// The relay store of the same database on `url`, on `table`, as a `diesel+` URL opens it
+/// (the sqlx store's driver); diesel has migrated the table already.
+pub async fn relay_store(
+    driver: &StoreDriver,
+    url: &str,
+    table: &str,
+    mode: PublishedRows,
+) -> AnyStore {
+    let mut settings = StoreSettings::new(url);
+    settings.table = Some(table.to_owned());
+    // Enough for the store suite's eight concurrent claimers.
+    settings.max_connections = 10;
+    settings.published_rows = mode;
+    (driver.connect)(&settings)
+        .await
+        .expect("the relay store opens")
+}
+
+/// The store suite's harness: a fresh outbox table migrated and written through diesel,
+/// claimed and completed by the relay store; `advance` moves its times back by the
+/// dialect's `shift` statement (one `$1`/`?` bind: milliseconds).
 pub struct Harness<C: DieselDialect> {
-    pub outbox: DieselOutbox<C>,
+    pub writer: DieselOutbox<C>,
+    /// The writer's connections.
+    pub pool: Pool<ConnectionManager<C>>,
+    pub store: AnyStore,
     pub name: &'static str,
     pub mode: PublishedRows,
     pub shift: String,
@@ -60,16 +85,48 @@ pub struct Harness<C: DieselDialect> {
     pub keep: Option<Box<dyn std::any::Any + Send + Sync>>,
 }
 
+impl<C: DieselDialect> Harness<C> {
+    /// Migrates `writer`'s table on a connection of `pool`, then opens the relay store.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn open(
+        writer: DieselOutbox<C>,
+        pool: Pool<ConnectionManager<C>>,
+        driver: &StoreDriver,
+        url: &str,
+        name: &'static str,
+        mode: PublishedRows,
+        shift: String,
+    ) -> Self {
+        let migrating = writer.clone();
+        blocking(&pool, move |conn| migrating.migrate(conn))
+            .await
+            .expect("diesel migrates the table");
+        let table = writer.names().outbox_name().name().to_owned();
+        let store = relay_store(driver, url, &table, mode).await;
+        Self {
+            writer,
+            pool,
+            store,
+            name,
+            mode,
+            shift,
+            shift_binds: 1,
+            per_key: true,
+            keep: None,
+        }
+    }
+}
+
 impl<C: DieselDialect> StoreHarness for Harness<C>
 where
     i64: diesel::serialize::ToSql<diesel::sql_types::BigInt, C::Backend>,
     diesel::query_builder::BoxedSqlQuery<'static, C::Backend, diesel::query_builder::SqlQuery>:
         diesel::query_dsl::methods::ExecuteDsl<C>,
 {
-    type Store = DieselOutbox<C>;
+    type Store = AnyStore;
 
-    fn store(&self) -> &DieselOutbox<C> {
-        &self.outbox
+    fn store(&self) -> &AnyStore {
+        &self.store
     }
 
     fn name(&self) -> String {
@@ -83,11 +140,11 @@ where
     }
 
     async fn enqueue(&self, messages: Vec<NewMessage>) -> Result<(), StoreError> {
-        let outbox = self.outbox.clone();
-        blocking(&self.outbox.pool(), move |conn| {
+        let writer = self.writer.clone();
+        blocking(&self.pool, move |conn| {
             let mut failed = None;
             let done = conn.transaction(|conn| {
-                outbox.enqueue_all(conn, &messages).map_err(|e| {
+                writer.enqueue_all(conn, &messages).map_err(|e| {
                     failed = Some(e);
                     diesel::result::Error::RollbackTransaction
                 })
@@ -104,7 +161,7 @@ where
     async fn advance(&self, by: Duration) {
         let ms = i64::try_from(by.as_millis()).expect("ms");
         let (shift, binds) = (self.shift.clone(), self.shift_binds);
-        blocking(&self.outbox.pool(), move |conn| {
+        blocking(&self.pool, move |conn| {
             let mut query = diesel::sql_query(shift).into_boxed();
             for _ in 0..binds {
                 query = query.bind::<diesel::sql_types::BigInt, _>(ms);
@@ -240,6 +297,17 @@ where
     }
 }
 
+/// Creates `inbox`'s table on a connection of `pool`.
+pub async fn migrate_inbox<C: DieselDialect>(
+    inbox: &DieselInbox<C>,
+    pool: &Pool<ConnectionManager<C>>,
+) {
+    let inbox = inbox.clone();
+    blocking(pool, move |conn| inbox.migrate(conn))
+        .await
+        .expect("migrate the inbox");
+}
+
 /// Table names with a fresh outbox table.
 pub fn names(prefix: &str) -> TableNames {
     TableNames::default()
@@ -264,7 +332,7 @@ impl<C: DieselDialect> Drop for DropAfter<C> {
 }
 
 /// The store suite with every enqueue made on a diesel-async connection, inside its
-/// `transaction(async |conn| …)`; the relay side is the same store.
+/// `transaction(async |conn| …)`; the relay side is the same relay store.
 #[cfg(feature = "async")]
 pub struct AsyncHarness<C: DieselDialect> {
     pub sync: Harness<C>,
@@ -308,12 +376,12 @@ impl<C> StoreHarness for AsyncHarness<C>
 where
     C: outbox_diesel::AsyncDialect,
     C::Async: diesel_async::AsyncConnection,
-    Harness<C>: StoreHarness<Store = DieselOutbox<C>>,
+    Harness<C>: StoreHarness<Store = AnyStore>,
 {
-    type Store = DieselOutbox<C>;
+    type Store = AnyStore;
 
-    fn store(&self) -> &DieselOutbox<C> {
-        &self.sync.outbox
+    fn store(&self) -> &AnyStore {
+        &self.sync.store
     }
 
     fn name(&self) -> String {
@@ -328,7 +396,7 @@ where
         use diesel_async::AsyncConnection;
         let sqlite = self.sync.name.contains("sqlite");
         let mut conn: C::Async = connect(&self.url, sqlite).await?;
-        let outbox = &self.sync.outbox;
+        let outbox = &self.sync.writer;
         let messages = &messages;
         conn.transaction::<_, TxError, _>(async |conn| {
             outbox
@@ -458,7 +526,7 @@ pub fn order(n: i64, key: Option<&str>) -> NewMessage {
 /// enqueueing two messages: the business rows equal the committed transactions, and the
 /// relay delivers exactly the committed messages. `create` and `insert` are the business
 /// table's statements, `{table}` in them replaced, `insert` taking the order number.
-pub async fn producer_atomicity<C>(outbox: DieselOutbox<C>, create: &str, insert: &str)
+pub async fn producer_atomicity<C>(h: &Harness<C>, create: &str, insert: &str)
 where
     C: DieselDialect,
     i64: diesel::serialize::ToSql<diesel::sql_types::BigInt, C::Backend>,
@@ -472,10 +540,10 @@ where
         create.replace("{table}", &table),
         insert.replace("{table}", &table),
     );
-    let writer = outbox.clone();
+    let writer = h.writer.clone();
     let count = format!("SELECT COUNT(*) AS n FROM {table}");
     let drop = format!("DROP TABLE {table}");
-    let (committed, expected, business_rows) = blocking(&outbox.pool(), move |conn| {
+    let (committed, expected, business_rows) = blocking(&h.pool, move |conn| {
         diesel::connection::SimpleConnection::batch_execute(conn, &create)
             .expect("create the business table");
         let (mut committed, mut expected) = (0_i64, HashSet::new());
@@ -524,7 +592,7 @@ where
         (600..=800).contains(&committed),
         "about 30% rolled back: {committed}"
     );
-    let (report, sink) = drain_orders(outbox).await;
+    let (report, sink) = drain_orders(h.store.clone()).await;
     assert_eq!(
         report.published,
         expected.len(),
@@ -559,25 +627,32 @@ pub fn same_messages(sent: &[NewMessage], sink: &outbox_engine::testkit::Recordi
     }
 }
 
-/// One table, both backends: messages enqueued through diesel are drained by the sqlx
-/// store's relay, and messages enqueued through sqlx by the diesel store's relay, every
-/// field intact (keyed messages too, numbered by whichever backend enqueued them).
-pub async fn shared_with_sqlx<C, S, F, Fut>(outbox: DieselOutbox<C>, sqlx_store: S, sqlx_enqueue: F)
+/// One table, both writers: a table the relay store migrated takes diesel's migrations
+/// as done, and messages enqueued through diesel and through sqlx on the same keys are
+/// all drained by the relay store, every field intact (keyed messages numbered by
+/// whichever side enqueued them, from the one counter).
+pub async fn shared_with_sqlx<C, F, Fut>(h: &Harness<C>, sqlx_enqueue: F)
 where
     C: DieselDialect,
-    S: outbox_engine::Store + Clone,
     F: FnOnce(Vec<NewMessage>) -> Fut,
     Fut: std::future::Future<Output = ()>,
 {
+    outbox_engine::Backend::migrate(&h.store)
+        .await
+        .expect("the relay store's migrate accepts diesel's table");
+    let again = h.writer.clone();
+    blocking(&h.pool, move |conn| again.migrate(conn))
+        .await
+        .expect("diesel's migrate accepts it again");
     let batch = |from: i64| -> Vec<NewMessage> {
         (from..from + 20)
             .map(|n| order(n, (n % 3 == 0).then_some("key-3")))
             .collect()
     };
     let through_diesel = batch(0);
-    let writer = outbox.clone();
+    let writer = h.writer.clone();
     let sent = through_diesel.clone();
-    blocking(&outbox.pool(), move |conn| {
+    blocking(&h.pool, move |conn| {
         conn.transaction(|conn| {
             writer.enqueue_all(conn, &sent[..10]).expect("enqueue ten");
             for m in &sent[10..] {
@@ -588,30 +663,9 @@ where
         .expect("commit")
     })
     .await;
-    let (_, sink) = drain_orders(sqlx_store).await;
-    same_messages(&through_diesel, &sink);
-
     let through_sqlx = batch(100);
     sqlx_enqueue(through_sqlx.clone()).await;
-    let (_, sink) = drain_orders(outbox).await;
-    same_messages(&through_sqlx, &sink);
-}
-
-/// The store `driver` opens on `url` (`diesel+…`) behind a fault proxy, with one pool
-/// connection, on the outbox table `table`.
-#[allow(dead_code)] // not every dialect's tests use it
-pub async fn behind_proxy(
-    driver: &outbox_engine::registry::StoreDriver,
-    url: &str,
-    table: &str,
-) -> (outbox_engine::AnyStore, outbox_test_support::proxy::Proxy) {
-    let mut proxied = url.to_owned();
-    let proxy = outbox_test_support::proxy::in_front(&mut proxied).await;
-    let mut settings = outbox_engine::StoreSettings::new(proxied);
-    settings.table = Some(table.to_owned());
-    settings.max_connections = 1;
-    let store = (driver.connect)(&settings)
-        .await
-        .expect("the driver opens the store through the proxy");
-    (store, proxy)
+    let (_, sink) = drain_orders(h.store.clone()).await;
+    let sent: Vec<NewMessage> = through_diesel.into_iter().chain(through_sqlx).collect();
+    same_messages(&sent, &sink);
 }
