@@ -52,8 +52,9 @@ if [[ -z ${OUTBOX_BATTERY_NO_SERVICES:-} ]]; then
     rm -f "$services"
 fi
 
-# The relays are `outbox relay` with the diesel stores compiled in, for the diesel cells.
-cargo build --quiet -p outbox-cli -p outbox-battery --features outbox-cli/diesel || exit 1
+# The relays are `outbox relay`; its default features open the `diesel+` URLs of the diesel
+# cells on the relay store of the same database.
+cargo build --quiet -p outbox-cli -p outbox-battery || exit 1
 target=${CARGO_TARGET_DIR:-target}
 battery="$target/debug/outbox-battery"
 export OUTBOX_CLI="$target/debug/outbox"
