@@ -9,7 +9,8 @@ use chrono::{DateTime, Utc};
 use maud::{DOCTYPE, Markup, PreEscaped, html};
 use outbox_engine::activity::{Latency, WINDOW, WINDOWS};
 use outbox_engine::{
-    DeadLetter, DeadLetterFilter, FoundMessage, Gauges, MessageId, RelayHealth, Status,
+    Capabilities, DeadLetter, DeadLetterFilter, FoundMessage, Gauges, MessageId, RelayHealth,
+    Status,
 };
 
 use crate::filter::ListFilter;
@@ -122,6 +123,7 @@ fn ms(d: Option<Duration>) -> String {
 /// The overview: the store's gauges per destination, and the relay's recent work.
 pub(crate) fn overview(
     base: &Base,
+    capabilities: &Capabilities,
     gauges: Option<&Gauges>,
     relay: Option<&RelayHealth>,
 ) -> Markup {
@@ -161,6 +163,7 @@ pub(crate) fn overview(
     destinations.sort();
     let root = &base.0;
     let body = html! {
+        p.note { "Store " (capabilities) "." }
         @if let Some(relay) = relay {
             p {
                 "Relay heartbeat: "

@@ -60,7 +60,9 @@ pub(crate) async fn overview(
 ) -> Response {
     match within(shared.store.gauges(GAUGE_LIMIT)).await {
         Ok(gauges) => {
-            pages::overview(&base, gauges.as_ref(), shared.relay.as_ref()).into_response()
+            let capabilities = shared.store.capabilities();
+            pages::overview(&base, &capabilities, gauges.as_ref(), shared.relay.as_ref())
+                .into_response()
         }
         Err(error) => store_error(&error),
     }

@@ -430,3 +430,19 @@ async fn nested_under_a_path_links_stay_inside_it() {
     );
     assert!(page.contains("href=\"/ops/outbox/messages/"));
 }
+
+#[tokio::test]
+async fn the_overview_shows_what_the_store_declares() {
+    let app = App::new(false);
+    let (status, page, _) = app.get("/", true).await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    let declared = app.store.capabilities().to_string();
+    assert!(
+        declared.starts_with("memory: published rows keep"),
+        "{declared}"
+    );
+    assert!(
+        page.contains(&declared),
+        "the overview names {declared:?}: {page}"
+    );
+}

@@ -843,8 +843,8 @@ async fn run_day(billing: &mut Billing, config: &str, day: &str) -> Result<Vec<S
                 "secrets = […]".to_owned()
             } else if line.starts_with("secret_access_key") {
                 "secret_access_key = \"***\"".to_owned()
-            } else if line.starts_with("url") {
-                support::redact(line)
+            } else if let Some(url) = line.strip_prefix("url = ") {
+                format!("url = \"{}\"", outbox::redact::url(url.trim_matches('"')))
             } else {
                 line.to_owned()
             }

@@ -52,7 +52,7 @@ pub(crate) async fn postgres() -> Result<PgPool, Error> {
             format!(
                 "PostgreSQL is not reachable at {} ({e}). Start it with `scripts/services.sh`, \
                  or point {POSTGRES_VAR} at a server.",
-                redact(&url)
+                outbox::redact::url(&url)
             )
             .into()
         })
@@ -65,7 +65,7 @@ pub(crate) async fn redis() -> Result<redis::aio::MultiplexedConnection, Error> 
         format!(
             "Redis is not reachable at {} ({e}). Start it with `scripts/services.sh`, \
              or point {REDIS_VAR} at a server.",
-            redact(&url)
+            outbox::redact::url(&url)
         )
         .into()
     };
@@ -95,7 +95,7 @@ pub(crate) async fn amqp() -> Result<(amqp::Connection, amqp::Channel), Error> {
         format!(
             "RabbitMQ is not reachable at {} ({e}). Start it with `scripts/services.sh`, \
              or point {AMQP_VAR} at a broker.",
-            redact(&url)
+            outbox::redact::url(&url)
         )
         .into()
     };
@@ -195,21 +195,6 @@ pub(crate) async fn delete_sqs_queue(name: &str) -> Result<(), Error> {
 pub(crate) fn fresh(prefix: &str) -> String {
     let hex = uuid::Uuid::new_v4().simple().to_string();
     format!("{prefix}_{}", &hex[..12])
-}
-
-/// `scheme://user:password@host/…` → `scheme://user:***@host/…`, for printing.
-pub(crate) fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let (authority, tail) = rest.split_once('/').unwrap_or((rest, ""));
-    match authority.rsplit_once('@') {
-        Some((userinfo, host)) if userinfo.contains(':') => {
-            let user = userinfo.split(':').next().unwrap_or("");
-            format!("{scheme}://{user}:***@{host}/{tail}")
-        }
-        _ => url.to_owned(),
-    }
 }
 
 /// Drops an outbox table created by `PgOutbox::migrate`, with what per-key ordering adds

@@ -39,7 +39,7 @@ use outbox::http::{HttpSink, HttpSinkConfig, fan_out};
 use outbox::layers::{CircuitConfig, SinkExt};
 use outbox::postgres::{PgInbox, PgNotifier, PgOutbox};
 use outbox::receiver::WebhookReceiver;
-use outbox::{DeadLetterFilter, DeadLetters, Relay, RetryPolicy, deterministic_key};
+use outbox::{Backend, DeadLetterFilter, DeadLetters, Relay, RetryPolicy, deterministic_key};
 use serde_json::json;
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -502,7 +502,7 @@ async fn story(pool: &PgPool, names: &Names, replay: Replay) -> Result<Summary, 
         (BROKEN_DESTINATION, Arc::clone(&initech_sink)),
     ];
     // LISTEN/NOTIFY: the API's commits wake the relay, wherever it runs.
-    let listener = outbox.listen().await?;
+    let listener = outbox.listen().await?.ok_or("PostgreSQL listens")?;
     let relay = Relay::builder(outbox.clone())
         .route("webhooks/acme", acme_sink)
         .route("webhooks/globex", globex_sink)
@@ -689,7 +689,7 @@ async fn drive(
     let store_url = support::postgres_url();
     let command = format!(
         "outbox --store {} --table {} dead replay --destination {BROKEN_DESTINATION}",
-        support::redact(&store_url),
+        outbox::redact::url(&store_url),
         names.outbox
     );
     summary.replayed = match replay {

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering as Atomic};
 use std::time::{Duration, Instant};
 
-use outbox_engine::Relay;
+use outbox_engine::{Backend, Relay};
 use outbox_sink_kafka::client::ClientConfig;
 use outbox_sink_kafka::client::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use outbox_sink_kafka::client::client::DefaultClientContext;
@@ -267,7 +267,7 @@ async fn relay_latency(
         published: Arc::default(),
         acks: Some(acks.clone()),
     };
-    let listener = outbox.listen().await?;
+    let listener = outbox.listen().await?.ok_or("PostgreSQL listens")?;
     let relay = Relay::builder(outbox.clone())
         .route("bench", sink)
         .batch_size(BATCH)

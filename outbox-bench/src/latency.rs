@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use outbox_engine::{Failure, Message, MessageId, NewMessage, Outcome, Relay, Sink};
+use outbox_engine::{Backend, Failure, Message, MessageId, NewMessage, Outcome, Relay, Sink};
 use outbox_sqlx::PublishedRows;
 use outbox_sqlx::postgres::{PgNotifier, PgOutbox};
 
@@ -140,7 +140,7 @@ async fn measure(bench: &Bench, scale: Scale, rate: u64, wakeups: bool) -> Resul
         .await?;
     let sink = TimingSink::default();
     let listener = if wakeups {
-        Some(outbox.listen().await?)
+        outbox.listen().await?
     } else {
         None
     };

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use outbox_engine::{NewMessage, Relay};
+use outbox_engine::{Backend, NewMessage, Relay};
 use outbox_sqlx::PublishedRows;
 
 use crate::Scale;
@@ -38,7 +38,7 @@ pub(crate) async fn run(bench: &Bench, scale: Scale, report: &mut Report) -> Res
     let outbox = bench
         .fresh_outbox("bench_soak_outbox", PublishedRows::Delete)
         .await?;
-    let listener = outbox.listen().await?;
+    let listener = outbox.listen().await?.ok_or("PostgreSQL listens")?;
     let sink = NoopSink::default();
     let relay = Relay::builder(outbox.clone())
         .route("bench", sink.clone())

@@ -16,7 +16,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use outbox::{
     AnyStore, Backend, Config, DeadLetterFilter, DeadLetters, MessageId, PurgeRequest, Registry,
-    StoreSettings, StoreStats,
+    Store, StoreSettings, StoreStats,
 };
 
 mod serve;
@@ -360,9 +360,14 @@ async fn status(store: &AnyStore, json: bool) -> Result<()> {
                 })
             })
             .collect();
-        println!("{}", serde_json::json!({ "destinations": rows }));
+        let capabilities = store.capabilities();
+        println!(
+            "{}",
+            serde_json::json!({ "capabilities": capabilities, "destinations": rows })
+        );
         return Ok(());
     }
+    println!("store {}", store.capabilities());
     println!(
         "{:<24} {:>9} {:>9} {:>9} {:>11} {:>8} {:>12}",
         "DESTINATION", "PENDING", "LEASED", "DEAD", "PUBLISHED", "HALTED", "OLDEST"

@@ -119,7 +119,22 @@ async fn status_figures_match_the_database() {
         );
     }
     assert!(row("sms")["oldest_pending_age_seconds"].as_f64().is_some());
+    let declared = &json["capabilities"];
+    assert_eq!(
+        (
+            &declared["store"],
+            &declared["wakeups"],
+            &declared["per_key_ordering"]
+        ),
+        (&"postgres".into(), &"database".into(), &true.into()),
+        "{json}"
+    );
     let table_out = outbox_cmd(&["--store", &url(), "--table", &table, "status"]);
+    assert!(
+        stdout(&table_out).starts_with("store postgres: published rows keep, per-key ordering yes"),
+        "{}",
+        stdout(&table_out)
+    );
     assert!(
         stdout(&table_out)
             .lines()

@@ -16,8 +16,8 @@ use crate::message::MessageId;
 use crate::sink::BoxFuture;
 use crate::state::LeaseToken;
 use crate::store::{
-    Claim, ClaimRequest, CompleteReport, Completion, DeadLetter, DeadLetterFilter, DeadLetters,
-    FindMessages, FoundMessage, Gauges, Purge, PurgeRequest, Stats, Store, StoreStats,
+    Capabilities, Claim, ClaimRequest, CompleteReport, Completion, DeadLetter, DeadLetterFilter,
+    DeadLetters, FindMessages, FoundMessage, Gauges, Purge, PurgeRequest, Stats, Store, StoreStats,
 };
 use crate::wakeup::Wakeup;
 
@@ -70,6 +70,8 @@ pub trait Backend: Send + Sync {
 /// Every store trait at once, object-safe: implemented for each store that implements
 /// [`Store`], [`StoreStats`], [`DeadLetters`], [`FindMessages`], [`Purge`] and [`Backend`].
 pub trait DynStore: Send + Sync + 'static {
+    /// See [`Store::capabilities`].
+    fn capabilities_dyn(&self) -> Capabilities;
     /// See [`Store::claim`].
     fn claim_dyn<'a>(
         &'a self,
@@ -136,6 +138,9 @@ impl<S> DynStore for S
 where
     S: Store + StoreStats + DeadLetters + FindMessages + Purge + Backend,
 {
+    fn capabilities_dyn(&self) -> Capabilities {
+        self.capabilities()
+    }
     fn claim_dyn<'a>(
         &'a self,
         request: &'a ClaimRequest,
@@ -247,11 +252,16 @@ impl AnyStore {
 
 impl fmt::Debug for AnyStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("AnyStore").finish_non_exhaustive()
+        f.debug_struct("AnyStore")
+            .field("store", &self.capabilities().store)
+            .finish_non_exhaustive()
     }
 }
 
 impl Store for AnyStore {
+    fn capabilities(&self) -> Capabilities {
+        self.0.capabilities_dyn()
+    }
     async fn claim(&self, request: &ClaimRequest) -> Result<Claim, StoreError> {
         self.0.claim_dyn(request).await
     }

@@ -128,6 +128,17 @@ pub enum ConfigError {
         /// What is wrong with it.
         reason: String,
     },
+    /// A setting needs something the store does not declare in its
+    /// [`Capabilities`](crate::Capabilities).
+    #[error("the {store} store has no {capability}, which the relay's {setting} needs")]
+    Unsupported {
+        /// The store's name, as its capabilities give it.
+        store: &'static str,
+        /// What it lacks, such as `per-key ordering`.
+        capability: &'static str,
+        /// The relay setting that asked for it.
+        setting: &'static str,
+    },
     /// No route was configured, so nothing could ever be published.
     #[error("the relay has no routes: add one with `route(destination, sink)`")]
     NoRoutes,

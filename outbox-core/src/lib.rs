@@ -85,9 +85,9 @@ pub use sink::{
 };
 pub use state::{Lease, LeaseToken, Status};
 pub use store::{
-    Claim, ClaimRequest, CompleteAction, CompleteReport, Completion, DeadHead, DeadLetter,
-    DeadLetterFilter, DeadLetters, DestinationGauges, DestinationStats, FindMessages, FoundMessage,
-    Gauges, MessageOrder, Purge, PurgeRequest, Rejected, Stats, Store, StoreStats, Wakeups,
-    purge_all,
+    Capabilities, Claim, ClaimRequest, CompleteAction, CompleteReport, Completion, DeadHead,
+    DeadLetter, DeadLetterFilter, DeadLetters, DestinationGauges, DestinationStats, FindMessages,
+    FoundMessage, Gauges, MessageOrder, Purge, PurgeRequest, Rejected, Stats, Store, StoreStats,
+    Wakeups, purge_all,
 };
 pub use wakeup::{Wakeup, WakeupListener};

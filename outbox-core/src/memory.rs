@@ -8,11 +8,12 @@ use chrono::{DateTime, Utc};
 use crate::clock::{Clock, SystemClock};
 use crate::error::{StoreError, StoreErrorKind};
 use crate::message::{Message, MessageId, NewMessage, Waited, WaitedSince, chrono_duration};
+use crate::registry::PublishedRows;
 use crate::state::{Lease, LeaseToken, Row, RowState, Status};
 use crate::store::{
-    Claim, ClaimRequest, CompleteReport, Completion, DeadHead, DeadLetter, DeadLetterFilter,
-    DeadLetters, DestinationStats, FindMessages, FoundMessage, Gauges, MessageOrder, Purge,
-    PurgeRequest, Stats, Store, StoreStats, Wakeups,
+    Capabilities, Claim, ClaimRequest, CompleteReport, Completion, DeadHead, DeadLetter,
+    DeadLetterFilter, DeadLetters, DestinationStats, FindMessages, FoundMessage, Gauges,
+    MessageOrder, Purge, PurgeRequest, Stats, Store, StoreStats, Wakeups,
 };
 use crate::wakeup::Wakeup;
 
@@ -97,6 +98,13 @@ impl MemoryStore {
     pub fn delete_on_publish(mut self, enabled: bool) -> Self {
         self.delete_on_publish = enabled;
         self
+    }
+
+    /// The wakeup every enqueue raises, for a relay's
+    /// [`wakeup`](crate::RelayBuilder::wakeup); the same signal
+    /// [`Backend::listen`](crate::Backend::listen) returns.
+    pub fn wakeup(&self) -> Wakeup {
+        self.wakeup.clone()
     }
 
     /// Inserts one message and raises the wakeup signal.
@@ -325,6 +333,17 @@ impl Entry {
 }
 
 impl Store for MemoryStore {
+    fn capabilities(&self) -> Capabilities {
+        let rows = if self.delete_on_publish {
+            PublishedRows::Delete
+        } else {
+            PublishedRows::Keep
+        };
+        Capabilities::new("memory")
+            .published_rows(rows)
+            .wakeups(Wakeups::InProcess)
+    }
+
     async fn claim(&self, request: &ClaimRequest) -> Result<Claim, StoreError> {
         Ok(self.claim_now(request))
     }
@@ -512,12 +531,6 @@ impl Purge for MemoryStore {
             inner.rows.remove(id);
         }
         Ok(doomed.len() as u64)
-    }
-}
-
-impl Wakeups for MemoryStore {
-    fn wakeup(&self) -> Wakeup {
-        self.wakeup.clone()
     }
 }
 

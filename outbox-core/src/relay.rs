@@ -34,7 +34,7 @@ use crate::wakeup::Wakeup;
 ///     .concurrency(2)
 ///     .lease(Duration::from_secs(30))
 ///     .poll_interval(Duration::from_millis(500))
-///     .wakeup(outbox_engine::Wakeups::wakeup(&store))
+///     .wakeup(store.wakeup())
 ///     .retry(RetryPolicy::default().max_attempts(10))
 ///     .build()?;
 /// # Ok::<(), outbox_engine::ConfigError>(())
@@ -266,7 +266,9 @@ impl<S: Store> RelayBuilder<S> {
     ///
     /// # Errors
     ///
-    /// [`ConfigError`] naming the setting that is out of range, or [`ConfigError::NoRoutes`].
+    /// [`ConfigError`] naming the setting that is out of range, the setting that needs
+    /// what the store's [`capabilities`](Store::capabilities) lack, or
+    /// [`ConfigError::NoRoutes`].
     pub fn build(self) -> Result<Relay<S>, ConfigError> {
         let invalid = |setting, reason: &str| ConfigError::InvalidSetting {
             setting,
@@ -310,6 +312,14 @@ impl<S: Store> RelayBuilder<S> {
         }
         if self.owner.is_empty() || self.owner.len() > 255 {
             return Err(invalid("owner", "must be 1 to 255 bytes"));
+        }
+        let capabilities = self.store.capabilities();
+        if self.ordering != MessageOrder::Unordered && !capabilities.per_key_ordering {
+            return Err(ConfigError::Unsupported {
+                store: capabilities.store,
+                capability: "per-key ordering",
+                setting: "ordering",
+            });
         }
         let mut destinations: Vec<String> = self.routes.keys().cloned().collect();
         destinations.sort();

@@ -1,4 +1,5 @@
-//! The relay side of a store: claim, complete, release, plus small optional capabilities.
+//! The relay side of a store: claim, complete, release, what it declares it can do, and
+//! the operator's traits (stats, dead letters, find, purge).
 //!
 //! Enqueueing is not here on purpose: it happens inside the application's own
 //! transaction, with the backend crate's types (`outbox-sqlx`, `outbox-diesel`), or with
@@ -11,8 +12,8 @@ use chrono::{DateTime, Utc};
 
 use crate::error::StoreError;
 use crate::message::{Message, MessageId};
+use crate::registry::PublishedRows;
 use crate::state::{Lease, LeaseToken, Status};
-use crate::wakeup::Wakeup;
 
 /// How messages that share a partition key are ordered.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
@@ -231,6 +232,9 @@ pub struct CompleteReport {
 /// - A failed call changes nothing, or its effect is the same as if it had succeeded
 ///   before a crash (a relay crash at any point must never lose a row).
 pub trait Store: Send + Sync + 'static {
+    /// What the store does; the relay refuses settings that need what it lacks.
+    fn capabilities(&self) -> Capabilities;
+
     /// Leases a batch. An empty claim has an empty `messages`.
     fn claim(
         &self,
@@ -656,9 +660,119 @@ pub async fn purge_all<P: Purge + ?Sized>(
     }
 }
 
-/// Optional capability: a signal raised when new rows may be due, so a relay wakes up
-/// before its next poll.
-pub trait Wakeups: Send + Sync {
-    /// The store's wakeup signal.
-    fn wakeup(&self) -> Wakeup;
+/// What a store does, as it declares it: the relay refuses at [`build`] a setting that needs
+/// what the store lacks, `outbox status` and the dashboard print it, and the conformance
+/// suite holds the store to it.
+///
+/// [`build`]: crate::RelayBuilder::build
+///
+/// ```
+/// use outbox_engine::{Capabilities, PublishedRows, Wakeups};
+///
+/// let memory = Capabilities::new("memory")
+///     .published_rows(PublishedRows::Delete)
+///     .wakeups(Wakeups::InProcess);
+/// assert_eq!(
+///     memory.to_string(),
+///     "memory: published rows delete, per-key ordering yes, gauges yes, wakeups in-process"
+/// );
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[non_exhaustive]
+pub struct Capabilities {
+    /// The store's short name, such as `postgres`.
+    pub store: &'static str,
+    /// What happens to a published row.
+    pub published_rows: PublishedRows,
+    /// Whether claims honour [`MessageOrder::PerKey`].
+    pub per_key_ordering: bool,
+    /// Whether [`Store::gauges`] reads gauges (rather than `None`).
+    pub gauges: bool,
+    /// Who can wake a relay before its next poll.
+    pub wakeups: Wakeups,
+}
+
+impl Capabilities {
+    /// A store named `store` that keeps published rows, orders per key, reads gauges and
+    /// has no wakeups; change what differs with the setters.
+    pub fn new(store: &'static str) -> Self {
+        Self {
+            store,
+            published_rows: PublishedRows::Keep,
+            per_key_ordering: true,
+            gauges: true,
+            wakeups: Wakeups::Poll,
+        }
+    }
+
+    /// Sets what happens to a published row.
+    #[must_use]
+    pub fn published_rows(mut self, mode: PublishedRows) -> Self {
+        self.published_rows = mode;
+        self
+    }
+
+    /// Sets whether claims honour per-key ordering.
+    #[must_use]
+    pub fn per_key_ordering(mut self, supported: bool) -> Self {
+        self.per_key_ordering = supported;
+        self
+    }
+
+    /// Sets whether the store reads gauges.
+    #[must_use]
+    pub fn gauges(mut self, supported: bool) -> Self {
+        self.gauges = supported;
+        self
+    }
+
+    /// Sets who can wake a relay.
+    #[must_use]
+    pub fn wakeups(mut self, wakeups: Wakeups) -> Self {
+        self.wakeups = wakeups;
+        self
+    }
+}
+
+impl std::fmt::Display for Capabilities {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let rows = match self.published_rows {
+            PublishedRows::Keep => "keep",
+            PublishedRows::Delete => "delete",
+            PublishedRows::Rotate => "rotate",
+        };
+        let yes = |b: bool| if b { "yes" } else { "no" };
+        write!(
+            f,
+            "{}: published rows {rows}, per-key ordering {}, gauges {}, wakeups {}",
+            self.store,
+            yes(self.per_key_ordering),
+            yes(self.gauges),
+            self.wakeups
+        )
+    }
+}
+
+/// Who can wake a relay before its next poll, through the store's
+/// [`Backend::listen`](crate::Backend::listen).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+#[non_exhaustive]
+pub enum Wakeups {
+    /// Nobody: relays find new rows at their next poll.
+    Poll,
+    /// Enqueues through this process's store value (SQLite, MySQL, memory).
+    InProcess,
+    /// Any writer of the database, in any process or language (PostgreSQL NOTIFY).
+    Database,
+}
+
+impl std::fmt::Display for Wakeups {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Poll => "none (polling)",
+            Self::InProcess => "in-process",
+            Self::Database => "from the database",
+        })
+    }
 }

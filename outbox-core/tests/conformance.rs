@@ -1,11 +1,10 @@
 //! The in-memory store and the test sinks pass the conformance suites they ship.
 
-use outbox_engine::PublishedRows;
-use outbox_engine::testkit::store_suite::Capabilities;
 use outbox_engine::testkit::{
     FlakySink, InboxHarness, MemoryHarness, MemoryInboxHarness, RecordingSink, SinkHarness,
     inbox_suite, sink_suite, store_suite,
 };
+use outbox_engine::{Capabilities, PublishedRows};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_store_passes_the_store_suite() {
@@ -29,8 +28,8 @@ async fn memory_store_passes_the_store_and_ordering_suites_in_delete_mode() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[should_panic(expected = "assertion `left == right` failed")]
 async fn store_suite_catches_a_store_that_keeps_rows_it_declares_deleted() {
-    let h =
-        MemoryHarness::new().declaring(Capabilities::new().published_rows(PublishedRows::Delete));
+    let declared = Capabilities::new("memory").published_rows(PublishedRows::Delete);
+    let h = tampered::H::with(MemoryHarness::new(), tampered::Fault::Declares(declared));
     store_suite::stale_token_is_fenced(&h).await;
 }
 
@@ -38,7 +37,11 @@ async fn store_suite_catches_a_store_that_keeps_rows_it_declares_deleted() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[should_panic(expected = "assertion `left == right` failed")]
 async fn store_suite_catches_a_store_that_deletes_rows_it_declares_kept() {
-    let h = MemoryHarness::with_mode(PublishedRows::Delete).declaring(Capabilities::new());
+    let declared = Capabilities::new("memory");
+    let h = tampered::H::with(
+        MemoryHarness::with_mode(PublishedRows::Delete),
+        tampered::Fault::Declares(declared),
+    );
     store_suite::purge_is_bounded_and_keeps_unfinished(&h).await;
 }
 
@@ -49,7 +52,8 @@ async fn ordering_checks_skip_a_store_that_declares_no_ordering() {
     let declared = std::sync::atomic::AtomicUsize::new(0);
     store_suite::run_ordering(|| async {
         declared.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        MemoryHarness::new().declaring(Capabilities::new().per_key_ordering(false))
+        let declared = Capabilities::new("memory").per_key_ordering(false);
+        tampered::H::with(MemoryHarness::new(), tampered::Fault::Declares(declared))
     })
     .await;
     assert_eq!(
@@ -202,6 +206,8 @@ mod tampered {
         IgnoresOrder,
         /// Reads gauges that miss the dead letters.
         GaugesMissDead,
+        /// Declares these capabilities instead of the memory store's.
+        Declares(Capabilities),
     }
 
     #[derive(Clone)]
@@ -212,10 +218,16 @@ mod tampered {
     }
 
     impl Store for Tampered {
+        fn capabilities(&self) -> Capabilities {
+            match self.fault {
+                Fault::Declares(declared) => declared,
+                _ => self.store.capabilities(),
+            }
+        }
         async fn claim(&self, r: &ClaimRequest) -> Result<Claim, StoreError> {
             let request = match self.fault {
                 Fault::IgnoresOrder => r.clone().ordering(MessageOrder::Unordered),
-                Fault::IgnoresTokens | Fault::GaugesMissDead => r.clone(),
+                _ => r.clone(),
             };
             let claim = self.store.claim(&request).await?;
             *self.newest.lock().unwrap() = Some(claim.lease.token);
@@ -228,7 +240,7 @@ mod tampered {
         ) -> Result<CompleteReport, StoreError> {
             let token = match self.fault {
                 Fault::IgnoresTokens => self.newest.lock().unwrap().unwrap_or(token),
-                Fault::IgnoresOrder | Fault::GaugesMissDead => token,
+                _ => token,
             };
             self.store.complete(token, c).await
         }
@@ -289,7 +301,11 @@ mod tampered {
 
     impl H {
         pub(crate) fn new(fault: Fault) -> Self {
-            let inner = MemoryHarness::new();
+            Self::with(MemoryHarness::new(), fault)
+        }
+
+        /// `inner`'s store with `fault`.
+        pub(crate) fn with(inner: MemoryHarness, fault: Fault) -> Self {
             let store = Tampered {
                 store: inner.store().clone(),
                 newest: Arc::default(),
@@ -402,4 +418,38 @@ async fn inbox_suite_catches_an_inbox_that_forgets_under_concurrency() {
     }
 
     inbox_suite::concurrent_duplicates_apply_once(&Harness(Forgetful::default())).await;
+}
+
+/// A relay that asks for per-key ordering from a store that declares none is refused when
+/// it is built, with an error naming the store and what it lacks; unordered, it builds.
+#[test]
+fn a_relay_refuses_per_key_ordering_from_a_store_without_it() {
+    use outbox_engine::testkit::StoreHarness;
+    use outbox_engine::{ConfigError, DeadHead, MessageOrder, Relay};
+
+    let declared = Capabilities::new("unordered-store").per_key_ordering(false);
+    let h = tampered::H::with(MemoryHarness::new(), tampered::Fault::Declares(declared));
+    let relay = || Relay::builder(h.store().clone()).route("orders", RecordingSink::new());
+    let error = relay()
+        .ordering(MessageOrder::PerKey(DeadHead::Halt))
+        .build()
+        .err()
+        .expect("per-key ordering on a store without it must not build");
+    assert_eq!(
+        error,
+        ConfigError::Unsupported {
+            store: "unordered-store",
+            capability: "per-key ordering",
+            setting: "ordering",
+        }
+    );
+    let shown = error.to_string();
+    assert!(
+        shown.contains("unordered-store") && shown.contains("per-key ordering"),
+        "{shown}"
+    );
+    assert!(
+        relay().build().is_ok(),
+        "an unordered relay needs no ordering"
+    );
 }

@@ -8,7 +8,6 @@ use std::time::Duration;
 use outbox_engine::testkit::{FlakySink, RecordingSink};
 use outbox_engine::{
     DeadHead, MemoryStore, MessageId, MessageOrder, NewMessage, Relay, RetryPolicy, StoreStats,
-    Wakeups,
 };
 
 const KEYS: usize = 200;

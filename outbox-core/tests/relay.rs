@@ -7,7 +7,7 @@ use std::time::Duration;
 use outbox_engine::testkit::{FlakySink, RecordingSink};
 use outbox_engine::{
     Clock, Failure, FailureClass, ManualClock, MemoryStore, Message, NewMessage, Outcome, Relay,
-    RetryPolicy, Sink, Status, StoreStats, Wakeups,
+    RetryPolicy, Sink, Status, StoreStats,
 };
 
 fn msg(destination: &str, event: &str) -> NewMessage {
@@ -549,6 +549,9 @@ async fn store_errors_do_not_stop_the_relay() {
     #[derive(Clone)]
     struct Unreliable(MemoryStore, Arc<AtomicUsize>);
     impl outbox_engine::Store for Unreliable {
+        fn capabilities(&self) -> outbox_engine::Capabilities {
+            self.0.capabilities()
+        }
         async fn claim(
             &self,
             r: &outbox_engine::ClaimRequest,
@@ -605,6 +608,9 @@ async fn a_store_call_that_never_answers_is_given_up_after_the_lease() {
     #[derive(Clone)]
     struct Silent(MemoryStore, Arc<AtomicUsize>, Arc<AtomicUsize>);
     impl outbox_engine::Store for Silent {
+        fn capabilities(&self) -> outbox_engine::Capabilities {
+            self.0.capabilities()
+        }
         async fn claim(
             &self,
             r: &outbox_engine::ClaimRequest,

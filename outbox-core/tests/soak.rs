@@ -6,9 +6,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use outbox_engine::testkit::{FlakySink, RecordingSink};
-use outbox_engine::{
-    MemoryStore, MessageId, NewMessage, Relay, RetryPolicy, Status, StoreStats, Wakeups,
-};
+use outbox_engine::{MemoryStore, MessageId, NewMessage, Relay, RetryPolicy, Status, StoreStats};
 
 const MESSAGES: usize = 10_000;
 const RELAYS: usize = 4;

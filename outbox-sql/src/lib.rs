@@ -48,6 +48,15 @@ pub enum Dialect {
 }
 
 impl Dialect {
+    /// The short name stores and URLs use: `postgres`, `sqlite`, `mysql`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Postgres => "postgres",
+            Self::Sqlite => "sqlite",
+            Self::MySql => "mysql",
+        }
+    }
+
     /// The identifier quote character.
     pub const fn quote_char(self) -> char {
         match self {

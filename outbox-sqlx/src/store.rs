@@ -5,9 +5,10 @@ use std::fmt;
 use std::sync::Arc;
 
 use outbox_engine::{
-    Backend, Claim, ClaimRequest, CompleteReport, Completion, DeadLetter, DeadLetterFilter,
-    DeadLetters, DestinationStats, FindMessages, FoundMessage, Gauges, LeaseToken, Listener,
-    MessageId, Purge, PurgeRequest, Stats, Store, StoreError, StoreStats, Wakeup,
+    Backend, Capabilities, Claim, ClaimRequest, CompleteReport, Completion, DeadLetter,
+    DeadLetterFilter, DeadLetters, DestinationStats, FindMessages, FoundMessage, Gauges,
+    LeaseToken, Listener, MessageId, Purge, PurgeRequest, Stats, Store, StoreError, StoreStats,
+    Wakeup, Wakeups,
 };
 use outbox_sql::TableNames;
 use tracing::warn;
@@ -134,6 +135,16 @@ where
     for<'q> i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
     for<'q> DB::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
 {
+    fn capabilities(&self) -> Capabilities {
+        let wakeups = match DB::DIALECT {
+            outbox_sql::Dialect::Postgres => Wakeups::Database,
+            outbox_sql::Dialect::Sqlite | outbox_sql::Dialect::MySql => Wakeups::InProcess,
+        };
+        Capabilities::new(DB::DIALECT.name())
+            .published_rows(self.published)
+            .wakeups(wakeups)
+    }
+
     async fn claim(&self, request: &ClaimRequest) -> Result<Claim, StoreError> {
         let mut claim = DB::claim(self, request).await?;
         claim.messages.sort_by_key(|m| m.id);

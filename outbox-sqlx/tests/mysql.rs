@@ -8,7 +8,6 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use outbox_engine::testkit::store_suite::Capabilities;
 use outbox_engine::testkit::{RecordingSink, StoreHarness, inbox_suite, store_suite};
 use outbox_engine::{
     ClaimRequest, Completion, DeadLetterFilter, DeadLetters, NewMessage, Relay, Store, StoreError,
@@ -129,7 +128,6 @@ impl Drop for Cleanup {
 /// A fresh outbox table on the test server, dropped with the harness.
 struct MySqlHarness {
     outbox: MySqlOutbox,
-    mode: PublishedRows,
     _cleanup: Cleanup,
 }
 
@@ -150,7 +148,6 @@ impl MySqlHarness {
         outbox.migrate().await.expect("migrate");
         Self {
             outbox,
-            mode,
             _cleanup: cleanup,
         }
     }
@@ -172,14 +169,6 @@ impl StoreHarness for MySqlHarness {
 
     fn store(&self) -> &MySqlOutbox {
         &self.outbox
-    }
-
-    fn name(&self) -> String {
-        "mysql".to_owned()
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        Capabilities::new().published_rows(self.mode)
     }
 
     async fn enqueue(&self, messages: Vec<NewMessage>) -> Result<(), StoreError> {
@@ -1511,7 +1500,6 @@ async fn an_older_table_is_upgraded_in_place() {
     outbox.migrate().await.expect("upgrade");
     let h = MySqlHarness {
         outbox,
-        mode: PublishedRows::Keep,
         _cleanup: cleanup,
     };
     insert_with(&h, "destination", "'orders'").await.unwrap();

@@ -6,9 +6,8 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use outbox_engine::testkit::store_suite::Capabilities;
 use outbox_engine::testkit::{RecordingSink, StoreHarness, inbox_suite, store_suite};
-use outbox_engine::{NewMessage, Relay, StoreError, StoreStats};
+use outbox_engine::{Backend, NewMessage, Relay, StoreError, StoreStats};
 use outbox_sql::Dialect;
 use outbox_sqlx::postgres::{PgInbox, PgOutbox};
 use outbox_sqlx::{PublishedRows, TableNames};
@@ -81,14 +80,6 @@ impl StoreHarness for PgHarness {
 
     fn store(&self) -> &PgOutbox {
         &self.outbox
-    }
-
-    fn name(&self) -> String {
-        "postgres".to_owned()
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        Capabilities::new().published_rows(self.mode)
     }
 
     async fn enqueue(&self, messages: Vec<NewMessage>) -> Result<(), StoreError> {
@@ -724,7 +715,12 @@ async fn postgres_inbox_passes_the_inbox_suite() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn notify_wakes_a_listening_relay_and_survives_backend_termination() {
     let h = PgHarness::new().await;
-    let listener = h.outbox.listen().await.unwrap();
+    let listener = h
+        .outbox
+        .listen()
+        .await
+        .unwrap()
+        .expect("PostgreSQL listens");
     let sink = RecordingSink::new();
     let relay = Relay::builder(h.outbox.clone())
         .route("orders", sink.clone())
@@ -808,7 +804,12 @@ async fn notify_wakes_a_listening_relay_and_survives_backend_termination() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_notifier_sends_the_notify_it_owes() {
     let h = PgHarness::new().await;
-    let listener = h.outbox.listen().await.unwrap();
+    let listener = h
+        .outbox
+        .listen()
+        .await
+        .unwrap()
+        .expect("PostgreSQL listens");
     let mut woken = listener.wakeup().subscribe();
     let notifier = h.outbox.notifier();
     notifier.notify();
@@ -914,6 +915,9 @@ async fn a_relay_that_lost_its_lease_changes_nothing() {
     #[derive(Clone)]
     struct StallBeforeComplete(PgOutbox, Arc<tokio::sync::Notify>);
     impl Store for StallBeforeComplete {
+        fn capabilities(&self) -> outbox_engine::Capabilities {
+            self.0.capabilities()
+        }
         async fn claim(&self, r: &ClaimRequest) -> Result<Claim, StoreError> {
             self.0.claim(r).await
         }

@@ -8,7 +8,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use outbox_engine::testkit::store_suite::Capabilities;
 use outbox_engine::testkit::{RecordingSink, StoreHarness, inbox_suite, store_suite};
 use outbox_engine::{
     ClaimRequest, Completion, DeadLetterFilter, DeadLetters, NewMessage, Relay, Store, StoreError,
@@ -62,7 +61,6 @@ impl Drop for TestDb {
 /// A fresh outbox table in the test's database file.
 struct SqliteHarness {
     outbox: SqliteOutbox,
-    mode: PublishedRows,
 }
 
 impl SqliteHarness {
@@ -76,7 +74,7 @@ impl SqliteHarness {
             .unwrap();
         let outbox = SqliteOutbox::with_names(pool, names).published_rows(mode);
         outbox.migrate().await.expect("migrate");
-        Self { outbox, mode }
+        Self { outbox }
     }
 
     fn table(&self) -> String {
@@ -96,14 +94,6 @@ impl StoreHarness for SqliteHarness {
 
     fn store(&self) -> &SqliteOutbox {
         &self.outbox
-    }
-
-    fn name(&self) -> String {
-        "sqlite".to_owned()
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        Capabilities::new().published_rows(self.mode)
     }
 
     async fn enqueue(&self, messages: Vec<NewMessage>) -> Result<(), StoreError> {
@@ -1446,7 +1436,6 @@ async fn an_older_table_is_upgraded_in_place() {
     outbox.migrate().await.expect("upgrade");
     let h = SqliteHarness {
         outbox,
-        mode: PublishedRows::Keep,
     };
     insert_with(&h, "destination", "'orders'").await.unwrap();
     common::minimal_rows_are_delivered(h.outbox.clone(), 2).await;

@@ -25,6 +25,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use outbox_engine::redact;
 use serde::Deserialize;
 
 use crate::error::HttpSinkError;
@@ -319,30 +320,10 @@ impl HttpSinkConfig {
     }
 }
 
-/// The URL with credentials replaced and path and query elided.
-pub(crate) fn redacted_url(raw: &str) -> String {
-    let Ok(url) = url::Url::parse(raw) else {
-        return "<unparsable url>".to_owned();
-    };
-    let creds = if url.username().is_empty() && url.password().is_none() {
-        ""
-    } else {
-        "***@"
-    };
-    let host = url.host_str().unwrap_or("");
-    let port = url.port().map(|p| format!(":{p}")).unwrap_or_default();
-    let rest = if url.path() == "/" && url.query().is_none() {
-        "/"
-    } else {
-        "/…"
-    };
-    format!("{}://{creds}{host}{port}{rest}", url.scheme())
-}
-
 impl fmt::Debug for HttpSinkConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("HttpSinkConfig")
-            .field("url", &redacted_url(&self.url))
+            .field("url", &redact::url(&self.url))
             .field("method", &self.method)
             .field("headers", &self.headers.keys().collect::<Vec<_>>())
             .field("secrets", &format_args!("[{} hidden]", self.secrets.len()))
@@ -369,19 +350,6 @@ impl fmt::Debug for HttpSinkConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn redacts_urls() {
-        assert_eq!(
-            redacted_url("https://hooks.example.com/"),
-            "https://hooks.example.com/"
-        );
-        assert_eq!(
-            redacted_url("http://u:p@127.0.0.1:8080/x?y=1"),
-            "http://***@127.0.0.1:8080/…"
-        );
-        assert_eq!(redacted_url("not a url"), "<unparsable url>");
-    }
 
     #[test]
     fn secrets_come_from_the_environment_and_files_without_echoing_them() {

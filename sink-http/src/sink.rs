@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures_util::future::join_all;
+use outbox_engine::redact;
 use outbox_engine::webhooks::{Secret, signature_header, webhook_id};
 use outbox_engine::{
     Failure, FailureClass, Message, Outcome, Outcomes, PublishContext, Sink, gather,
@@ -16,7 +17,7 @@ use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use tracing::warn;
 
-use crate::config::{HttpSinkConfig, redacted_url};
+use crate::config::HttpSinkConfig;
 use crate::error::{HttpSinkError, Limits, classify_error, classify_response};
 use crate::headers;
 use crate::ssrf::{AllowRule, GuardedResolver, Lookup, SystemLookup};
@@ -165,7 +166,7 @@ impl HttpSink {
             // Legitimate for APIs that authenticate with a header, but easy to forget for
             // a webhook: say so once, at start-up.
             warn!(
-                url = %redacted_url(&config.url),
+                url = %redact::url(&config.url),
                 "HTTP route has no secrets: its requests are sent unsigned (set `secrets` to sign them)"
             );
         }
@@ -365,7 +366,7 @@ impl fmt::Debug for HttpSink {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("HttpSink")
             .field("method", &self.inner.method)
-            .field("url", &redacted_url(self.inner.url.as_str()))
+            .field("url", &redact::url(self.inner.url.as_str()))
             .field("secrets", &self.inner.secrets.len())
             .finish_non_exhaustive()
     }

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use chrono::Utc;
 use outbox_engine::{
     FailureClass, MemoryStore, MessageId, NewMessage, Outcome, Relay, RetryPolicy, Sink, Status,
-    StoreStats, Wakeups,
+    StoreStats,
 };
 use outbox_sink_redis::client as redis;
 use outbox_sink_redis::{RedisSink, RedisSinkConfig};

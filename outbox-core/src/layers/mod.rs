@@ -1,7 +1,7 @@
 //! Policies that wrap any [`Sink`]: a rate limit, a circuit breaker, a concurrency cap
-//! and a timeout. Each is a small sink of its own around an inner one (tower's `Layer`
-//! idea), so a Kafka, SQS, Redis or HTTP route gets them alike, in code or from a route's
-//! settings ([`RoutePolicy`]).
+//! and a timeout. Each is a small sink of its own around an inner one, added with a
+//! [`SinkExt`] method, so a Kafka, SQS, Redis or HTTP route gets them alike, in code or
+//! from a route's settings ([`RoutePolicy`]).
 //!
 //! ```
 //! use std::time::Duration;
@@ -38,22 +38,8 @@ pub use timeout::Timeout;
 
 use crate::sink::{DynSink, Sink};
 
-/// Turns a sink into a wrapped sink.
-pub trait Layer<S> {
-    /// The wrapped sink.
-    type Sink: Sink;
-
-    /// Wraps `inner`.
-    fn layer(&self, inner: S) -> Self::Sink;
-}
-
 /// Wrapping methods for every sink.
 pub trait SinkExt: Sink + Sized {
-    /// Wraps the sink in `layer`.
-    fn layer<L: Layer<Self>>(self, layer: L) -> L::Sink {
-        layer.layer(self)
-    }
-
     /// At most `limit.per_second` messages a second, in bursts of `limit.burst`.
     ///
     /// # Panics

@@ -1,8 +1,8 @@
 //! The store conformance suite: every [`Store`] must pass every check here.
 //!
 //! Each check is a plain async function taking a fresh [`StoreHarness`]; it panics with a
-//! message saying which part of the contract broke. A harness declares its store's
-//! [`Capabilities`]; the checks hold the store to what it declares (with
+//! message saying which part of the contract broke. The checks read the store's
+//! [`Capabilities`](crate::Capabilities) and hold it to what it declares (with
 //! [`PublishedRows::Delete`] a published row must be gone, with `Keep` it must be
 //! counted), and [`run_all`] and [`run_ordering`] print one matrix line per check: the
 //! store, its capabilities, and whether the check ran or why not.
@@ -34,87 +34,6 @@ use crate::store::{
 };
 use crate::testkit::{FlakySink, RecordingSink};
 
-/// What a store under test declares it does; the suite selects and adapts its checks
-/// from this.
-///
-/// ```
-/// use outbox_engine::PublishedRows;
-/// use outbox_engine::testkit::store_suite::Capabilities;
-///
-/// let delete = Capabilities::new().published_rows(PublishedRows::Delete);
-/// assert_eq!(delete.to_string(), "published rows: delete, per-key ordering: yes, gauges: yes");
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Capabilities {
-    /// What happens to a published row.
-    pub published_rows: PublishedRows,
-    /// Whether claims honour [`MessageOrder::PerKey`].
-    pub per_key_ordering: bool,
-    /// Whether [`Store::gauges`] reads gauges (rather than `None`).
-    pub gauges: bool,
-}
-
-impl Capabilities {
-    /// Published rows kept, per-key ordering supported: what every store here does by
-    /// default.
-    pub fn new() -> Self {
-        Self {
-            published_rows: PublishedRows::Keep,
-            per_key_ordering: true,
-            gauges: true,
-        }
-    }
-
-    /// Sets what happens to a published row.
-    #[must_use]
-    pub fn published_rows(mut self, mode: PublishedRows) -> Self {
-        self.published_rows = mode;
-        self
-    }
-
-    /// Sets whether claims honour per-key ordering.
-    #[must_use]
-    pub fn per_key_ordering(mut self, supported: bool) -> Self {
-        self.per_key_ordering = supported;
-        self
-    }
-
-    /// Sets whether the store reads gauges.
-    #[must_use]
-    pub fn gauges(mut self, supported: bool) -> Self {
-        self.gauges = supported;
-        self
-    }
-
-    fn deletes(self) -> bool {
-        self.published_rows == PublishedRows::Delete
-    }
-}
-
-impl Default for Capabilities {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl std::fmt::Display for Capabilities {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let rows = match self.published_rows {
-            PublishedRows::Keep => "keep",
-            PublishedRows::Delete => "delete",
-            PublishedRows::Rotate => "rotate",
-        };
-        let yes = |b: bool| if b { "yes" } else { "no" };
-        write!(
-            f,
-            "published rows: {rows}, per-key ordering: {}, gauges: {}",
-            yes(self.per_key_ordering),
-            yes(self.gauges)
-        )
-    }
-}
-
 /// What the suite needs from a backend besides the [`Store`] traits: a way to enqueue
 /// (each backend does that inside its own transactions), a way to make time pass for
 /// the store (SQL harnesses shift the row timestamps back instead of sleeping), and what
@@ -126,15 +45,10 @@ pub trait StoreHarness: Send + Sync {
     /// The store under test, over an empty outbox.
     fn store(&self) -> &Self::Store;
 
-    /// A short name for the matrix the runners print, such as `postgres`.
+    /// A short name for the matrix the runners print; by default the store's own, such
+    /// as `postgres`.
     fn name(&self) -> String {
-        let full = std::any::type_name::<Self::Store>();
-        full.rsplit("::").next().unwrap_or(full).to_owned()
-    }
-
-    /// What the store declares; the default is [`Capabilities::new`].
-    fn capabilities(&self) -> Capabilities {
-        Capabilities::new()
+        self.store().capabilities().store.to_owned()
     }
 
     /// Commits `messages` to the outbox in one transaction.
@@ -152,7 +66,6 @@ pub trait StoreHarness: Send + Sync {
 pub struct MemoryHarness {
     store: MemoryStore,
     clock: ManualClock,
-    capabilities: Capabilities,
 }
 
 impl MemoryHarness {
@@ -168,15 +81,7 @@ impl MemoryHarness {
             store: MemoryStore::with_clock(clock.clone())
                 .delete_on_publish(mode == PublishedRows::Delete),
             clock,
-            capabilities: Capabilities::new().published_rows(mode),
         }
-    }
-
-    /// Declares `capabilities` instead of what the store does (for the suite's own
-    /// self-tests: a wrong declaration must fail).
-    pub fn declaring(mut self, capabilities: Capabilities) -> Self {
-        self.capabilities = capabilities;
-        self
     }
 }
 
@@ -191,14 +96,6 @@ impl StoreHarness for MemoryHarness {
 
     fn store(&self) -> &MemoryStore {
         &self.store
-    }
-
-    fn name(&self) -> String {
-        "memory".to_owned()
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        self.capabilities
     }
 
     async fn enqueue(&self, messages: Vec<NewMessage>) -> Result<(), StoreError> {
@@ -245,12 +142,17 @@ where
         purge_is_bounded_and_keeps_unfinished,
     );
     let h = factory().await;
-    if h.capabilities().gauges {
+    if h.store().capabilities().gauges {
         matrix_line(&h, "gauges_match_the_table", None);
         gauges_match_the_table(&h).await;
     } else {
         matrix_line(&h, "gauges_match_the_table", Some("declares no gauges"));
     }
+}
+
+/// Whether the store declares it deletes published rows.
+fn deletes<H: StoreHarness>(h: &H) -> bool {
+    h.store().capabilities().published_rows == PublishedRows::Delete
 }
 
 /// Prints `store | capabilities | check | ran or why not`.
@@ -259,7 +161,7 @@ fn matrix_line<H: StoreHarness>(h: &H, check: &str, skipped: Option<&str>) {
     eprintln!(
         "store suite | {} | {} | {check} | {outcome}",
         h.name(),
-        h.capabilities()
+        h.store().capabilities()
     );
 }
 
@@ -269,11 +171,7 @@ fn expect<H: StoreHarness>(
     h: &H,
     (pending, leased, published, dead): (u64, u64, u64, u64),
 ) -> (u64, u64, u64, u64) {
-    let published = if h.capabilities().deletes() {
-        0
-    } else {
-        published
-    };
+    let published = if deletes(h) { 0 } else { published };
     (pending, leased, published, dead)
 }
 
@@ -909,7 +807,7 @@ pub async fn find_messages_by_id_or_key<H: StoreHarness>(h: &H) {
         .expect("complete");
 
     let by_key = store.find_messages(key, 10).await.expect("find by key");
-    let expected: Vec<_> = if h.capabilities().deletes() {
+    let expected: Vec<_> = if deletes(h) {
         vec![(ids[1], Status::Dead)]
     } else {
         vec![(ids[0], Status::Published), (ids[1], Status::Dead)]
@@ -1071,7 +969,7 @@ pub async fn gauges_match_the_table<H: StoreHarness>(h: &H) {
 /// Purge deletes only old finished rows, at most a batch per call (with
 /// [`PublishedRows::Rotate`], whole slots: see [`purge_retires_slots_and_keeps_unfinished`]).
 pub async fn purge_is_bounded_and_keeps_unfinished<H: StoreHarness>(h: &H) {
-    if h.capabilities().published_rows == PublishedRows::Rotate {
+    if h.store().capabilities().published_rows == PublishedRows::Rotate {
         return purge_retires_slots_and_keeps_unfinished(h).await;
     }
     finish_five_kill_one(h).await;
@@ -1164,7 +1062,7 @@ where
     Fut: Future<Output = H>,
 {
     let probe = factory().await;
-    if !probe.capabilities().per_key_ordering {
+    if !probe.store().capabilities().per_key_ordering {
         matrix_line(
             &probe,
             "ordering checks",

@@ -10,7 +10,6 @@ use diesel::connection::TransactionManager;
 use diesel::r2d2::{ConnectionManager, Pool, PooledConnection};
 use outbox_diesel::{DieselDialect, DieselInbox, DieselOutbox, PublishedRows, TableNames};
 use outbox_engine::registry::StoreDriver;
-use outbox_engine::testkit::store_suite::Capabilities;
 use outbox_engine::testkit::{InboxHarness, StoreHarness};
 use outbox_engine::{AnyStore, NewMessage, StoreError, StoreErrorKind, StoreSettings};
 
@@ -76,11 +75,9 @@ pub struct Harness<C: DieselDialect> {
     pub pool: Pool<ConnectionManager<C>>,
     pub store: AnyStore,
     pub name: &'static str,
-    pub mode: PublishedRows,
     pub shift: String,
     /// How many times `shift` takes the milliseconds (MySQL's `?` are positional).
     pub shift_binds: usize,
-    pub per_key: bool,
     /// Kept alive as long as the harness (a database file's folder).
     pub keep: Option<Box<dyn std::any::Any + Send + Sync>>,
 }
@@ -108,10 +105,8 @@ impl<C: DieselDialect> Harness<C> {
             pool,
             store,
             name,
-            mode,
             shift,
             shift_binds: 1,
-            per_key: true,
             keep: None,
         }
     }
@@ -131,12 +126,6 @@ where
 
     fn name(&self) -> String {
         self.name.to_owned()
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        Capabilities::new()
-            .published_rows(self.mode)
-            .per_key_ordering(self.per_key)
     }
 
     async fn enqueue(&self, messages: Vec<NewMessage>) -> Result<(), StoreError> {
@@ -386,10 +375,6 @@ where
 
     fn name(&self) -> String {
         format!("{}-async", self.sync.name)
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        self.sync.capabilities()
     }
 
     async fn enqueue(&self, messages: Vec<NewMessage>) -> Result<(), StoreError> {

@@ -31,7 +31,7 @@ use sqlx::Row;
 use sqlx::postgres::{PgPool, PgQueryResult, PgRow, Postgres};
 use uuid::Uuid;
 
-pub use self::wakeup::{PgNotifier, PgWakeupListener};
+pub use self::wakeup::PgNotifier;
 use crate::SqlInbox;
 use crate::dialect::{SqlDialect, Tables, sealed};
 use crate::error::classify;
@@ -42,7 +42,7 @@ const MIGRATION_LOCK: i64 = 0x6f75_7462_6f78_0001;
 
 /// The outbox on PostgreSQL: enqueue in your transaction ([`enqueue`](PgOutbox::enqueue),
 /// [`enqueue_all`](PgOutbox::enqueue_all)), wake relays in other processes
-/// ([`notify`](PgOutbox::notify), [`listen`](PgOutbox::listen)), and the relay's
+/// ([`notify`](PgOutbox::notify), [`Backend::listen`](outbox_engine::Backend::listen)), and the relay's
 /// [`Store`](outbox_engine::Store). Per-key order is fixed at commit (a deferred trigger
 /// numbers keyed rows), so writers of one key wait only for each other's commit.
 pub type PgOutbox = SqlOutbox<Postgres>;
@@ -114,10 +114,9 @@ impl SqlDialect for Postgres {
         row.try_get::<i32, _>("attempts").map(i64::from)
     }
 
-    /// The LISTEN connection of [`PgOutbox::listen`].
+    /// A LISTEN connection on this table's NOTIFY channel.
     async fn listen(store: &PgOutbox) -> Result<Option<Listener>, StoreError> {
-        let listener = store.listen().await?;
-        Ok(Some(Listener::new(listener.wakeup(), listener)))
+        wakeup::listener(store).await.map(Some)
     }
 
     /// A NOTIFY: see [`PgOutbox::notify`].

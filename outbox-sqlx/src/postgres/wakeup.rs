@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use outbox_engine::{StoreError, Wakeup};
+use outbox_engine::{Listener, StoreError, Wakeup};
 use outbox_sql::Dialect;
 use outbox_sql::postgres::NOTIFY_CHANNEL;
 use sqlx::postgres::PgListener;
@@ -64,51 +64,45 @@ impl PgOutbox {
             raise: Arc::new(raise),
         }
     }
+}
 
-    /// Starts listening for NOTIFY wakeups on a dedicated connection (never inside a
-    /// transaction) and returns a handle whose [`Wakeup`] you pass to the relay. The
-    /// listener reconnects by itself after a connection loss and raises the wakeup once
-    /// after each reconnect, since notifications sent meanwhile are lost.
-    ///
-    /// # Errors
-    ///
-    /// The first connection or `LISTEN` failed.
-    pub async fn listen(&self) -> Result<PgWakeupListener, StoreError> {
-        let mut listener = PgListener::connect_with(&self.pool)
-            .await
-            .map_err(classify)?;
-        listener.listen(NOTIFY_CHANNEL).await.map_err(classify)?;
-        let wakeup = Wakeup::new();
-        let signal = wakeup.clone();
-        let label = label(self);
-        let task = tokio::spawn(async move {
-            let mut backoff = Duration::from_millis(100);
-            loop {
-                match listener.try_recv().await {
-                    Ok(Some(notification)) => {
-                        backoff = Duration::from_millis(100);
-                        if notification.payload() == label {
-                            signal.notify();
-                        }
-                    }
-                    Ok(None) => {
-                        debug!("outbox listener connection lost; reconnecting");
+/// The LISTEN connection behind [`Backend::listen`](outbox_engine::Backend::listen): a
+/// dedicated connection (never inside a transaction) that raises the wakeup on each NOTIFY
+/// for this table. It reconnects by itself after a connection loss and raises the wakeup
+/// once after each reconnect, since notifications sent meanwhile are lost. Dropping the
+/// [`Listener`] stops it.
+pub(super) async fn listener(store: &PgOutbox) -> Result<Listener, StoreError> {
+    let mut listener = PgListener::connect_with(&store.pool)
+        .await
+        .map_err(classify)?;
+    listener.listen(NOTIFY_CHANNEL).await.map_err(classify)?;
+    let wakeup = Wakeup::new();
+    let signal = wakeup.clone();
+    let label = label(store);
+    let task = tokio::spawn(async move {
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            match listener.try_recv().await {
+                Ok(Some(notification)) => {
+                    backoff = Duration::from_millis(100);
+                    if notification.payload() == label {
                         signal.notify();
-                    }
-                    Err(error) => {
-                        warn!(%error, "outbox listener failed; retrying");
-                        signal.notify();
-                        tokio::time::sleep(backoff).await;
-                        backoff = (backoff * 2).min(Duration::from_secs(10));
                     }
                 }
+                Ok(None) => {
+                    debug!("outbox listener connection lost; reconnecting");
+                    signal.notify();
+                }
+                Err(error) => {
+                    warn!(%error, "outbox listener failed; retrying");
+                    signal.notify();
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(10));
+                }
             }
-        });
-        Ok(PgWakeupListener {
-            wakeup,
-            _task: AbortOnDrop(task),
-        })
-    }
+        }
+    });
+    Ok(Listener::new(wakeup, AbortOnDrop(task)))
 }
 
 /// The NOTIFY payload: the qualified table name, so listeners of other tables ignore it.
@@ -134,20 +128,6 @@ impl PgNotifier {
     pub fn notify(&self) {
         self.raise
             .send_modify(|calls| *calls = calls.wrapping_add(1));
-    }
-}
-
-/// A running LISTEN connection; see [`PgOutbox::listen`]. Dropping it stops listening.
-#[derive(Debug)]
-pub struct PgWakeupListener {
-    wakeup: Wakeup,
-    _task: AbortOnDrop,
-}
-
-impl PgWakeupListener {
-    /// The signal raised on each NOTIFY for this table; pass it to the relay builder.
-    pub fn wakeup(&self) -> Wakeup {
-        self.wakeup.clone()
     }
 }
 
