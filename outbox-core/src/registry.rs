@@ -1,7 +1,9 @@
 //! Drivers: how a store or a sink is built from its URL and settings, so that the front
 //! crate can pick one by URL scheme without knowing any backend. Each backend crate
-//! exposes a [`StoreDriver`] or [`SinkDriver`] constant; the front crate's registry
-//! installs the ones its Cargo features compiled in, and applications add their own.
+//! exposes a [`StoreDriver`] or [`SinkDriver`] constant, derived from the [`UrlStore`] or
+//! [`RouteSink`] it implements (`SinkDriver::of::<RedisSink>()`); the front crate's
+//! registry installs the ones its Cargo features compiled in, and applications add their
+//! own, derived the same way or written out:
 //!
 //! ```
 //! use std::sync::Arc;
@@ -17,13 +19,14 @@
 //! ```
 
 use std::fmt;
+use std::future::Future;
 use std::sync::Arc;
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use crate::backend::AnyStore;
-use crate::sink::{BoxFuture, DynSink};
+use crate::backend::{AnyStore, DynStore};
+use crate::sink::{BoxFuture, DynSink, Sink};
 
 /// What building a store or sink from settings can fail with. It says whether trying
 /// again can help (a broker that is down at start-up, say) and never quotes a secret.
@@ -160,6 +163,41 @@ pub struct SinkDriver {
 }
 
 impl SinkDriver {
+    /// The driver of a sink type: its schemes, and a build that parses the route's
+    /// settings as `S::Config` and connects.
+    ///
+    /// ```
+    /// use outbox_engine::registry::{RouteSink, SinkDriver};
+    /// use outbox_engine::testkit::RecordingSink;
+    ///
+    /// /// `memory://` routes record what they get.
+    /// struct Memory(RecordingSink);
+    /// # impl outbox_engine::Sink for Memory {
+    /// #     async fn publish(&self, batch: &[outbox_engine::Message], cx: &outbox_engine::PublishContext)
+    /// #         -> Result<Vec<outbox_engine::Outcome>, outbox_engine::Failure> { self.0.publish(batch, cx).await }
+    /// # }
+    /// impl RouteSink for Memory {
+    ///     const SCHEMES: &'static [&'static str] = &["memory"];
+    ///     type Config = serde_json::Value;
+    ///     type Error = std::convert::Infallible;
+    ///     async fn connect(_: serde_json::Value) -> Result<Self, Self::Error> {
+    ///         Ok(Memory(RecordingSink::new()))
+    ///     }
+    ///     fn is_retryable(_: &Self::Error) -> bool {
+    ///         false
+    ///     }
+    /// }
+    ///
+    /// const MEMORY: SinkDriver = SinkDriver::of::<Memory>();
+    /// assert!(MEMORY.handles("memory://anything"));
+    /// ```
+    pub const fn of<S: RouteSink>() -> Self {
+        Self {
+            schemes: S::SCHEMES,
+            build: build_route::<S>,
+        }
+    }
+
     /// Whether `url`'s scheme is one of this driver's.
     pub fn handles(&self, url: &str) -> bool {
         self.schemes.contains(&scheme(url))
@@ -259,6 +297,15 @@ pub struct StoreDriver {
 }
 
 impl StoreDriver {
+    /// The driver of a store type: its schemes, its connect and its schema script.
+    pub const fn of<S: UrlStore>() -> Self {
+        Self {
+            schemes: S::SCHEMES,
+            connect: connect_store::<S>,
+            schema: Some(S::schema),
+        }
+    }
+
     /// Whether `url`'s scheme is one of this driver's.
     pub fn handles(&self, url: &str) -> bool {
         self.schemes.contains(&scheme(url))
@@ -271,6 +318,59 @@ impl fmt::Debug for StoreDriver {
             .field("schemes", &self.schemes)
             .finish()
     }
+}
+
+/// A sink that a route's URL and settings build; its registry entry is
+/// [`SinkDriver::of`].
+pub trait RouteSink: Sink + Sized {
+    /// The URL schemes it handles, e.g. `["redis", "rediss"]`.
+    const SCHEMES: &'static [&'static str];
+    /// Its settings, parsed from the route's (it should deny unknown fields).
+    type Config: DeserializeOwned + Send;
+    /// Why it could not be built.
+    type Error: fmt::Display + Send;
+
+    /// Builds the sink and checks the server where it can.
+    fn connect(config: Self::Config) -> impl Future<Output = Result<Self, Self::Error>> + Send;
+
+    /// Whether building again later can help (a broker down at start-up), rather than
+    /// the settings being wrong.
+    fn is_retryable(error: &Self::Error) -> bool;
+}
+
+fn build_route<S: RouteSink>(
+    route: &RouteSettings,
+) -> BoxFuture<'_, Result<Arc<dyn DynSink>, BuildError>> {
+    Box::pin(async move {
+        let config: S::Config = route.parse()?;
+        let sink = S::connect(config)
+            .await
+            .map_err(|e| BuildError::new(e.to_string(), S::is_retryable(&e)))?;
+        Ok(Arc::new(sink) as Arc<dyn DynSink>)
+    })
+}
+
+/// A store that [`StoreSettings`] open; its registry entry is [`StoreDriver::of`].
+pub trait UrlStore: DynStore + Sized {
+    /// The URL schemes it handles, e.g. `["postgres", "postgresql"]`.
+    const SCHEMES: &'static [&'static str];
+
+    /// Connects (nothing is created; see [`Backend::migrate`](crate::Backend::migrate)).
+    fn connect(settings: &StoreSettings) -> impl Future<Output = Result<Self, BuildError>> + Send;
+
+    /// The DDL [`Backend::migrate`](crate::Backend::migrate) runs for these settings, for
+    /// teams that apply migrations with their own tool.
+    ///
+    /// # Errors
+    ///
+    /// A [`BuildError::config`] for settings the store cannot take.
+    fn schema(settings: &StoreSettings) -> Result<String, BuildError>;
+}
+
+fn connect_store<S: UrlStore>(
+    settings: &StoreSettings,
+) -> BoxFuture<'_, Result<AnyStore, BuildError>> {
+    Box::pin(async move { S::connect(settings).await.map(AnyStore::new) })
 }
 
 /// The scheme of `url`: what comes before the first `:`.

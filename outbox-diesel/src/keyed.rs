@@ -2,10 +2,8 @@
 //! transaction (SQLite, MySQL), written once over [`Keyed`]; see the sqlx store's
 //! dialect modules for why the numbers follow commit order.
 
-use std::collections::BTreeMap;
-
 use outbox_engine::{NewMessage, StoreError};
-use outbox_sql::values::limit;
+use outbox_sql::values::KeyNumbers;
 
 use crate::dialect::{Context, DieselDialect};
 use crate::migrate::in_transaction;
@@ -59,19 +57,10 @@ pub(crate) fn numbers<C: Keyed>(
     ctx: &Context<C>,
     messages: &[NewMessage],
 ) -> Result<Vec<Option<i64>>, StoreError> {
-    let mut per_key: BTreeMap<&str, (usize, i64)> = BTreeMap::new();
-    for key in messages.iter().filter_map(NewMessage::partition_key) {
-        per_key.entry(key).or_default().0 += 1;
+    let mut numbers = KeyNumbers::of(messages);
+    for (key, count) in numbers.wanted() {
+        let last = conn.next_seq(ctx, key, count)?;
+        numbers.set_last(key, last);
     }
-    for (key, (n, next)) in &mut per_key {
-        *next = conn.next_seq(ctx, key, *n)? - limit(*n) + 1;
-    }
-    Ok(messages
-        .iter()
-        .map(|m| {
-            let (_, next) = per_key.get_mut(m.partition_key()?)?;
-            *next += 1;
-            Some(*next - 1)
-        })
-        .collect())
+    Ok(numbers.numbers(messages))
 }

@@ -24,8 +24,8 @@ use diesel::mysql::{Mysql, MysqlConnection};
 use diesel::sql_types::{BigInt, Binary, Datetime, Nullable, Text};
 use outbox_engine::{NewMessage, PublishedRows, StoreError, StoreErrorKind};
 use outbox_sql::mysql::{
-    INSERT_CHUNK_BYTES, INSERT_CHUNK_ROWS, MAX_INTERVAL_MS, MIGRATION_LOCK,
-    MIGRATION_LOCK_TIMEOUT_S, Statements, db_time, interval_ms,
+    MAX_INTERVAL_MS, MIGRATION_LOCK, MIGRATION_LOCK_TIMEOUT_S, Statements, db_time, insert_chunks,
+    interval_ms,
 };
 use outbox_sql::values::{availability, headers_json, limit};
 use outbox_sql::{Dialect, Migration, Shared, TableNames};
@@ -189,31 +189,12 @@ impl DieselDialect for MysqlConnection {
         in_transaction(self, |conn| {
             let seqs = keyed::numbers(conn, ctx, messages)?;
             let mut inserted = 0;
-            let (mut rest, mut rest_seqs) = (messages, seqs.as_slice());
-            while !rest.is_empty() {
-                let (mut rows, mut bytes) = (0, 0);
-                while rows < rest.len() && rows < INSERT_CHUNK_ROWS {
-                    let m = &rest[rows];
-                    let size = m.payload().len()
-                        + m.headers()
-                            .iter()
-                            .map(|(k, v)| k.len() + v.len() + 8)
-                            .sum::<usize>()
-                        + 2048;
-                    if rows > 0 && bytes + size > INSERT_CHUNK_BYTES {
-                        break;
-                    }
-                    bytes += size;
-                    rows += 1;
-                }
-                let (chunk, tail) = rest.split_at(rows);
-                let (chunk_seqs, tail_seqs) = rest_seqs.split_at(rows);
+            for chunk in insert_chunks(messages) {
                 let mut query = Self::query(&ctx.sql.insert_batch(chunk.len())).uncached();
-                for (m, seq) in chunk.iter().zip(chunk_seqs) {
+                for (m, seq) in messages[chunk.clone()].iter().zip(&seqs[chunk]) {
                     query = bind_message(query, m, *seq);
                 }
                 inserted += execute(conn, query)?;
-                (rest, rest_seqs) = (tail, tail_seqs);
             }
             Ok(inserted)
         })

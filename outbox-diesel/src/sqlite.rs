@@ -30,14 +30,13 @@
 
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
 use diesel::QueryableByName;
 use diesel::connection::SimpleConnection;
 use diesel::r2d2::CustomizeConnection;
 use diesel::sql_types::{BigInt, Binary, Nullable, Text};
 use diesel::sqlite::{Sqlite, SqliteConnection};
 use outbox_engine::{Availability, NewMessage, PublishedRows, StoreError};
-use outbox_sql::sqlite::Statements;
+use outbox_sql::sqlite::{Statements, ceil_ms};
 use outbox_sql::values::{headers_json, limit, millis};
 use outbox_sql::{Dialect, Migration, Shared, TableNames};
 
@@ -81,16 +80,6 @@ impl CustomizeConnection<SqliteConnection, diesel::r2d2::Error> for Pragmas {
 struct LastSeq {
     #[diesel(sql_type = BigInt)]
     last_seq: i64,
-}
-
-/// `t` in unix milliseconds, rounded up (stored times are whole milliseconds).
-fn ceil_ms(t: DateTime<Utc>) -> i64 {
-    let floor = t.timestamp_millis();
-    if t.timestamp_subsec_nanos().is_multiple_of(1_000_000) {
-        floor
-    } else {
-        floor.saturating_add(1)
-    }
 }
 
 impl sealed::Sealed for SqliteConnection {}

@@ -1,6 +1,5 @@
 //! diesel's writer and inbox on a real SQLite file (WAL, busy timeout, a pool of
-//! connections): the store and ordering suites with every message enqueued through
-//! diesel and drained by the relay store, and the inbox suite.
+//! connections): the shared diesel tests ([`diesel_tests!`]).
 #![cfg(feature = "sqlite")]
 
 mod common;
@@ -13,6 +12,9 @@ use outbox_diesel::PublishedRows;
 use outbox_diesel::sqlite::{Pragmas, SqliteInbox, SqliteOutbox};
 use outbox_engine::testkit::{inbox_suite, store_suite};
 use outbox_sql::Dialect;
+
+const BUSINESS_TABLE: &str = "CREATE TABLE {table} (id INTEGER PRIMARY KEY)";
+const BUSINESS_INSERT: &str = "INSERT INTO {table} (id) VALUES (?1)";
 
 /// A pool on a fresh database file, removed with the pool's last user.
 fn pool() -> (Pool<ConnectionManager<SqliteConnection>>, tempfile::TempDir) {
@@ -49,135 +51,53 @@ async fn harness(mode: PublishedRows) -> common::Harness<SqliteConnection> {
     );
     let (pool, dir) = pool();
     let writer = SqliteOutbox::with_names(names).published_rows(mode);
-    let url = format!("sqlite:{}", path(&dir));
-    let mut h = common::Harness::open(
-        writer,
-        pool,
-        &outbox_sqlx::SQLITE,
-        &url,
-        "diesel-sqlite",
-        mode,
-        shift,
-    )
-    .await;
+    let (url, name) = (format!("sqlite:{}", path(&dir)), "diesel-sqlite");
+    let mut h =
+        common::Harness::open(writer, pool, &outbox_sqlx::SQLITE, &url, name, mode, shift).await;
     h.keep = Some(Box::new(dir));
     h
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sqlite_passes_the_store_suite() {
-    store_suite::run_all(|| harness(PublishedRows::Keep)).await;
+async fn inbox(_connections: u32) -> common::InboxParts<SqliteConnection> {
+    let names = outbox_sql::TableNames::default();
+    let (pool, dir) = pool();
+    let inbox = SqliteInbox::with_names(names.clone());
+    common::migrate_inbox(&inbox, &pool).await;
+    let age = "UPDATE {inbox} SET received_at = received_at - ?1 * 1000";
+    common::InboxParts {
+        inbox,
+        pool,
+        age: names.render(Dialect::Sqlite, age),
+        url: path(&dir),
+        keep: Some(Box::new(dir)),
+    }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sqlite_passes_the_store_and_ordering_suites_in_delete_mode() {
-    store_suite::run_all(|| harness(PublishedRows::Delete)).await;
-    store_suite::run_ordering(|| harness(PublishedRows::Delete)).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sqlite_passes_the_ordering_suite() {
-    store_suite::run_ordering(|| harness(PublishedRows::Keep)).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn sqlite_passes_the_inbox_suite() {
-    inbox_suite::run_all(|| async {
-        let names = outbox_sql::TableNames::default();
-        let (pool, dir) = pool();
-        let inbox = SqliteInbox::with_names(names.clone());
-        common::migrate_inbox(&inbox, &pool).await;
-        common::InboxOf {
-            inbox: common::SyncInbox(inbox),
-            pool,
-            age: names.render(
-                Dialect::Sqlite,
-                "UPDATE {inbox} SET received_at = received_at - ?1 * 1000",
-            ),
-            keep: Some(Box::new(dir)),
-        }
-    })
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sqlite_producer_atomicity() {
-    let h = harness(PublishedRows::Keep).await;
-    common::producer_atomicity(
-        &h,
-        "CREATE TABLE {table} (id INTEGER PRIMARY KEY)",
-        "INSERT INTO {table} (id) VALUES (?1)",
-    )
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sqlite_table_is_shared_with_the_sqlx_writer() {
-    let h = harness(PublishedRows::Keep).await;
-    let dir = h
-        .keep
+/// The database file of `h`.
+fn async_url(h: &common::Harness<SqliteConnection>) -> String {
+    h.keep
         .as_ref()
         .and_then(|k| k.downcast_ref::<tempfile::TempDir>())
-        .expect("the database folder");
+        .map(path)
+        .expect("the database folder")
+}
+
+async fn sqlx_writer(
+    h: &common::Harness<SqliteConnection>,
+) -> (sqlx::SqlitePool, outbox_sqlx::sqlite::SqliteOutbox) {
     let options = sqlx::sqlite::SqliteConnectOptions::new()
-        .filename(path(dir))
+        .filename(async_url(h))
         .busy_timeout(Duration::from_secs(10));
     let pool = sqlx::sqlite::SqlitePoolOptions::new()
         .max_connections(2)
         .connect_with(options)
         .await
         .expect("sqlx pool");
-    let sqlx_writer =
-        outbox_sqlx::sqlite::SqliteOutbox::with_names(pool.clone(), h.writer.names().clone());
-    common::shared_with_sqlx(&h, |messages| async move {
-        let mut tx = pool.begin().await.expect("begin");
-        sqlx_writer
-            .enqueue_all(&mut tx, &messages)
-            .await
-            .expect("enqueue");
-        tx.commit().await.expect("commit");
-    })
-    .await;
+    let names = h.writer.names().clone();
+    (
+        pool.clone(),
+        outbox_sqlx::sqlite::SqliteOutbox::with_names(pool, names),
+    )
 }
 
-#[cfg(feature = "async")]
-mod on_diesel_async {
-    use super::*;
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn sqlite_passes_the_store_and_ordering_suites_enqueueing_on_diesel_async() {
-        let h = || async {
-            let sync = harness(PublishedRows::Keep).await;
-            let url = sync
-                .keep
-                .as_ref()
-                .and_then(|k| k.downcast_ref::<tempfile::TempDir>())
-                .map(path)
-                .expect("the database folder");
-            common::AsyncHarness { sync, url }
-        };
-        store_suite::run_all(h).await;
-        store_suite::run_ordering(h).await;
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn sqlite_passes_the_inbox_suite_on_diesel_async() {
-        inbox_suite::run_all(|| async {
-            let names = outbox_sql::TableNames::default();
-            let (pool, dir) = pool();
-            let inbox = SqliteInbox::with_names(names.clone());
-            common::migrate_inbox(&inbox, &pool).await;
-            common::AsyncInboxOf {
-                inbox,
-                url: path(&dir),
-                pool,
-                age: names.render(
-                    Dialect::Sqlite,
-                    "UPDATE {inbox} SET received_at = received_at - ?1 * 1000",
-                ),
-                keep: Some(Box::new(dir)),
-            }
-        })
-        .await;
-    }
-}
+crate::diesel_tests!();

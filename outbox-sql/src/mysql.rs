@@ -455,6 +455,49 @@ pub const INSERT_CHUNK_ROWS: usize = 500;
 /// Payload and header bytes after which a multi-row `INSERT` is cut, so one statement
 /// stays well under the server's `max_allowed_packet` (16 MiB by default on MariaDB).
 pub const INSERT_CHUNK_BYTES: usize = 4 * 1024 * 1024;
+
+/// Splits `messages` into the runs that one multi-row `INSERT` each carries: at most
+/// [`INSERT_CHUNK_ROWS`] rows, and cut once payloads and headers pass
+/// [`INSERT_CHUNK_BYTES`] (a single larger message still goes alone). Yields index ranges.
+///
+/// ```
+/// use outbox_engine::NewMessage;
+/// use outbox_sql::mysql::insert_chunks;
+///
+/// let sized = |n| NewMessage::builder("d", "e").bytes(vec![0; n], "x").build().unwrap();
+/// let large: Vec<_> = (0..5).map(|_| sized(1_000_000)).collect();
+/// assert_eq!(insert_chunks(&large).collect::<Vec<_>>(), [0..4, 4..5]);
+/// let small: Vec<_> = (0..501).map(|_| sized(10)).collect();
+/// assert_eq!(insert_chunks(&small).collect::<Vec<_>>(), [0..500, 500..501]);
+/// ```
+pub fn insert_chunks(
+    messages: &[outbox_engine::NewMessage],
+) -> impl Iterator<Item = std::ops::Range<usize>> + '_ {
+    let mut start = 0;
+    std::iter::from_fn(move || {
+        if start == messages.len() {
+            return None;
+        }
+        let (mut end, mut bytes) = (start, 0);
+        while end < messages.len() && end - start < INSERT_CHUNK_ROWS {
+            let m = &messages[end];
+            let size = m.payload().len()
+                + m.headers()
+                    .iter()
+                    .map(|(k, v)| k.len() + v.len() + 8)
+                    .sum::<usize>()
+                + 2048;
+            if end > start && bytes + size > INSERT_CHUNK_BYTES {
+                break;
+            }
+            bytes += size;
+            end += 1;
+        }
+        let chunk = start..end;
+        start = end;
+        Some(chunk)
+    })
+}
 /// Longest interval bound into SQL, in milliseconds (about 1,000 years); longer ones are
 /// clamped so date arithmetic never leaves the `DATETIME` range.
 pub const MAX_INTERVAL_MS: i64 = 1000 * 366 * 24 * 3600 * 1000;

@@ -75,6 +75,26 @@ pub const INBOX_MIGRATIONS: &[(&str, &str)] =
 /// about half of the time). `unixepoch('now', 'subsec')` would need SQLite 3.42.
 pub const NOW_MS: &str = "CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)";
 
+/// `t` in unix milliseconds, rounded up. Stored times are whole milliseconds, so for a
+/// stored `c`, `c >= t` exactly when `c >= ceil_ms(t)` (and likewise for `<`).
+///
+/// ```
+/// use chrono::{TimeZone, Utc};
+/// use outbox_sql::sqlite::ceil_ms;
+///
+/// let t = Utc.timestamp_opt(1, 1).unwrap(); // one second and one nanosecond
+/// assert_eq!(ceil_ms(t), 1001);
+/// assert_eq!(ceil_ms(Utc.timestamp_opt(1, 0).unwrap()), 1000);
+/// ```
+pub fn ceil_ms(t: chrono::DateTime<chrono::Utc>) -> i64 {
+    let floor = t.timestamp_millis();
+    if t.timestamp_subsec_nanos().is_multiple_of(1_000_000) {
+        floor
+    } else {
+        floor.saturating_add(1)
+    }
+}
+
 /// The columns every message-returning statement yields, in order.
 pub const MESSAGE_COLUMNS: &str = "id, destination, event_type, aggregate_type, aggregate_id, partition_key, tenant_id, idempotency_key, payload, content_type, headers, attempts, created_at";
 

@@ -127,6 +127,61 @@ pub fn waited(ms: i64, since: WaitedSince) -> Waited {
     }
 }
 
+/// The numbers the keyed messages of one batch get: one counter bump per distinct key,
+/// taken in sorted key order (so two batches take shared keys in the same order), numbers
+/// handed out in slice order.
+///
+/// ```
+/// use outbox_engine::NewMessage;
+/// use outbox_sql::values::KeyNumbers;
+///
+/// let keyed = |key| NewMessage::builder("d", "e").partition_key(key).build().unwrap();
+/// let unkeyed = NewMessage::builder("d", "e").build().unwrap();
+/// let batch = [keyed("b"), keyed("a"), unkeyed, keyed("b")];
+/// let mut numbers = KeyNumbers::of(&batch);
+/// assert_eq!(numbers.wanted(), [("a", 1), ("b", 2)]);
+/// numbers.set_last("a", 7); // the counter of `a` handed out 7
+/// numbers.set_last("b", 3); // the counter of `b` handed out 2 and 3
+/// assert_eq!(numbers.numbers(&batch), [Some(2), Some(7), None, Some(3)]);
+/// ```
+#[derive(Debug)]
+pub struct KeyNumbers<'a>(BTreeMap<&'a str, (usize, i64)>);
+
+impl<'a> KeyNumbers<'a> {
+    /// The keys of `messages`, with how many of them each has.
+    pub fn of(messages: &'a [NewMessage]) -> Self {
+        let mut per_key: BTreeMap<&str, (usize, i64)> = BTreeMap::new();
+        for key in messages.iter().filter_map(NewMessage::partition_key) {
+            per_key.entry(key).or_default().0 += 1;
+        }
+        Self(per_key)
+    }
+
+    /// Each distinct key and how many numbers it needs, in sorted key order.
+    pub fn wanted(&self) -> Vec<(&'a str, usize)> {
+        self.0.iter().map(|(key, (n, _))| (*key, *n)).collect()
+    }
+
+    /// Records `last`, the last of the numbers the counter of `key` handed out.
+    pub fn set_last(&mut self, key: &str, last: i64) {
+        if let Some((n, next)) = self.0.get_mut(key) {
+            *next = last - limit(*n) + 1;
+        }
+    }
+
+    /// Each message's number in slice order; `None` for a message without a key.
+    pub fn numbers(mut self, messages: &[NewMessage]) -> Vec<Option<i64>> {
+        messages
+            .iter()
+            .map(|m| {
+                let (_, next) = self.0.get_mut(m.partition_key()?)?;
+                *next += 1;
+                Some(*next - 1)
+            })
+            .collect()
+    }
+}
+
 /// A limit for binding, saturating.
 pub fn limit(n: usize) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)

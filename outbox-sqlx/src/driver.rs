@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
-use outbox_engine::registry::{BuildError, StoreDriver};
-use outbox_engine::{AnyStore, StoreSettings, redact};
+use outbox_engine::registry::{BuildError, StoreDriver, UrlStore};
+use outbox_engine::{StoreSettings, redact};
 
 /// How long connecting may take before it is reported as unreachable.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -18,36 +18,24 @@ const MYSQL_SESSION: &str = "SET SESSION wait_timeout = 30";
 
 /// `postgres://` and `postgresql://` URLs: a [`PgOutbox`](crate::postgres::PgOutbox).
 #[cfg(feature = "postgres")]
-pub const POSTGRES: StoreDriver = StoreDriver {
-    schemes: &["postgres", "postgresql"],
-    connect: |settings| Box::pin(postgres(settings)),
-    schema: Some(|settings| schema(outbox_sql::Dialect::Postgres, settings)),
-};
+pub const POSTGRES: StoreDriver = StoreDriver::of::<crate::postgres::PgOutbox>();
 
 /// `sqlite:` URLs (`sqlite:outbox.db`, `sqlite::memory:`): a
 /// [`SqliteOutbox`](crate::sqlite::SqliteOutbox); the file is created if missing.
 #[cfg(feature = "sqlite")]
-pub const SQLITE: StoreDriver = StoreDriver {
-    schemes: &["sqlite"],
-    connect: |settings| Box::pin(sqlite(settings)),
-    schema: Some(|settings| schema(outbox_sql::Dialect::Sqlite, settings)),
-};
+pub const SQLITE: StoreDriver = StoreDriver::of::<crate::sqlite::SqliteOutbox>();
 
 /// `mysql://` and `mariadb://` URLs: a [`MySqlOutbox`](crate::mysql::MySqlOutbox).
 #[cfg(feature = "mysql")]
-pub const MYSQL: StoreDriver = StoreDriver {
-    schemes: &["mysql", "mariadb"],
-    connect: |settings| Box::pin(mysql(settings)),
-    schema: Some(|settings| schema(outbox_sql::Dialect::MySql, settings)),
-};
+pub const MYSQL: StoreDriver = StoreDriver::of::<crate::mysql::MySqlOutbox>();
 
 /// The DDL `migrate` runs for these settings' table names.
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
-fn schema(dialect: outbox_sql::Dialect, settings: &StoreSettings) -> Result<String, BuildError> {
+fn schema<DB: crate::dialect::SqlDialect>(settings: &StoreSettings) -> Result<String, BuildError> {
     Ok(outbox_sql::schema_script(
-        dialect,
+        DB::DIALECT,
         &outbox_sql::table_names(settings)?,
-        outbox_sql::published_rows(dialect, settings)?,
+        outbox_sql::published_rows(DB::DIALECT, settings)?,
     ))
 }
 
@@ -92,52 +80,70 @@ async fn server_pool<DB: sqlx::Database>(
 }
 
 #[cfg(feature = "postgres")]
-async fn postgres(settings: &StoreSettings) -> Result<AnyStore, BuildError> {
-    let names = outbox_sql::table_names(settings)?;
-    let published = outbox_sql::published_rows(outbox_sql::Dialect::Postgres, settings)?;
-    let url = settings.url.replacen("postgresql://", "postgres://", 1);
-    let pool = server_pool(settings, &url, sqlx::postgres::PgPoolOptions::new()).await?;
-    Ok(AnyStore::new(
-        crate::postgres::PgOutbox::with_names(pool, names).published_rows(published),
-    ))
+impl UrlStore for crate::postgres::PgOutbox {
+    const SCHEMES: &'static [&'static str] = &["postgres", "postgresql"];
+
+    async fn connect(settings: &StoreSettings) -> Result<Self, BuildError> {
+        let names = outbox_sql::table_names(settings)?;
+        let published = outbox_sql::published_rows(outbox_sql::Dialect::Postgres, settings)?;
+        let url = settings.url.replacen("postgresql://", "postgres://", 1);
+        let pool = server_pool(settings, &url, sqlx::postgres::PgPoolOptions::new()).await?;
+        Ok(Self::with_names(pool, names).published_rows(published))
+    }
+
+    fn schema(settings: &StoreSettings) -> Result<String, BuildError> {
+        schema::<sqlx::Postgres>(settings)
+    }
 }
 
 #[cfg(feature = "sqlite")]
-async fn sqlite(settings: &StoreSettings) -> Result<AnyStore, BuildError> {
-    use std::str::FromStr;
-    let names = outbox_sql::table_names(settings)?;
-    let published = outbox_sql::published_rows(outbox_sql::Dialect::Sqlite, settings)?;
-    let options = sqlx::sqlite::SqliteConnectOptions::from_str(&settings.url)
-        .map_err(|e| BuildError::config(format!("store.url: {e}")))?
-        .create_if_missing(true)
-        .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
-        .busy_timeout(CONNECT_TIMEOUT);
-    let pool = sqlx::sqlite::SqlitePoolOptions::new()
-        .max_connections(settings.max_connections)
-        .connect_with(options)
-        .await
-        .map_err(|e| unreachable(settings, e))?;
-    Ok(AnyStore::new(
-        crate::sqlite::SqliteOutbox::with_names(pool, names).published_rows(published),
-    ))
+impl UrlStore for crate::sqlite::SqliteOutbox {
+    const SCHEMES: &'static [&'static str] = &["sqlite"];
+
+    async fn connect(settings: &StoreSettings) -> Result<Self, BuildError> {
+        use std::str::FromStr;
+        let names = outbox_sql::table_names(settings)?;
+        let published = outbox_sql::published_rows(outbox_sql::Dialect::Sqlite, settings)?;
+        let options = sqlx::sqlite::SqliteConnectOptions::from_str(&settings.url)
+            .map_err(|e| BuildError::config(format!("store.url: {e}")))?
+            .create_if_missing(true)
+            .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
+            .busy_timeout(CONNECT_TIMEOUT);
+        let pool = sqlx::sqlite::SqlitePoolOptions::new()
+            .max_connections(settings.max_connections)
+            .connect_with(options)
+            .await
+            .map_err(|e| unreachable(settings, e))?;
+        Ok(Self::with_names(pool, names).published_rows(published))
+    }
+
+    fn schema(settings: &StoreSettings) -> Result<String, BuildError> {
+        schema::<sqlx::Sqlite>(settings)
+    }
 }
 
 #[cfg(feature = "mysql")]
-async fn mysql(settings: &StoreSettings) -> Result<AnyStore, BuildError> {
-    let names = outbox_sql::table_names(settings)?;
-    let published = outbox_sql::published_rows(outbox_sql::Dialect::MySql, settings)?;
-    let url = settings.url.replacen("mariadb://", "mysql://", 1);
-    let options = sqlx::mysql::MySqlPoolOptions::new()
-        .after_connect(|connection, _| {
-            Box::pin(async move {
-                sqlx::query(MYSQL_SESSION).execute(connection).await?;
-                Ok(())
+impl UrlStore for crate::mysql::MySqlOutbox {
+    const SCHEMES: &'static [&'static str] = &["mysql", "mariadb"];
+
+    async fn connect(settings: &StoreSettings) -> Result<Self, BuildError> {
+        let names = outbox_sql::table_names(settings)?;
+        let published = outbox_sql::published_rows(outbox_sql::Dialect::MySql, settings)?;
+        let url = settings.url.replacen("mariadb://", "mysql://", 1);
+        let options = sqlx::mysql::MySqlPoolOptions::new()
+            .after_connect(|connection, _| {
+                Box::pin(async move {
+                    sqlx::query(MYSQL_SESSION).execute(connection).await?;
+                    Ok(())
+                })
             })
-        })
-        // Closed here before the server's `wait_timeout` closes them.
-        .idle_timeout(Duration::from_secs(20));
-    let pool = server_pool(settings, &url, options).await?;
-    Ok(AnyStore::new(
-        crate::mysql::MySqlOutbox::with_names(pool, names).published_rows(published),
-    ))
+            // Closed here before the server's `wait_timeout` closes them.
+            .idle_timeout(Duration::from_secs(20));
+        let pool = server_pool(settings, &url, options).await?;
+        Ok(Self::with_names(pool, names).published_rows(published))
+    }
+
+    fn schema(settings: &StoreSettings) -> Result<String, BuildError> {
+        schema::<sqlx::MySql>(settings)
+    }
 }

@@ -1,11 +1,9 @@
 //! Enqueue where keyed messages are numbered by a counter row in the writer's
 //! transaction (SQLite, MySQL), written once over [`KeyedDialect`].
 
-use std::collections::BTreeMap;
-
 use outbox_engine::{NewMessage, StoreError};
+use outbox_sql::values::KeyNumbers;
 
-use crate::common::limit;
 use crate::dialect::KeyedDialect;
 use crate::store::SqlOutbox;
 
@@ -44,21 +42,11 @@ impl<DB: KeyedDialect> SqlOutbox<DB> {
         conn: &mut DB::Connection,
         messages: &[NewMessage],
     ) -> Result<Vec<Option<i64>>, StoreError> {
-        let mut per_key: BTreeMap<&str, (usize, i64)> = BTreeMap::new();
-        for key in messages.iter().filter_map(NewMessage::partition_key) {
-            per_key.entry(key).or_default().0 += 1;
+        let mut numbers = KeyNumbers::of(messages);
+        for (key, count) in numbers.wanted() {
+            let last = DB::next_seq(self, conn, key, count).await?;
+            numbers.set_last(key, last);
         }
-        for (key, (count, next)) in &mut per_key {
-            let last = DB::next_seq(self, conn, key, *count).await?;
-            *next = last - limit(*count) + 1;
-        }
-        Ok(messages
-            .iter()
-            .map(|m| {
-                let (_, next) = per_key.get_mut(m.partition_key()?)?;
-                *next += 1;
-                Some(*next - 1)
-            })
-            .collect())
+        Ok(numbers.numbers(messages))
     }
 }

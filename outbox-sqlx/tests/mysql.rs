@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use outbox_engine::BoxFuture;
 use outbox_engine::testkit::{RecordingSink, StoreHarness, inbox_suite, store_suite};
 use outbox_engine::{
     ClaimRequest, Completion, DeadLetterFilter, DeadLetters, NewMessage, Relay, Store, StoreError,
@@ -214,125 +215,14 @@ async fn mysql_passes_the_store_and_ordering_suites_in_delete_mode() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn single_enqueue_and_relay_deliver_with_all_fields() {
-    let h = MySqlHarness::new().await;
-    let ns = uuid::Uuid::NAMESPACE_OID;
-    let payload = vec![0, 255, 10, 13, b'\'', b'\\', 0x80, 0xfe];
-    let message = NewMessage::builder("orders", "order.paid")
-        .bytes(payload.clone(), "application/octet-stream")
-        .aggregate("order", "o-1 ü")
-        .partition_key("o-1")
-        .tenant_id("tenant-😀")
-        .header("x-a", "1")
-        .header(
-            "traceparent",
-            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
-        )
-        .deterministic_key(ns, &["o-1", "paid"])
-        .build()
-        .unwrap();
-    let mut tx = h.outbox.pool().begin().await.unwrap();
-    h.outbox.enqueue(&mut tx, &message).await.unwrap();
-    tx.commit().await.unwrap();
-    let sink = RecordingSink::new();
-    let relay = Relay::builder(h.outbox.clone())
-        .route("orders", sink.clone())
-        .build()
-        .unwrap();
-    assert_eq!(relay.drain().await.unwrap().published, 1);
-    let got = sink.messages();
-    assert_eq!(got.len(), 1);
-    let got = &got[0];
-    assert_eq!(got.id, message.id());
-    assert_eq!(got.destination, "orders");
-    assert_eq!(got.event_type, "order.paid");
-    assert_eq!(got.payload, payload, "binary payload is exact");
-    assert_eq!(got.content_type, "application/octet-stream");
-    assert_eq!(got.aggregate_type.as_deref(), Some("order"));
-    assert_eq!(got.aggregate_id.as_deref(), Some("o-1 ü"));
-    assert_eq!(got.partition_key.as_deref(), Some("o-1"));
-    assert_eq!(got.tenant_id.as_deref(), Some("tenant-😀"));
-    assert_eq!(got.idempotency_key, message.idempotency_key());
-    assert_eq!(&got.headers, message.headers());
-    assert_eq!(got.attempts, 1);
-    let age = chrono::Utc::now() - got.created_at;
-    assert!(
-        age >= chrono::Duration::zero() - chrono::Duration::seconds(5)
-            && age < chrono::Duration::seconds(60),
-        "created_at is the server's UTC time, not a local time: {}",
-        got.created_at
-    );
-    let status: String = sqlx::query_scalar(&format!(
-        "SELECT CAST(status AS CHAR) FROM {} WHERE id = ?",
-        h.table()
-    ))
-    .bind(message.id().to_string())
-    .fetch_one(h.outbox.pool())
-    .await
-    .unwrap();
-    assert_eq!(status, "published");
-    let stats = h.outbox.stats().await.unwrap();
-    assert_eq!(stats.destination("orders").unwrap().published, 1);
+    common::delivers_every_field(&MySqlHarness::new().await).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn delete_on_publish_removes_rows() {
     let h = MySqlHarness::with_mode(PublishedRows::Delete).await;
-    h.enqueue((0..5).map(|n| common::message("orders", n)).collect())
-        .await
-        .unwrap();
-    h.enqueue(vec![common::message("elsewhere", 9)])
-        .await
-        .unwrap();
-    let relay = Relay::builder(h.outbox.clone())
-        .route("orders", RecordingSink::new())
-        .build()
-        .unwrap();
-    let claim =
-        ClaimRequest::new("r", 10, Duration::from_secs(30)).destinations(vec!["orders".into()]);
-    // One row dead-lettered, the others published by the relay.
-    let first = h.outbox.claim(&claim).await.unwrap();
-    let doomed = first.messages[0].id;
-    h.outbox
-        .complete(first.lease.token, &[Completion::dead(doomed, "bad")])
-        .await
-        .unwrap();
-    let rest: Vec<_> = first.messages[1..].iter().map(|m| m.id).collect();
-    h.outbox.release(first.lease.token, &rest).await.unwrap();
-    assert_eq!(relay.drain().await.unwrap().published, 4);
-    assert_eq!(
-        h.rows().await,
-        2,
-        "only the dead letter and the other route remain"
-    );
-    let dead = h
-        .outbox
-        .list_dead(&DeadLetterFilter::all(), 10)
-        .await
-        .unwrap();
-    assert_eq!(dead.len(), 1);
-    assert_eq!(dead[0].message.id, doomed);
-
-    // A relay whose lease was taken over deletes nothing in delete mode either.
-    h.enqueue(vec![common::message("orders", 7)]).await.unwrap();
-    let old = h.outbox.claim(&claim).await.unwrap();
-    h.advance(Duration::from_secs(31)).await;
-    let new = h.outbox.claim(&claim).await.unwrap();
-    let id = new.messages[0].id;
-    assert_eq!(old.messages[0].id, id);
-    let stale = h
-        .outbox
-        .complete(old.lease.token, &[Completion::published(id)])
-        .await
-        .unwrap();
-    assert_eq!((stale.applied, stale.stale.clone()), (0, vec![id]));
-    assert_eq!(h.rows().await, 3, "the stale publish deleted nothing");
-    let current = h
-        .outbox
-        .complete(new.lease.token, &[Completion::published(id)])
-        .await
-        .unwrap();
-    assert_eq!(current.applied, 1);
-    assert_eq!(h.rows().await, 2);
+    let rows = || -> BoxFuture<'_, i64> { Box::pin(h.rows()) };
+    common::delete_on_publish_removes_rows(&h, &rows).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -440,57 +330,20 @@ async fn hostile_identifiers_are_rejected_or_quoted_exactly() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stats_match_the_table() {
     let h = MySqlHarness::new().await;
-    h.enqueue((0..7).map(|n| common::message("a", n)).collect())
-        .await
-        .unwrap();
-    h.enqueue((0..3).map(|n| common::message("b", n)).collect())
-        .await
-        .unwrap();
-    let claim = h
-        .outbox
-        .claim(&ClaimRequest::new("r", 3, Duration::from_secs(30)).destinations(vec!["a".into()]))
-        .await
-        .unwrap();
-    let ids: Vec<_> = claim.messages.iter().map(|m| m.id).collect();
-    h.outbox
-        .complete(
-            claim.lease.token,
-            &[Completion::published(ids[0]), Completion::dead(ids[1], "x")],
-        )
-        .await
-        .unwrap();
-    let stats = h.outbox.stats().await.unwrap();
-    let a = stats.destination("a").unwrap();
-    assert_eq!((a.pending, a.leased, a.published, a.dead), (4, 1, 1, 1));
-    let b = stats.destination("b").unwrap();
-    assert_eq!((b.pending, b.leased, b.published, b.dead), (3, 0, 0, 0));
-    let by_sql: Vec<(String, String, i64)> = sqlx::query_as(&format!(
+    let sql = format!(
         "SELECT CAST(destination AS CHAR), CAST(status AS CHAR), COUNT(*) FROM {} \
          GROUP BY destination, status",
         h.table()
-    ))
-    .fetch_all(h.outbox.pool())
-    .await
-    .unwrap();
-    assert_eq!(by_sql.iter().map(|r| r.2).sum::<i64>(), 10);
-    for (destination, status, n) in &by_sql {
-        let d = stats.destination(destination).unwrap();
-        let counted = match status.as_str() {
-            "pending" => d.pending,
-            "leased" => d.leased,
-            "published" => d.published,
-            "dead" => d.dead,
-            other => panic!("unknown status {other}"),
-        };
-        assert_eq!(counted as i64, *n, "{destination} {status}");
-    }
-    assert_eq!(stats.total().backlog(), 8);
-    let oldest = stats.total().oldest_pending_created_at.unwrap();
-    let age = chrono::Utc::now() - oldest;
-    assert!(
-        age >= chrono::Duration::seconds(-5) && age < chrono::Duration::seconds(60),
-        "oldest pending is in UTC: {oldest}"
     );
+    let by_status = || -> BoxFuture<'_, Vec<(String, String, i64)>> {
+        Box::pin(async {
+            sqlx::query_as(&sql)
+                .fetch_all(h.outbox.pool())
+                .await
+                .unwrap()
+        })
+    };
+    common::stats_match_the_table(&h, &by_status).await;
 }
 
 /// Values at the edges of what the columns hold are clamped or cut, never an error that

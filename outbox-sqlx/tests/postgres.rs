@@ -6,6 +6,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
+use outbox_engine::BoxFuture;
 use outbox_engine::testkit::{RecordingSink, StoreHarness, inbox_suite, store_suite};
 use outbox_engine::{Backend, NewMessage, Relay, StoreError, StoreStats};
 use outbox_sql::Dialect;
@@ -627,45 +628,22 @@ async fn rotate_refuses_a_table_created_without_slots() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn single_enqueue_and_relay_deliver_with_all_fields() {
-    let h = PgHarness::new().await;
-    let message = NewMessage::builder("orders", "order.paid")
-        .bytes(vec![0, 255, 10], "application/octet-stream")
-        .partition_key("o-1")
-        .header("x-a", "1")
-        .build()
-        .unwrap();
-    let mut tx = h.outbox.pool().begin().await.unwrap();
-    h.outbox.enqueue(&mut tx, &message).await.unwrap();
-    tx.commit().await.unwrap();
-    let sink = RecordingSink::new();
-    let relay = Relay::builder(h.outbox.clone())
-        .route("orders", sink.clone())
-        .build()
-        .unwrap();
-    assert_eq!(relay.drain().await.unwrap().published, 1);
-    let got = &sink.messages()[0];
-    assert_eq!(
-        (got.id, got.payload.as_slice(), got.headers["x-a"].as_str()),
-        (message.id(), &[0u8, 255, 10][..], "1")
-    );
+    common::delivers_every_field(&PgHarness::new().await).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn delete_on_publish_removes_rows() {
     let h = PgHarness::with_mode(PublishedRows::Delete).await;
-    h.enqueue((0..5).map(|n| common::message("orders", n)).collect())
-        .await
-        .unwrap();
-    let relay = Relay::builder(h.outbox.clone())
-        .route("orders", RecordingSink::new())
-        .build()
-        .unwrap();
-    assert_eq!(relay.drain().await.unwrap().published, 5);
-    let rows: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {}", h.table()))
-        .fetch_one(h.outbox.pool())
-        .await
-        .unwrap();
-    assert_eq!(rows, 0);
+    let sql = format!("SELECT count(*) FROM {}", h.table());
+    let rows = || -> BoxFuture<'_, i64> {
+        Box::pin(async {
+            sqlx::query_scalar(&sql)
+                .fetch_one(h.outbox.pool())
+                .await
+                .unwrap()
+        })
+    };
+    common::delete_on_publish_removes_rows(&h, &rows).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -855,52 +833,20 @@ async fn hostile_identifiers_are_rejected_or_quoted_exactly() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stats_match_the_table() {
-    use outbox_engine::{ClaimRequest, Completion, Store};
-
     let h = PgHarness::new().await;
-    h.enqueue((0..7).map(|n| common::message("a", n)).collect())
-        .await
-        .unwrap();
-    h.enqueue((0..3).map(|n| common::message("b", n)).collect())
-        .await
-        .unwrap();
-    let claim = h
-        .outbox
-        .claim(&ClaimRequest::new("r", 3, Duration::from_secs(30)).destinations(vec!["a".into()]))
-        .await
-        .unwrap();
-    let ids: Vec<_> = claim.messages.iter().map(|m| m.id).collect();
-    h.outbox
-        .complete(
-            claim.lease.token,
-            &[Completion::published(ids[0]), Completion::dead(ids[1], "x")],
-        )
-        .await
-        .unwrap();
-    let stats = h.outbox.stats().await.unwrap();
-    let a = stats.destination("a").unwrap();
-    assert_eq!((a.pending, a.leased, a.published, a.dead), (4, 1, 1, 1));
-    let b = stats.destination("b").unwrap();
-    assert_eq!((b.pending, b.leased, b.published, b.dead), (3, 0, 0, 0));
-    let by_sql: Vec<(String, String, i64)> = sqlx::query_as(&format!(
+    let sql = format!(
         "SELECT destination, status::text, count(*) FROM {} GROUP BY destination, status",
         h.table()
-    ))
-    .fetch_all(h.outbox.pool())
-    .await
-    .unwrap();
-    assert_eq!(by_sql.iter().map(|r| r.2).sum::<i64>(), 10);
-    for (destination, status, n) in &by_sql {
-        let d = stats.destination(destination).unwrap();
-        let counted = match status.as_str() {
-            "pending" => d.pending,
-            "leased" => d.leased,
-            "published" => d.published,
-            "dead" => d.dead,
-            other => panic!("unknown status {other}"),
-        };
-        assert_eq!(counted as i64, *n, "{destination} {status}");
-    }
+    );
+    let by_status = || -> BoxFuture<'_, Vec<(String, String, i64)>> {
+        Box::pin(async {
+            sqlx::query_as(&sql)
+                .fetch_all(h.outbox.pool())
+                .await
+                .unwrap()
+        })
+    };
+    common::stats_match_the_table(&h, &by_status).await;
 }
 
 /// A relay stalls after publishing until its lease lapsed and another relay reclaimed the

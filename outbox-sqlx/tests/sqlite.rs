@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use outbox_engine::BoxFuture;
 use outbox_engine::testkit::{RecordingSink, StoreHarness, inbox_suite, store_suite};
 use outbox_engine::{
     ClaimRequest, Completion, DeadLetterFilter, DeadLetters, NewMessage, Relay, Store, StoreError,
@@ -137,55 +138,15 @@ async fn sqlite_passes_the_store_and_ordering_suites_in_delete_mode() {
 async fn single_enqueue_and_relay_deliver_with_all_fields() {
     let db = TestDb::new().await;
     let h = SqliteHarness::new(db.pool.clone()).await;
-    let message = NewMessage::builder("orders", "order.paid")
-        .bytes(vec![0, 255, 10, 0], "application/octet-stream")
-        .aggregate("order", "o-1")
-        .partition_key("o-1")
-        .tenant_id("t-9")
-        .idempotency_key("order-1:paid")
-        .header("x-a", "1")
-        .header(
-            "traceparent",
-            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
-        )
-        .build()
-        .unwrap();
-    let mut tx = db.pool.begin().await.unwrap();
-    h.outbox.enqueue(&mut tx, &message).await.unwrap();
-    tx.commit().await.unwrap();
-    let sink = RecordingSink::new();
-    let relay = Relay::builder(h.outbox.clone())
-        .route("orders", sink.clone())
-        .build()
-        .unwrap();
-    let report = relay.drain().await.unwrap();
-    assert_eq!((report.claimed, report.published), (1, 1));
-    let got = sink.messages();
-    assert_eq!(got.len(), 1);
-    let got = &got[0];
-    assert_eq!(got.id, message.id());
-    assert_eq!(got.destination, "orders");
-    assert_eq!(got.event_type, "order.paid");
-    assert_eq!(got.payload, [0u8, 255, 10, 0]);
-    assert_eq!(got.content_type, "application/octet-stream");
-    assert_eq!(got.aggregate_type.as_deref(), Some("order"));
-    assert_eq!(got.aggregate_id.as_deref(), Some("o-1"));
-    assert_eq!(got.partition_key.as_deref(), Some("o-1"));
-    assert_eq!(got.tenant_id.as_deref(), Some("t-9"));
-    assert_eq!(got.idempotency_key, "order-1:paid");
-    assert_eq!(&got.headers, message.headers());
-    assert_eq!(got.attempts, 1);
-
-    // The row is kept as published, with the times SQLite wrote.
-    let (status, payload_type, published_at, created_at): (String, String, i64, i64) =
-        sqlx::query_as(&format!(
-            "SELECT status, typeof(payload), published_at, created_at FROM {}",
-            h.table()
-        ))
-        .fetch_one(&db.pool)
-        .await
-        .unwrap();
-    assert_eq!(status, "published");
+    common::delivers_every_field(&h).await;
+    // SQLite keeps the payload as a BLOB and the times as unix milliseconds.
+    let (payload_type, published_at, created_at): (String, i64, i64) = sqlx::query_as(&format!(
+        "SELECT typeof(payload), published_at, created_at FROM {}",
+        h.table()
+    ))
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
     assert_eq!(payload_type, "blob", "payload is stored as a BLOB");
     assert!(published_at >= created_at);
     let now_ms = chrono::Utc::now().timestamp_millis();
@@ -217,78 +178,8 @@ async fn empty_payload_round_trips() {
 async fn delete_on_publish_removes_rows() {
     let db = TestDb::new().await;
     let h = SqliteHarness::with_mode(db.pool.clone(), PublishedRows::Delete).await;
-    h.enqueue((0..5).map(|n| common::message("orders", n)).collect())
-        .await
-        .unwrap();
-    let relay = Relay::builder(h.outbox.clone())
-        .route("orders", RecordingSink::new())
-        .build()
-        .unwrap();
-    assert_eq!(relay.drain().await.unwrap().published, 5);
-    assert_eq!(h.rows().await, 0);
-
-    // Mixed completions: published rows go, the others stay; repeats are stale.
-    let ids: Vec<_> = (0..3).map(|n| common::message("orders", n)).collect();
-    let ids: Vec<_> = {
-        let out = ids.iter().map(NewMessage::id).collect();
-        h.enqueue(ids).await.unwrap();
-        out
-    };
-    let claim = h
-        .outbox
-        .claim(&ClaimRequest::new("t", 10, Duration::from_secs(30)))
-        .await
-        .unwrap();
-    let completions = [
-        Completion::published(ids[0]),
-        Completion::retry(ids[1], Duration::from_secs(60), "503"),
-        Completion::dead(ids[2], "400"),
-    ];
-    let report = h
-        .outbox
-        .complete(claim.lease.token, &completions)
-        .await
-        .unwrap();
-    assert_eq!((report.applied, report.stale.len()), (3, 0));
-    assert_eq!(h.rows().await, 2, "the published row was deleted");
-    let again = h
-        .outbox
-        .complete(claim.lease.token, &completions)
-        .await
-        .unwrap();
-    assert_eq!(again.applied, 0);
-    assert_eq!(
-        again.stale.iter().copied().collect::<HashSet<_>>(),
-        ids.iter().copied().collect::<HashSet<_>>(),
-        "a deleted row and finished rows are all reported stale"
-    );
-    let stats = h.outbox.stats().await.unwrap();
-    let orders = stats.destination("orders").unwrap();
-    assert_eq!(
-        (orders.pending, orders.leased, orders.published, orders.dead),
-        (1, 0, 0, 1)
-    );
-
-    // A relay whose lease was reclaimed deletes nothing.
-    let fresh: Vec<_> = (0..2).map(|n| common::message("fenced", n)).collect();
-    let fresh_ids: Vec<_> = fresh.iter().map(NewMessage::id).collect();
-    h.enqueue(fresh).await.unwrap();
-    let request =
-        ClaimRequest::new("t", 10, Duration::from_secs(30)).destinations(vec!["fenced".into()]);
-    let old = h.outbox.claim(&request).await.unwrap();
-    h.advance(Duration::from_secs(31)).await;
-    let new = h.outbox.claim(&request).await.unwrap();
-    assert_eq!(new.messages.len(), 2, "lapsed lease reclaimed");
-    let publish: Vec<_> = fresh_ids
-        .iter()
-        .map(|id| Completion::published(*id))
-        .collect();
-    let stale = h.outbox.complete(old.lease.token, &publish).await.unwrap();
-    assert_eq!((stale.applied, stale.stale.len()), (0, 2));
-    assert_eq!(h.rows().await, 4, "the fenced delete removed nothing");
-    let done = h.outbox.complete(new.lease.token, &publish).await.unwrap();
-    assert_eq!((done.applied, done.stale.len()), (2, 0));
-    assert_eq!(h.rows().await, 2);
+    let rows = || -> BoxFuture<'_, i64> { Box::pin(h.rows()) };
+    common::delete_on_publish_removes_rows(&h, &rows).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -634,70 +525,14 @@ async fn claim_uses_the_due_index() {
 async fn stats_match_the_table() {
     let db = TestDb::new().await;
     let h = SqliteHarness::new(db.pool.clone()).await;
-    h.enqueue((0..7).map(|n| common::message("a", n)).collect())
-        .await
-        .unwrap();
-    h.enqueue((0..2).map(|n| common::message("b", n)).collect())
-        .await
-        .unwrap();
-    let stats = h.outbox.stats().await.unwrap();
-    let a = stats.destination("a").unwrap();
-    assert_eq!((a.pending, a.leased, a.published, a.dead), (7, 0, 0, 0));
-    assert_eq!(stats.destinations.len(), 2);
-    assert_eq!(
-        stats.destinations[0].destination, "a",
-        "sorted by destination"
-    );
-
-    let claim = h
-        .outbox
-        .claim(&ClaimRequest::new("t", 4, Duration::from_secs(30)).destinations(vec!["a".into()]))
-        .await
-        .unwrap();
-    let ids: Vec<_> = claim.messages.iter().map(|m| m.id).collect();
-    h.outbox
-        .complete(
-            claim.lease.token,
-            &[
-                Completion::published(ids[0]),
-                Completion::dead(ids[1], "bad"),
-            ],
-        )
-        .await
-        .unwrap();
-    let stats = h.outbox.stats().await.unwrap();
-    let a = stats.destination("a").unwrap();
-    assert_eq!((a.pending, a.leased, a.published, a.dead), (3, 2, 1, 1));
-    let rows: Vec<(String, String, i64)> = sqlx::query_as(&format!(
+    let sql = format!(
         "SELECT destination, status, count(*) FROM {} GROUP BY destination, status",
         h.table()
-    ))
-    .fetch_all(&db.pool)
-    .await
-    .unwrap();
-    for (destination, status, n) in rows {
-        let d = stats.destination(&destination).unwrap();
-        let counted = match status.as_str() {
-            "pending" => d.pending,
-            "leased" => d.leased,
-            "published" => d.published,
-            "dead" => d.dead,
-            other => panic!("unknown status {other}"),
-        };
-        assert_eq!(counted as i64, n, "{destination}/{status}");
-    }
-    let oldest: i64 = sqlx::query_scalar(&format!(
-        "SELECT min(created_at) FROM {} WHERE destination = 'a' AND status IN ('pending', 'leased')",
-        h.table()
-    ))
-    .fetch_one(&db.pool)
-    .await
-    .unwrap();
-    assert_eq!(
-        a.oldest_pending_created_at.unwrap().timestamp_millis(),
-        oldest
     );
-    assert_eq!(stats.total().backlog(), 7);
+    let by_status = || -> BoxFuture<'_, Vec<(String, String, i64)>> {
+        Box::pin(async { sqlx::query_as(&sql).fetch_all(&db.pool).await.unwrap() })
+    };
+    common::stats_match_the_table(&h, &by_status).await;
 }
 
 /// Dead-letter time filters agree with `DeadLetterFilter::matches` to the nanosecond.
@@ -1339,7 +1174,7 @@ async fn a_row_written_past_the_attempt_limit_is_dead_lettered_saying_so() {
     let db = TestDb::new().await;
     let h = SqliteHarness::new(db.pool.clone()).await;
     insert_with(&h, "attempts", "1000").await.unwrap();
-    let (report, sink) = common::drain_orders(h.outbox.clone()).await;
+    let (report, sink) = outbox_engine::testkit::drain(h.outbox.clone(), "orders").await;
     assert_eq!((report.published, report.dead), (0, 1), "{report:?}");
     assert!(sink.messages().is_empty());
     let dead = h
@@ -1434,9 +1269,7 @@ async fn an_older_table_is_upgraded_in_place() {
     outbox.enqueue(&mut tx, &old).await.unwrap();
     tx.commit().await.unwrap();
     outbox.migrate().await.expect("upgrade");
-    let h = SqliteHarness {
-        outbox,
-    };
+    let h = SqliteHarness { outbox };
     insert_with(&h, "destination", "'orders'").await.unwrap();
     common::minimal_rows_are_delivered(h.outbox.clone(), 2).await;
 }

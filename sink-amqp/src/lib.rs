@@ -84,18 +84,22 @@ pub use sink::AmqpSink;
 
 /// The driver for `amqp://` and `amqps://` routes: parses the route's settings as an
 /// [`AmqpSinkConfig`] and [`connect`](AmqpSink::connect)s, checking the broker.
-pub const DRIVER: outbox_engine::registry::SinkDriver = outbox_engine::registry::SinkDriver {
-    schemes: &["amqp", "amqps"],
-    build: |route| {
-        Box::pin(async move {
-            let config: AmqpSinkConfig = route.parse()?;
-            let sink = AmqpSink::connect(config).await.map_err(|e| {
-                outbox_engine::registry::BuildError::new(e.to_string(), e.is_retryable())
-            })?;
-            Ok(std::sync::Arc::new(sink) as std::sync::Arc<dyn outbox_engine::DynSink>)
-        })
-    },
-};
+pub const DRIVER: outbox_engine::registry::SinkDriver =
+    outbox_engine::registry::SinkDriver::of::<AmqpSink>();
+
+impl outbox_engine::registry::RouteSink for AmqpSink {
+    const SCHEMES: &'static [&'static str] = &["amqp", "amqps"];
+    type Config = AmqpSinkConfig;
+    type Error = AmqpSinkError;
+
+    async fn connect(config: AmqpSinkConfig) -> Result<Self, AmqpSinkError> {
+        AmqpSink::connect(config).await
+    }
+
+    fn is_retryable(error: &AmqpSinkError) -> bool {
+        error.is_retryable()
+    }
+}
 
 /// The `lapin` client crate this sink is built on, for matching versions.
 pub use lapin as client;

@@ -88,14 +88,21 @@ pub use sink::HttpSink;
 
 /// The driver for `http://` and `https://` routes: parses the route's settings as an
 /// [`HttpSinkConfig`] and builds the sink.
-pub const DRIVER: outbox_engine::registry::SinkDriver = outbox_engine::registry::SinkDriver {
-    schemes: &["http", "https"],
-    build: |route| {
-        Box::pin(async move {
-            let config: HttpSinkConfig = route.parse()?;
-            let sink = HttpSink::new(config)
-                .map_err(|e| outbox_engine::registry::BuildError::config(e.to_string()))?;
-            Ok(std::sync::Arc::new(sink) as std::sync::Arc<dyn outbox_engine::DynSink>)
-        })
-    },
-};
+pub const DRIVER: outbox_engine::registry::SinkDriver =
+    outbox_engine::registry::SinkDriver::of::<HttpSink>();
+
+impl outbox_engine::registry::RouteSink for HttpSink {
+    const SCHEMES: &'static [&'static str] = &["http", "https"];
+    type Config = HttpSinkConfig;
+    type Error = HttpSinkError;
+
+    async fn connect(config: HttpSinkConfig) -> Result<Self, HttpSinkError> {
+        HttpSink::new(config)
+    }
+
+    /// Building checks the settings only (no request is sent), so a failure is the
+    /// settings' and retrying does not help.
+    fn is_retryable(_error: &HttpSinkError) -> bool {
+        false
+    }
+}

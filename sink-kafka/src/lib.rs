@@ -81,18 +81,22 @@ pub use sink::KafkaSink;
 
 /// The driver for `kafka://` routes: parses the route's settings as a
 /// [`KafkaSinkConfig`] and [`connect`](KafkaSink::connect)s, checking the cluster.
-pub const DRIVER: outbox_engine::registry::SinkDriver = outbox_engine::registry::SinkDriver {
-    schemes: &["kafka"],
-    build: |route| {
-        Box::pin(async move {
-            let config: KafkaSinkConfig = route.parse()?;
-            let sink = KafkaSink::connect(config).await.map_err(|e| {
-                outbox_engine::registry::BuildError::new(e.to_string(), e.is_retryable())
-            })?;
-            Ok(std::sync::Arc::new(sink) as std::sync::Arc<dyn outbox_engine::DynSink>)
-        })
-    },
-};
+pub const DRIVER: outbox_engine::registry::SinkDriver =
+    outbox_engine::registry::SinkDriver::of::<KafkaSink>();
+
+impl outbox_engine::registry::RouteSink for KafkaSink {
+    const SCHEMES: &'static [&'static str] = &["kafka"];
+    type Config = KafkaSinkConfig;
+    type Error = KafkaSinkError;
+
+    async fn connect(config: KafkaSinkConfig) -> Result<Self, KafkaSinkError> {
+        KafkaSink::connect(config).await
+    }
+
+    fn is_retryable(error: &KafkaSinkError) -> bool {
+        error.is_retryable()
+    }
+}
 
 /// The `rdkafka` client crate this sink is built on, for matching versions.
 pub use rdkafka as client;

@@ -111,18 +111,22 @@ pub use sink::RedisSink;
 
 /// The driver for `redis://` and `rediss://` routes: parses the route's settings as a
 /// [`RedisSinkConfig`] and [`connect`](RedisSink::connect)s, checking the server.
-pub const DRIVER: outbox_engine::registry::SinkDriver = outbox_engine::registry::SinkDriver {
-    schemes: &["redis", "rediss"],
-    build: |route| {
-        Box::pin(async move {
-            let config: RedisSinkConfig = route.parse()?;
-            let sink = RedisSink::connect(config).await.map_err(|e| {
-                outbox_engine::registry::BuildError::new(e.to_string(), e.is_retryable())
-            })?;
-            Ok(std::sync::Arc::new(sink) as std::sync::Arc<dyn outbox_engine::DynSink>)
-        })
-    },
-};
+pub const DRIVER: outbox_engine::registry::SinkDriver =
+    outbox_engine::registry::SinkDriver::of::<RedisSink>();
+
+impl outbox_engine::registry::RouteSink for RedisSink {
+    const SCHEMES: &'static [&'static str] = &["redis", "rediss"];
+    type Config = RedisSinkConfig;
+    type Error = RedisSinkError;
+
+    async fn connect(config: RedisSinkConfig) -> Result<Self, RedisSinkError> {
+        RedisSink::connect(config).await
+    }
+
+    fn is_retryable(error: &RedisSinkError) -> bool {
+        error.is_retryable()
+    }
+}
 
 /// The `redis` client crate this sink is built on, for matching versions.
 pub use redis as client;

@@ -90,18 +90,22 @@ pub use sink::{MAX_BATCH_BYTES, MAX_BATCH_ENTRIES, SqsSink, sqs_id};
 /// The driver for `sqs://`, `sqs+https://` and `sqs+http://` routes: parses the route's
 /// settings as an [`SqsSinkConfig`] and [`connect`](SqsSink::connect)s, reading the
 /// queue.
-pub const DRIVER: outbox_engine::registry::SinkDriver = outbox_engine::registry::SinkDriver {
-    schemes: &["sqs", "sqs+https", "sqs+http"],
-    build: |route| {
-        Box::pin(async move {
-            let config: SqsSinkConfig = route.parse()?;
-            let sink = SqsSink::connect(config).await.map_err(|e| {
-                outbox_engine::registry::BuildError::new(e.to_string(), e.is_retryable())
-            })?;
-            Ok(std::sync::Arc::new(sink) as std::sync::Arc<dyn outbox_engine::DynSink>)
-        })
-    },
-};
+pub const DRIVER: outbox_engine::registry::SinkDriver =
+    outbox_engine::registry::SinkDriver::of::<SqsSink>();
+
+impl outbox_engine::registry::RouteSink for SqsSink {
+    const SCHEMES: &'static [&'static str] = &["sqs", "sqs+https", "sqs+http"];
+    type Config = SqsSinkConfig;
+    type Error = SqsSinkError;
+
+    async fn connect(config: SqsSinkConfig) -> Result<Self, SqsSinkError> {
+        SqsSink::connect(config).await
+    }
+
+    fn is_retryable(error: &SqsSinkError) -> bool {
+        error.is_retryable()
+    }
+}
 
 /// The `aws-sdk-sqs` client crate this sink is built on, for matching versions.
 pub use aws_sdk_sqs as client;

@@ -7,7 +7,8 @@
 //! - [`inbox_suite`]: the same for [`Inbox`](crate::Inbox)es; [`MemoryInbox`] is an
 //!   in-memory one with transactions for consumers' tests.
 //! - [`RecordingSink`] acknowledges and records everything; [`FlakySink`] fails on
-//!   purpose, retryably or permanently, and can be slow.
+//!   purpose, retryably or permanently, and can be slow; [`drain`] publishes what is due
+//!   for one destination into a fresh recording sink.
 //! - [`ManualClock`](crate::ManualClock) moves time only when told.
 
 mod inbox;
@@ -21,3 +22,74 @@ pub use inbox_suite::{InboxHarness, MemoryInboxHarness};
 pub use sink_suite::{BinaryPayloads, Delivered, SinkHarness};
 pub use sinks::{FlakySink, FlakyStats, RecordingSink};
 pub use store_suite::{MemoryHarness, StoreHarness};
+
+/// Publishes every due row of `destination` in `store` into a fresh [`RecordingSink`]
+/// (one worker, batches of 100) and returns the relay's report with the sink.
+///
+/// # Panics
+///
+/// If the relay cannot be built, the drain fails, or it takes over 60 s: this is for tests.
+///
+/// ```
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// use outbox_engine::{MemoryStore, NewMessage, testkit};
+///
+/// let store = MemoryStore::new();
+/// store.enqueue(NewMessage::builder("orders", "order.paid").build().unwrap()).unwrap();
+/// let (report, sink) = testkit::drain(store, "orders").await;
+/// assert_eq!((report.published, sink.len()), (1, 1));
+/// # });
+/// ```
+pub async fn drain<S: crate::Store + Clone>(
+    store: S,
+    destination: &str,
+) -> (crate::BatchReport, RecordingSink) {
+    let sink = RecordingSink::new();
+    let relay = crate::Relay::builder(store)
+        .route(destination, sink.clone())
+        .batch_size(100)
+        .concurrency(1)
+        .build()
+        .expect("a relay for one destination builds");
+    let report = tokio::time::timeout(std::time::Duration::from_secs(60), relay.drain())
+        .await
+        .expect("the drain ends within 60 s")
+        .expect("the drain succeeds");
+    (report, sink)
+}
+
+/// The verdict of a producer-atomicity run, for any writer: the business rows the caller
+/// counted equal its `committed` transactions (about 70 % of `attempted`, the rest rolled
+/// back), and draining `destination` publishes exactly the `expected` messages of the
+/// committed transactions, each once.
+///
+/// # Panics
+///
+/// When any of that does not hold, naming what differed.
+pub async fn assert_only_committed_messages<S: crate::Store + Clone>(
+    store: S,
+    destination: &str,
+    (attempted, committed, business_rows): (i64, i64, i64),
+    expected: &std::collections::HashSet<crate::MessageId>,
+) {
+    assert_eq!(
+        business_rows, committed,
+        "business rows = committed transactions"
+    );
+    let rolled_back = (attempted - committed) as f64 / attempted as f64;
+    assert!(
+        (0.2..=0.4).contains(&rolled_back),
+        "about 30% rolled back: {committed} of {attempted} committed"
+    );
+    let (report, sink) = drain(store, destination).await;
+    assert_eq!(
+        report.published,
+        expected.len(),
+        "one publish per committed message"
+    );
+    let delivered: std::collections::HashSet<_> = sink.messages().iter().map(|m| m.id).collect();
+    assert_eq!(
+        &delivered, expected,
+        "outbox rows = the committed transactions' messages, exactly"
+    );
+}

@@ -474,26 +474,6 @@ where
     }
 }
 
-/// Drains destination `orders` of `store` into a recording sink, within 60 s.
-pub async fn drain_orders<S: outbox_engine::Store + Clone>(
-    store: S,
-) -> (
-    outbox_engine::BatchReport,
-    outbox_engine::testkit::RecordingSink,
-) {
-    let sink = outbox_engine::testkit::RecordingSink::new();
-    let relay = outbox_engine::Relay::builder(store)
-        .route("orders", sink.clone())
-        .batch_size(100)
-        .build()
-        .expect("relay");
-    let report = tokio::time::timeout(Duration::from_secs(60), relay.drain())
-        .await
-        .expect("the drain ends within 60 s")
-        .expect("drain");
-    (report, sink)
-}
-
 /// A small JSON message for `orders`, keyed by `key` when given.
 pub fn order(n: i64, key: Option<&str>) -> NewMessage {
     let builder = NewMessage::builder("orders", "order.placed")
@@ -569,25 +549,10 @@ where
         (committed, expected, rows[0].n)
     })
     .await;
-    assert_eq!(
-        business_rows, committed,
-        "business rows = committed transactions"
-    );
-    assert!(
-        (600..=800).contains(&committed),
-        "about 30% rolled back: {committed}"
-    );
-    let (report, sink) = drain_orders(h.store.clone()).await;
-    assert_eq!(
-        report.published,
-        expected.len(),
-        "one publish per committed message"
-    );
-    let delivered: HashSet<_> = sink.messages().iter().map(|m| m.id).collect();
-    assert_eq!(
-        delivered, expected,
-        "outbox rows = the committed transactions' messages, exactly"
-    );
+    let counts = (1000, committed, business_rows);
+    let store = h.store.clone();
+    outbox_engine::testkit::assert_only_committed_messages(store, "orders", counts, &expected)
+        .await;
 }
 
 /// A `COUNT(*) AS n` row.
@@ -650,7 +615,119 @@ where
     .await;
     let through_sqlx = batch(100);
     sqlx_enqueue(through_sqlx.clone()).await;
-    let (_, sink) = drain_orders(h.store.clone()).await;
+    let (_, sink) = outbox_engine::testkit::drain(h.store.clone(), "orders").await;
     let sent: Vec<NewMessage> = through_diesel.into_iter().chain(through_sqlx).collect();
     same_messages(&sent, &sink);
+}
+
+/// A fresh inbox table under test, as each database's file opens it: the inbox, a sync
+/// pool, the statement that ages its records (one bind, seconds), what diesel-async
+/// connects to, and what to keep alive as long as the harness.
+pub struct InboxParts<C: DieselDialect> {
+    pub inbox: DieselInbox<C>,
+    pub pool: Pool<ConnectionManager<C>>,
+    pub age: String,
+    pub url: String,
+    pub keep: Option<Box<dyn std::any::Any + Send + Sync>>,
+}
+
+impl<C: DieselDialect> InboxParts<C> {
+    /// The inbox suite's harness on the sync pool.
+    pub fn sync(self) -> InboxOf<C> {
+        InboxOf {
+            inbox: SyncInbox(self.inbox),
+            pool: self.pool,
+            age: self.age,
+            keep: self.keep,
+        }
+    }
+
+    /// The inbox suite's harness on diesel-async connections.
+    #[cfg(feature = "async")]
+    pub fn on_async(self) -> AsyncInboxOf<C> {
+        AsyncInboxOf {
+            inbox: self.inbox,
+            url: self.url,
+            pool: self.pool,
+            age: self.age,
+            keep: self.keep,
+        }
+    }
+}
+
+/// The tests every database runs, one body each (tokio's `rt_common` pattern). The file
+/// that expands it defines:
+/// - `async fn harness(mode: PublishedRows) -> common::Harness<Conn>`;
+/// - `async fn inbox(connections: u32) -> common::InboxParts<Conn>`;
+/// - `fn async_url(h: &common::Harness<Conn>) -> String`;
+/// - `async fn sqlx_writer(h: &common::Harness<Conn>) -> (sqlx pool, sqlx outbox)` on the
+///   same table;
+/// - `BUSINESS_TABLE` and `BUSINESS_INSERT`: a business table's `CREATE` and its
+///   one-placeholder `INSERT`, both with `{table}`.
+#[macro_export]
+macro_rules! diesel_tests {
+    () => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn passes_the_store_suite() {
+            store_suite::run_all(|| harness(PublishedRows::Keep)).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn passes_the_ordering_suite() {
+            store_suite::run_ordering(|| harness(PublishedRows::Keep)).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn passes_the_store_and_ordering_suites_in_delete_mode() {
+            store_suite::run_all(|| harness(PublishedRows::Delete)).await;
+            store_suite::run_ordering(|| harness(PublishedRows::Delete)).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn passes_the_inbox_suite() {
+            inbox_suite::run_all(|| async { inbox(12).await.sync() }).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn producer_atomicity() {
+            let h = harness(PublishedRows::Keep).await;
+            common::producer_atomicity(&h, BUSINESS_TABLE, BUSINESS_INSERT).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn the_table_is_shared_with_the_sqlx_writer() {
+            let h = harness(PublishedRows::Keep).await;
+            let (pool, sqlx_writer) = sqlx_writer(&h).await;
+            common::shared_with_sqlx(&h, |messages| async move {
+                let mut tx = pool.begin().await.expect("begin");
+                sqlx_writer
+                    .enqueue_all(&mut tx, &messages)
+                    .await
+                    .expect("enqueue");
+                tx.commit().await.expect("commit");
+            })
+            .await;
+        }
+
+        #[cfg(feature = "async")]
+        mod on_diesel_async {
+            use super::*;
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn passes_the_store_and_ordering_suites_enqueueing_on_diesel_async() {
+                let h = || async {
+                    let sync = harness(PublishedRows::Keep).await;
+                    let url = async_url(&sync);
+                    common::AsyncHarness { sync, url }
+                };
+                store_suite::run_all(h).await;
+                store_suite::run_ordering(h).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn passes_the_inbox_suite_on_diesel_async() {
+                inbox_suite::run_all(|| async { inbox(2).await.on_async() }).await;
+            }
+        }
+    };
 }

@@ -5,7 +5,7 @@ use outbox_engine::{NewMessage, StoreError, StoreErrorKind};
 use sqlx::mysql::{MySql, MySqlArguments, MySqlConnection};
 use sqlx::query::Query;
 
-use super::{INSERT_CHUNK_BYTES, INSERT_CHUNK_ROWS, MAX_INTERVAL_MS, MySqlOutbox, db_time};
+use super::{MAX_INTERVAL_MS, MySqlOutbox, db_time, insert_chunks};
 use crate::common::{availability, bind_columns, limit};
 use crate::dialect::KeyedDialect;
 use crate::error::classify;
@@ -29,30 +29,10 @@ impl MySqlOutbox {
     ) -> Result<u64, StoreError> {
         let seqs = self.number(conn, messages).await?;
         let mut inserted = 0;
-        let mut rest = messages;
-        let mut rest_seqs = seqs.as_slice();
-        while !rest.is_empty() {
-            let mut rows = 0;
-            let mut bytes = 0;
-            while rows < rest.len() && rows < INSERT_CHUNK_ROWS {
-                let m = &rest[rows];
-                let size = m.payload().len()
-                    + m.headers()
-                        .iter()
-                        .map(|(k, v)| k.len() + v.len() + 8)
-                        .sum::<usize>()
-                    + 2048;
-                if rows > 0 && bytes + size > INSERT_CHUNK_BYTES {
-                    break;
-                }
-                bytes += size;
-                rows += 1;
-            }
-            let (chunk, tail) = rest.split_at(rows);
-            let (chunk_seqs, tail_seqs) = rest_seqs.split_at(rows);
+        for chunk in insert_chunks(messages) {
             let sql = self.sql.insert_batch(chunk.len());
             let mut query = sqlx::query(&sql).persistent(chunk.len() <= 16);
-            for (m, seq) in chunk.iter().zip(chunk_seqs) {
+            for (m, seq) in messages[chunk.clone()].iter().zip(&seqs[chunk]) {
                 query = bind_message(query, m, *seq);
             }
             inserted += query
@@ -60,8 +40,6 @@ impl MySqlOutbox {
                 .await
                 .map_err(classify)?
                 .rows_affected();
-            rest = tail;
-            rest_seqs = tail_seqs;
         }
         Ok(inserted)
     }

@@ -76,9 +76,9 @@ use std::time::Duration;
 use chrono::{DateTime, NaiveDateTime, Utc};
 use outbox_engine::{MessageId, StoreError, StoreErrorKind};
 use outbox_sql::mysql::{
-    ID_CHUNK, INSERT_CHUNK_BYTES, INSERT_CHUNK_ROWS, MAX_FILTER_VALUES, MAX_INTERVAL_MS,
-    MIGRATION_LOCK, MIGRATION_LOCK_TIMEOUT_S, RELAY_ISOLATION, Statements, clip_bytes, clip_chars,
-    db_time, interval_ms, padded,
+    ID_CHUNK, MAX_FILTER_VALUES, MAX_INTERVAL_MS, MIGRATION_LOCK, MIGRATION_LOCK_TIMEOUT_S,
+    RELAY_ISOLATION, Statements, clip_bytes, clip_chars, db_time, insert_chunks, interval_ms,
+    padded,
 };
 use outbox_sql::{Dialect, Migration, Shared, TableNames};
 use sqlx::mysql::{MySql, MySqlArguments, MySqlPool, MySqlQueryResult, MySqlRow};

@@ -99,7 +99,7 @@ mod relay;
 
 use chrono::{DateTime, Utc};
 use outbox_engine::{MessageId, StoreError};
-use outbox_sql::sqlite::Statements;
+use outbox_sql::sqlite::{Statements, ceil_ms};
 use outbox_sql::{Dialect, Migration, Shared, TableNames};
 use sqlx::Row;
 use sqlx::sqlite::{Sqlite, SqlitePool, SqliteQueryResult, SqliteRow};
@@ -200,17 +200,6 @@ impl SqlDialect for Sqlite {
 
     fn rows_affected(result: &SqliteQueryResult) -> u64 {
         result.rows_affected()
-    }
-}
-
-/// `t` in unix milliseconds, rounded up. Stored times are whole milliseconds, so for a
-/// stored `c`, `c >= t` exactly when `c >= ceil_ms(t)` (and likewise for `<`).
-fn ceil_ms(t: DateTime<Utc>) -> i64 {
-    let floor = t.timestamp_millis();
-    if t.timestamp_subsec_nanos().is_multiple_of(1_000_000) {
-        floor
-    } else {
-        floor.saturating_add(1)
     }
 }
 

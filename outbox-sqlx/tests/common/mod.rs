@@ -52,7 +52,7 @@ pub async fn unreadable_rows_are_dead_lettered_alone<S>(
     S: outbox_engine::Store + outbox_engine::StoreStats + outbox_engine::DeadLetters + Clone,
 {
     use outbox_engine::DeadLetterFilter;
-    let (report, sink) = drain_orders(store.clone()).await;
+    let (report, sink) = outbox_engine::testkit::drain(store.clone(), "orders").await;
     let good = total - poisoned.len();
     assert_eq!(
         (report.published, report.dead),
@@ -131,7 +131,7 @@ pub async fn minimal_rows_are_delivered<S>(store: S, rows: usize)
 where
     S: outbox_engine::Store + Clone,
 {
-    let (report, sink) = drain_orders(store).await;
+    let (report, sink) = outbox_engine::testkit::drain(store, "orders").await;
     assert_eq!((report.published, report.dead), (rows, 0), "{report:?}");
     let messages = sink.messages();
     assert_eq!(messages.len(), rows, "each row delivered once");
@@ -341,47 +341,9 @@ pub async fn producer_atomicity<DB, S>(
         .execute(pool)
         .await
         .expect("drop the business table");
-    assert_eq!(
-        business_rows, committed,
-        "business rows = committed transactions"
-    );
-    assert!(
-        (600..=800).contains(&committed),
-        "about 30% rolled back: {committed}"
-    );
-    let (report, sink) = drain_orders(store.clone()).await;
-    assert_eq!(
-        report.published,
-        expected.len(),
-        "one publish per committed message"
-    );
-    let delivered: HashSet<_> = sink.messages().iter().map(|m| m.id).collect();
-    assert_eq!(
-        delivered, expected,
-        "outbox rows = the committed transactions' messages, exactly"
-    );
-}
-
-/// Drains destination `orders` of `store` into a recording sink, one worker, batches of
-/// 100, within 60 s.
-pub async fn drain_orders<S: outbox_engine::Store + Clone>(
-    store: S,
-) -> (
-    outbox_engine::BatchReport,
-    outbox_engine::testkit::RecordingSink,
-) {
-    let sink = outbox_engine::testkit::RecordingSink::new();
-    let relay = outbox_engine::Relay::builder(store)
-        .route("orders", sink.clone())
-        .batch_size(100)
-        .concurrency(1)
-        .build()
-        .expect("relay");
-    let report = tokio::time::timeout(std::time::Duration::from_secs(60), relay.drain())
-        .await
-        .expect("drain within 60 s")
-        .expect("drain");
-    (report, sink)
+    let counts = (1000, committed, business_rows);
+    outbox_engine::testkit::assert_only_committed_messages(store, "orders", counts, &expected)
+        .await;
 }
 
 /// Enqueues one message into the outbox `S` on a connection (a transaction).
@@ -741,4 +703,201 @@ pub async fn behind_proxy(
     settings.table = Some(table.to_owned());
     settings.max_connections = 1;
     (settings, proxy)
+}
+
+/// Counts the rows of a harness's table, as the database sees them.
+pub type CountRows<'a> = dyn Fn() -> outbox_engine::BoxFuture<'a, i64> + Sync + 'a;
+
+/// Counts the rows per `(destination, status)`, as the database sees them.
+pub type CountByStatus<'a> =
+    dyn Fn() -> outbox_engine::BoxFuture<'a, Vec<(String, String, i64)>> + Sync + 'a;
+
+/// One message with every field set (binary payload with quotes, backslash and high
+/// bytes; non-ASCII aggregate and tenant; a deterministic key; a trace header), enqueued in
+/// a transaction and drained: it arrives exactly as written, once, created in UTC, and its
+/// row is counted published.
+pub async fn delivers_every_field<H>(h: &H)
+where
+    H: outbox_engine::testkit::StoreHarness,
+{
+    use outbox_engine::testkit::RecordingSink;
+    use outbox_engine::{Relay, StoreStats};
+
+    let payload = vec![0, 255, 10, 13, b'\'', b'\\', 0x80, 0xfe];
+    let message = NewMessage::builder("orders", "order.paid")
+        .bytes(payload.clone(), "application/octet-stream")
+        .aggregate("order", "o-1 ü")
+        .partition_key("o-1")
+        .tenant_id("tenant-😀")
+        .header("x-a", "1")
+        .header(
+            "traceparent",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        )
+        .deterministic_key(uuid::Uuid::NAMESPACE_OID, &["o-1", "paid"])
+        .build()
+        .unwrap();
+    h.enqueue(vec![message.clone()]).await.unwrap();
+    let sink = RecordingSink::new();
+    let relay = Relay::builder(h.store().clone())
+        .route("orders", sink.clone())
+        .build()
+        .unwrap();
+    let report = relay.drain().await.unwrap();
+    assert_eq!((report.claimed, report.published), (1, 1));
+    let got = sink.messages();
+    assert_eq!(got.len(), 1, "delivered once");
+    let got = &got[0];
+    assert_eq!(got.id, message.id());
+    assert_eq!(got.destination, "orders");
+    assert_eq!(got.event_type, "order.paid");
+    assert_eq!(got.payload, payload, "binary payload is exact");
+    assert_eq!(got.content_type, "application/octet-stream");
+    assert_eq!(got.aggregate_type.as_deref(), Some("order"));
+    assert_eq!(got.aggregate_id.as_deref(), Some("o-1 ü"));
+    assert_eq!(got.partition_key.as_deref(), Some("o-1"));
+    assert_eq!(got.tenant_id.as_deref(), Some("tenant-😀"));
+    assert_eq!(got.idempotency_key, message.idempotency_key());
+    assert_eq!(&got.headers, message.headers());
+    assert_eq!(got.attempts, 1);
+    let age = chrono::Utc::now() - got.created_at;
+    assert!(
+        age >= chrono::Duration::seconds(-5) && age < chrono::Duration::seconds(60),
+        "created_at is the database's UTC time, not a local time: {}",
+        got.created_at
+    );
+    let stats = h.store().stats().await.unwrap();
+    assert_eq!(stats.destination("orders").unwrap().published, 1);
+}
+
+/// Stats count each state as the table holds it (`by_sql` groups the rows by destination
+/// and status), sorted by destination, with the oldest unfinished row's time in UTC.
+pub async fn stats_match_the_table<H>(h: &H, by_sql: &CountByStatus<'_>)
+where
+    H: outbox_engine::testkit::StoreHarness,
+{
+    use std::time::Duration;
+
+    use outbox_engine::{ClaimRequest, Completion, Store, StoreStats};
+
+    let a: Vec<_> = (0..7).map(|n| message("a", n)).collect();
+    let oldest = a[0].id();
+    h.enqueue(a).await.unwrap();
+    h.enqueue((0..3).map(|n| message("b", n)).collect())
+        .await
+        .unwrap();
+    let request = ClaimRequest::new("r", 3, Duration::from_secs(30)).destinations(vec!["a".into()]);
+    let claim = h.store().claim(&request).await.unwrap();
+    let ids: Vec<_> = claim.messages.iter().map(|m| m.id).collect();
+    assert_eq!(ids[0], oldest, "oldest first");
+    let completions = [Completion::published(ids[0]), Completion::dead(ids[1], "x")];
+    h.store()
+        .complete(claim.lease.token, &completions)
+        .await
+        .unwrap();
+    let stats = h.store().stats().await.unwrap();
+    let names: Vec<_> = stats
+        .destinations
+        .iter()
+        .map(|d| d.destination.as_str())
+        .collect();
+    assert_eq!(names, ["a", "b"], "sorted by destination");
+    let count = |d: &str| {
+        let d = stats.destination(d).unwrap();
+        (d.pending, d.leased, d.published, d.dead)
+    };
+    assert_eq!(count("a"), (4, 1, 1, 1));
+    assert_eq!(count("b"), (3, 0, 0, 0));
+    let rows = by_sql().await;
+    assert_eq!(rows.iter().map(|r| r.2).sum::<i64>(), 10);
+    for (destination, status, n) in &rows {
+        let d = stats.destination(destination).unwrap();
+        let counted = match status.as_str() {
+            "pending" => d.pending,
+            "leased" => d.leased,
+            "published" => d.published,
+            "dead" => d.dead,
+            other => panic!("unknown status {other}"),
+        };
+        assert_eq!(counted as i64, *n, "{destination} {status}");
+    }
+    assert_eq!(stats.total().backlog(), 8);
+    let age = chrono::Utc::now() - stats.total().oldest_pending_created_at.unwrap();
+    assert!(
+        age >= chrono::Duration::seconds(-5) && age < chrono::Duration::seconds(60),
+        "the oldest unfinished row's time is in UTC: {age}"
+    );
+}
+
+/// With published rows deleted: a drained table is empty; of mixed completions only the
+/// published row goes, and repeating them is stale; a relay whose lease was taken over
+/// deletes nothing. `rows` counts the table's rows.
+pub async fn delete_on_publish_removes_rows<H>(h: &H, rows: &CountRows<'_>)
+where
+    H: outbox_engine::testkit::StoreHarness,
+{
+    use std::collections::HashSet;
+    use std::time::Duration;
+
+    use outbox_engine::testkit::RecordingSink;
+    use outbox_engine::{ClaimRequest, Completion, Relay, Store, StoreStats};
+
+    h.enqueue((0..5).map(|n| message("orders", n)).collect())
+        .await
+        .unwrap();
+    let relay = Relay::builder(h.store().clone())
+        .route("orders", RecordingSink::new())
+        .build()
+        .unwrap();
+    assert_eq!(relay.drain().await.unwrap().published, 5);
+    assert_eq!(rows().await, 0, "published rows are deleted");
+
+    let mixed: Vec<_> = (0..3).map(|n| message("orders", n)).collect();
+    let ids: Vec<_> = mixed.iter().map(NewMessage::id).collect();
+    h.enqueue(mixed).await.unwrap();
+    let request = ClaimRequest::new("t", 10, Duration::from_secs(30));
+    let claim = h.store().claim(&request).await.unwrap();
+    let completions = [
+        Completion::published(ids[0]),
+        Completion::retry(ids[1], Duration::from_secs(60), "503"),
+        Completion::dead(ids[2], "400"),
+    ];
+    let report = h.store().complete(claim.lease.token, &completions).await;
+    assert_eq!(report.map(|r| (r.applied, r.stale.len())).unwrap(), (3, 0));
+    assert_eq!(rows().await, 2, "only the published row was deleted");
+    let again = h
+        .store()
+        .complete(claim.lease.token, &completions)
+        .await
+        .unwrap();
+    assert_eq!(again.applied, 0);
+    assert_eq!(
+        again.stale.iter().copied().collect::<HashSet<_>>(),
+        ids.iter().copied().collect::<HashSet<_>>(),
+        "a deleted row and finished rows are all reported stale"
+    );
+    let stats = h.store().stats().await.unwrap();
+    let orders = stats.destination("orders").unwrap();
+    assert_eq!(
+        (orders.pending, orders.leased, orders.published, orders.dead),
+        (1, 0, 0, 1)
+    );
+
+    let fenced: Vec<_> = (0..2).map(|n| message("fenced", n)).collect();
+    let publish: Vec<_> = fenced
+        .iter()
+        .map(|m| Completion::published(m.id()))
+        .collect();
+    h.enqueue(fenced).await.unwrap();
+    let request = request.destinations(vec!["fenced".into()]);
+    let old = h.store().claim(&request).await.unwrap();
+    h.advance(Duration::from_secs(31)).await;
+    let new = h.store().claim(&request).await.unwrap();
+    assert_eq!(new.messages.len(), 2, "lapsed lease reclaimed");
+    let stale = h.store().complete(old.lease.token, &publish).await.unwrap();
+    assert_eq!((stale.applied, stale.stale.len()), (0, 2));
+    assert_eq!(rows().await, 4, "the fenced delete removed nothing");
+    let done = h.store().complete(new.lease.token, &publish).await.unwrap();
+    assert_eq!((done.applied, done.stale.len()), (2, 0));
+    assert_eq!(rows().await, 2);
 }
