@@ -805,6 +805,18 @@ impl std::io::Write for Captured {
 }
 
 impl Captured {
+    /// Captures the log lines at `level` and above until the guard is dropped.
+    fn at(level: tracing::Level) -> (Self, tracing::subscriber::DefaultGuard) {
+        let logs = Self::default();
+        let writer = logs.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_max_level(level)
+            .with_ansi(false)
+            .finish();
+        (logs, tracing::subscriber::set_default(subscriber))
+    }
+
     fn line(&self, containing: &str) -> String {
         let text = String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned();
         text.lines()
@@ -818,14 +830,7 @@ impl Captured {
 /// and the sink's error.
 #[tokio::test]
 async fn retries_and_dead_letters_log_the_message_and_the_cause() {
-    let logs = Captured::default();
-    let writer = logs.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_max_level(tracing::Level::DEBUG)
-        .with_ansi(false)
-        .finish();
-    let _logging = tracing::subscriber::set_default(subscriber);
+    let (logs, _logging) = Captured::at(tracing::Level::DEBUG);
 
     let clock = ManualClock::new();
     let store = MemoryStore::with_clock(clock.clone());
@@ -881,14 +886,7 @@ impl Sink for Switch {
 /// once; readiness fails while no publish of the route gets through for `max_failing`.
 #[tokio::test]
 async fn a_failing_route_is_logged_once_and_makes_the_relay_not_ready() {
-    let logs = Captured::default();
-    let writer = logs.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_max_level(tracing::Level::WARN)
-        .with_ansi(false)
-        .finish();
-    let _logging = tracing::subscriber::set_default(subscriber);
+    let (logs, _logging) = Captured::at(tracing::Level::WARN);
 
     let clock = ManualClock::new();
     let store = MemoryStore::with_clock(clock.clone());

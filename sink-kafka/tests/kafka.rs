@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use chrono::Utc;
-use outbox_engine::testkit::{Delivered, SinkHarness, sink_suite};
+use outbox_engine::testkit::{BinaryPayloads, Delivered, SinkHarness, sink_suite};
 use outbox_engine::{
     DeadHead, DeadLetterFilter, DeadLetters, FailureClass, MemoryStore, MessageOrder, NewMessage,
     Outcome, PublishContext, Relay, Sink, Status,
@@ -69,25 +69,8 @@ async fn a_consumer_group_reads_every_record_with_exact_key_headers_and_payload(
     let kafka = Kafka::connect().await;
     let topic = kafka.topic("layout", 3).await;
     let sink = sink(KafkaSinkConfig::new(url()).topic(topic.clone())).await;
-    let full = NewMessage::builder("billing", "invoice.paid")
-        .bytes((0..=255u8).collect::<Vec<u8>>(), "application/octet-stream")
-        .partition_key("invoice-7")
-        .tenant_id("acme")
-        .aggregate("invoice", "7")
-        .idempotency_key("invoice-7:paid")
-        .header(
-            "traceparent",
-            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
-        )
-        .header("x-Mixed-Case", "ünïcødé")
-        .build()
-        .unwrap()
-        .into_message(Utc::now());
-    let bare = NewMessage::builder("billing", "tenant.created")
-        .json(&serde_json::json!({ "tenant": "acme" }))
-        .build()
-        .unwrap()
-        .into_message(Utc::now());
+    let full = sink_suite::full_message(BinaryPayloads::Exact);
+    let bare = sink_suite::bare_message();
     let outcomes = sink
         .publish(&[full.clone(), bare.clone()], &PublishContext::default())
         .await

@@ -86,30 +86,13 @@ async fn conformance_suite_on_a_fifo_queue() {
 // What a consumer reads
 // ---------------------------------------------------------------------------------------
 
-fn full_message() -> Message {
-    NewMessage::builder("billing", "invoice.paid")
-        .json(&serde_json::json!({ "invoice": 7, "text": "ünïcødé \"quoted\"\n" }))
-        .partition_key("invoice-7")
-        .tenant_id("acme")
-        .aggregate("invoice", "7")
-        .idempotency_key("invoice-7:paid")
-        .header(
-            "traceparent",
-            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
-        )
-        .header("x-Mixed-Case", "ünïcødé")
-        .build()
-        .unwrap()
-        .into_message(Utc::now())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_consumer_reads_every_message_with_exact_body_and_attributes() {
     let sqs = Sqs::connect().await;
     for fifo in [false, true] {
         let queue = sqs.queue("layout", fifo).await;
         let sink = sink(config(&queue)).await;
-        let full = full_message();
+        let full = sink_suite::full_message(BinaryPayloads::Refused);
         // Five headers do not fit beside eight attributes: they travel as one JSON attribute.
         let mut crowded = full.clone();
         crowded.id = outbox_engine::MessageId::new();
@@ -120,11 +103,7 @@ async fn a_consumer_reads_every_message_with_exact_body_and_attributes() {
                 .headers
                 .insert(format!("x-extra-{i}"), format!("v{i}"));
         }
-        let bare = NewMessage::builder("billing", "tenant.created")
-            .json(&serde_json::json!({ "tenant": "acme" }))
-            .build()
-            .unwrap()
-            .into_message(Utc::now());
+        let bare = sink_suite::bare_message();
         let batch = [full.clone(), crowded.clone(), bare.clone()];
         let outcomes = sink
             .publish(&batch, &PublishContext::default())
@@ -220,7 +199,7 @@ async fn a_redelivered_message_is_a_duplicate_in_the_consumers_inbox() {
     // A standard queue keeps both copies (a FIFO queue would drop the second itself).
     let queue = sqs.queue("inbox", false).await;
     let sink = sink(config(&queue)).await;
-    let message = full_message();
+    let message = sink_suite::full_message(BinaryPayloads::Refused);
     for _ in 0..2 {
         let outcomes = sink
             .publish(std::slice::from_ref(&message), &PublishContext::default())

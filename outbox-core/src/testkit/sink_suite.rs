@@ -116,6 +116,45 @@ where
     );
 }
 
+/// A claimed message to `billing` with every field set, for a sink's own tests of what a
+/// consumer reads: a payload of all 256 byte values (or, for a text-only transport, JSON
+/// with non-ASCII text, quotes and a newline), an ordering key, tenant, aggregate,
+/// idempotency key `invoice-7:paid`, a `traceparent` and a mixed-case non-ASCII header.
+pub fn full_message(payload: BinaryPayloads) -> Message {
+    let builder = NewMessage::builder("billing", "invoice.paid");
+    let builder = match payload {
+        BinaryPayloads::Exact => {
+            builder.bytes((0..=255u8).collect::<Vec<u8>>(), "application/octet-stream")
+        }
+        BinaryPayloads::Refused => {
+            builder.json(&serde_json::json!({ "invoice": 7, "text": "ünïcødé \"quoted\"\n" }))
+        }
+    };
+    builder
+        .partition_key("invoice-7")
+        .tenant_id("acme")
+        .aggregate("invoice", "7")
+        .idempotency_key("invoice-7:paid")
+        .header(
+            "traceparent",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        )
+        .header("x-Mixed-Case", "ünïcødé")
+        .build()
+        .expect("valid message")
+        .into_message(Utc::now())
+}
+
+/// A claimed message to `billing` with only what a message must have (a JSON payload),
+/// next to [`full_message`].
+pub fn bare_message() -> Message {
+    NewMessage::builder("billing", "tenant.created")
+        .json(&serde_json::json!({ "tenant": "acme" }))
+        .build()
+        .expect("valid message")
+        .into_message(Utc::now())
+}
+
 /// Claimed-form test messages for `destination`.
 pub fn messages(destination: &str, n: usize) -> Vec<Message> {
     (0..n)

@@ -27,10 +27,10 @@ use crate::message::{MessageId, NewMessage};
 use crate::registry::PublishedRows;
 use crate::relay::Relay;
 use crate::retry::RetryPolicy;
-use crate::state::Status;
+use crate::state::{LeaseToken, Status};
 use crate::store::{
-    ClaimRequest, Completion, DeadHead, DeadLetterFilter, DeadLetters, FindMessages, MessageOrder,
-    Purge, PurgeRequest, Store, StoreStats, purge_all,
+    Claim, ClaimRequest, Completion, DeadHead, DeadLetterFilter, DeadLetters, FindMessages,
+    MessageOrder, Purge, PurgeRequest, Store, StoreStats, purge_all,
 };
 use crate::testkit::{FlakySink, RecordingSink};
 
@@ -201,6 +201,33 @@ async fn enqueue_n<H: StoreHarness>(h: &H, destination: &str, n: usize) -> Vec<M
     ids
 }
 
+/// A claim of up to `batch` rows.
+async fn claim<H: StoreHarness>(h: &H, batch: usize) -> Claim {
+    h.store().claim(&request(batch)).await.expect("claim")
+}
+
+/// Asserts that a claim now leases nothing, saying `why`.
+async fn claims_nothing<H: StoreHarness>(h: &H, why: &str) {
+    let claim = claim(h, 10).await;
+    let ids: Vec<_> = claim.messages.iter().map(|m| m.id).collect();
+    assert!(ids.is_empty(), "{why}: claimed {ids:?}");
+}
+
+/// How many of `completions` the store applied under `token`.
+async fn applied<H: StoreHarness>(h: &H, token: LeaseToken, completions: &[Completion]) -> usize {
+    let report = h.store().complete(token, completions).await;
+    report.expect("complete").applied
+}
+
+/// Lets a 30 s backoff run: 25 s later nothing is due (`why`), 6 s more and a claim gets
+/// the rows back.
+async fn after_the_backoff<H: StoreHarness>(h: &H, why: &str) -> Claim {
+    h.advance(Duration::from_secs(25)).await;
+    claims_nothing(h, why).await;
+    h.advance(Duration::from_secs(6)).await;
+    claim(h, 10).await
+}
+
 async fn counts<H: StoreHarness>(h: &H, destination: &str) -> (u64, u64, u64, u64) {
     let stats = h.store().stats().await.expect("stats");
     stats
@@ -264,15 +291,7 @@ pub async fn claims_due_rows_oldest_first<H: StoreHarness>(h: &H) {
         first.lease.token, second.lease.token,
         "each claim gets its own token"
     );
-    assert!(
-        store
-            .claim(&request(3))
-            .await
-            .expect("claim")
-            .messages
-            .is_empty(),
-        "nothing left to claim"
-    );
+    claims_nothing(h, "nothing left to claim").await;
     assert_eq!(counts(h, "orders").await, (0, 5, 0, 0));
 }
 
@@ -366,15 +385,7 @@ pub async fn scheduled_rows_wait<H: StoreHarness>(h: &H) {
         .build()
         .expect("valid");
     h.enqueue(vec![later.clone()]).await.expect("enqueue");
-    assert!(
-        h.store()
-            .claim(&request(10))
-            .await
-            .expect("claim")
-            .messages
-            .is_empty(),
-        "not due yet"
-    );
+    claims_nothing(h, "not due yet").await;
     h.advance(Duration::from_secs(61)).await;
     let claim = h.store().claim(&request(10)).await.expect("claim");
     assert_eq!(
@@ -391,15 +402,7 @@ pub async fn lapsed_lease_is_reclaimed<H: StoreHarness>(h: &H) {
     let first = store.claim(&request(10)).await.expect("claim");
     assert_eq!(first.messages.len(), 2);
     h.advance(LEASE / 2).await;
-    assert!(
-        store
-            .claim(&request(10))
-            .await
-            .expect("claim")
-            .messages
-            .is_empty(),
-        "lease still held"
-    );
+    claims_nothing(h, "lease still held").await;
     h.advance(LEASE).await;
     let second = store.claim(&request(10)).await.expect("claim");
     let got: Vec<_> = second.messages.iter().map(|m| m.id).collect();
@@ -479,36 +482,17 @@ pub async fn stale_token_is_fenced<H: StoreHarness>(h: &H) {
 /// A retried row waits for its backoff.
 pub async fn retry_respects_available_at<H: StoreHarness>(h: &H) {
     let ids = enqueue_n(h, "orders", 1).await;
-    let store = h.store();
-    let claim = store.claim(&request(10)).await.expect("claim");
+    let first = claim(h, 10).await;
     let retry = [Completion::retry(
         ids[0],
         Duration::from_secs(30),
         "503 from receiver",
     )];
-    assert_eq!(
-        store
-            .complete(claim.lease.token, &retry)
-            .await
-            .expect("complete")
-            .applied,
-        1
-    );
+    assert_eq!(applied(h, first.lease.token, &retry).await, 1);
     assert_eq!(counts(h, "orders").await, (1, 0, 0, 0));
-    h.advance(Duration::from_secs(25)).await;
-    assert!(
-        store
-            .claim(&request(10))
-            .await
-            .expect("claim")
-            .messages
-            .is_empty(),
-        "backoff not over"
-    );
-    h.advance(Duration::from_secs(6)).await;
-    let claim = store.claim(&request(10)).await.expect("claim");
-    assert_eq!(claim.messages.len(), 1, "due after the backoff");
-    assert_eq!(claim.messages[0].attempts, 2);
+    let again = after_the_backoff(h, "backoff not over").await;
+    assert_eq!(again.messages.len(), 1, "due after the backoff");
+    assert_eq!(again.messages[0].attempts, 2);
 }
 
 /// One completion call can publish, retry and dead-letter different rows.
@@ -559,33 +543,14 @@ pub async fn release_does_not_count_an_attempt<H: StoreHarness>(h: &H) {
 /// attempt back.
 pub async fn deferral_waits_and_gives_the_attempt_back<H: StoreHarness>(h: &H) {
     let ids = enqueue_n(h, "orders", 2).await;
-    let store = h.store();
-    let claim = store.claim(&request(10)).await.expect("claim");
+    let first = claim(h, 10).await;
     let completions = [
         Completion::defer(ids[0], Duration::from_secs(30), "circuit open, not sent"),
         Completion::retry(ids[1], Duration::from_secs(30), "503"),
     ];
-    assert_eq!(
-        store
-            .complete(claim.lease.token, &completions)
-            .await
-            .expect("complete")
-            .applied,
-        2
-    );
+    assert_eq!(applied(h, first.lease.token, &completions).await, 2);
     assert_eq!(counts(h, "orders").await, (2, 0, 0, 0));
-    h.advance(Duration::from_secs(25)).await;
-    assert!(
-        store
-            .claim(&request(10))
-            .await
-            .expect("claim")
-            .messages
-            .is_empty(),
-        "a deferral waits"
-    );
-    h.advance(Duration::from_secs(6)).await;
-    let again = store.claim(&request(10)).await.expect("claim");
+    let again = after_the_backoff(h, "a deferral waits").await;
     let attempts: Vec<(MessageId, u32)> =
         again.messages.iter().map(|m| (m.id, m.attempts)).collect();
     assert_eq!(
