@@ -163,6 +163,19 @@ impl MySqlHarness {
             .await
             .unwrap()
     }
+
+    /// The rows per destination and status.
+    async fn by_status(&self) -> Vec<(String, String, i64)> {
+        let sql = format!(
+            "SELECT CAST(destination AS CHAR), CAST(status AS CHAR), COUNT(*) FROM {} \
+             GROUP BY destination, status",
+            self.table()
+        );
+        sqlx::query_as(&sql)
+            .fetch_all(self.outbox.pool())
+            .await
+            .unwrap()
+    }
 }
 
 impl StoreHarness for MySqlHarness {
@@ -330,19 +343,7 @@ async fn hostile_identifiers_are_rejected_or_quoted_exactly() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stats_match_the_table() {
     let h = MySqlHarness::new().await;
-    let sql = format!(
-        "SELECT CAST(destination AS CHAR), CAST(status AS CHAR), COUNT(*) FROM {} \
-         GROUP BY destination, status",
-        h.table()
-    );
-    let by_status = || -> BoxFuture<'_, Vec<(String, String, i64)>> {
-        Box::pin(async {
-            sqlx::query_as(&sql)
-                .fetch_all(h.outbox.pool())
-                .await
-                .unwrap()
-        })
-    };
+    let by_status = || -> BoxFuture<'_, Vec<(String, String, i64)>> { Box::pin(h.by_status()) };
     common::stats_match_the_table(&h, &by_status).await;
 }
 

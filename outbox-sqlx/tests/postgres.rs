@@ -64,6 +64,24 @@ impl PgHarness {
             .names()
             .render(outbox_sql::Dialect::Postgres, "{outbox}")
     }
+
+    async fn rows(&self) -> i64 {
+        let sql = format!("SELECT count(*) FROM {}", self.table());
+        let count = sqlx::query_scalar(&sql).fetch_one(self.outbox.pool());
+        count.await.unwrap()
+    }
+
+    /// The rows per destination and status.
+    async fn by_status(&self) -> Vec<(String, String, i64)> {
+        let sql = format!(
+            "SELECT destination, status::text, count(*) FROM {} GROUP BY destination, status",
+            self.table()
+        );
+        sqlx::query_as(&sql)
+            .fetch_all(self.outbox.pool())
+            .await
+            .unwrap()
+    }
 }
 
 /// Each check of a suite builds a harness with a pool of its own: closing it when the
@@ -634,15 +652,7 @@ async fn single_enqueue_and_relay_deliver_with_all_fields() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn delete_on_publish_removes_rows() {
     let h = PgHarness::with_mode(PublishedRows::Delete).await;
-    let sql = format!("SELECT count(*) FROM {}", h.table());
-    let rows = || -> BoxFuture<'_, i64> {
-        Box::pin(async {
-            sqlx::query_scalar(&sql)
-                .fetch_one(h.outbox.pool())
-                .await
-                .unwrap()
-        })
-    };
+    let rows = || -> BoxFuture<'_, i64> { Box::pin(h.rows()) };
     common::delete_on_publish_removes_rows(&h, &rows).await;
 }
 
@@ -834,18 +844,7 @@ async fn hostile_identifiers_are_rejected_or_quoted_exactly() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stats_match_the_table() {
     let h = PgHarness::new().await;
-    let sql = format!(
-        "SELECT destination, status::text, count(*) FROM {} GROUP BY destination, status",
-        h.table()
-    );
-    let by_status = || -> BoxFuture<'_, Vec<(String, String, i64)>> {
-        Box::pin(async {
-            sqlx::query_as(&sql)
-                .fetch_all(h.outbox.pool())
-                .await
-                .unwrap()
-        })
-    };
+    let by_status = || -> BoxFuture<'_, Vec<(String, String, i64)>> { Box::pin(h.by_status()) };
     common::stats_match_the_table(&h, &by_status).await;
 }
 

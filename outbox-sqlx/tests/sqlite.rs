@@ -88,6 +88,18 @@ impl SqliteHarness {
             .await
             .unwrap()
     }
+
+    /// The rows per destination and status.
+    async fn by_status(&self) -> Vec<(String, String, i64)> {
+        let sql = format!(
+            "SELECT destination, status, count(*) FROM {} GROUP BY destination, status",
+            self.table()
+        );
+        sqlx::query_as(&sql)
+            .fetch_all(self.outbox.pool())
+            .await
+            .unwrap()
+    }
 }
 
 impl StoreHarness for SqliteHarness {
@@ -525,13 +537,7 @@ async fn claim_uses_the_due_index() {
 async fn stats_match_the_table() {
     let db = TestDb::new().await;
     let h = SqliteHarness::new(db.pool.clone()).await;
-    let sql = format!(
-        "SELECT destination, status, count(*) FROM {} GROUP BY destination, status",
-        h.table()
-    );
-    let by_status = || -> BoxFuture<'_, Vec<(String, String, i64)>> {
-        Box::pin(async { sqlx::query_as(&sql).fetch_all(&db.pool).await.unwrap() })
-    };
+    let by_status = || -> BoxFuture<'_, Vec<(String, String, i64)>> { Box::pin(h.by_status()) };
     common::stats_match_the_table(&h, &by_status).await;
 }
 
