@@ -65,6 +65,12 @@ impl PgHarness {
             .render(outbox_sql::Dialect::Postgres, "{outbox}")
     }
 
+    /// The store's LISTEN connection.
+    async fn listen(&self) -> outbox_engine::Listener {
+        let listener = self.outbox.listen().await.unwrap();
+        listener.expect("PostgreSQL listens")
+    }
+
     async fn rows(&self) -> i64 {
         let sql = format!("SELECT count(*) FROM {}", self.table());
         let count = sqlx::query_scalar(&sql).fetch_one(self.outbox.pool());
@@ -703,12 +709,7 @@ async fn postgres_inbox_passes_the_inbox_suite() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn notify_wakes_a_listening_relay_and_survives_backend_termination() {
     let h = PgHarness::new().await;
-    let listener = h
-        .outbox
-        .listen()
-        .await
-        .unwrap()
-        .expect("PostgreSQL listens");
+    let listener = h.listen().await;
     let sink = RecordingSink::new();
     let relay = Relay::builder(h.outbox.clone())
         .route("orders", sink.clone())
@@ -792,12 +793,7 @@ async fn notify_wakes_a_listening_relay_and_survives_backend_termination() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_notifier_sends_the_notify_it_owes() {
     let h = PgHarness::new().await;
-    let listener = h
-        .outbox
-        .listen()
-        .await
-        .unwrap()
-        .expect("PostgreSQL listens");
+    let listener = h.listen().await;
     let mut woken = listener.wakeup().subscribe();
     let notifier = h.outbox.notifier();
     notifier.notify();
