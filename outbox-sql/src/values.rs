@@ -200,7 +200,7 @@ pub fn report(
     applied: &HashSet<MessageId>,
 ) -> CompleteReport {
     let mut report = CompleteReport::default();
-    let mut counted = HashSet::new();
+    let mut counted = HashSet::with_capacity(applied.len());
     for id in requested {
         if applied.contains(&id) && counted.insert(id) {
             report.applied += 1;

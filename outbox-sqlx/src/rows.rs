@@ -151,7 +151,13 @@ pub(crate) fn halted_keys<DB: SqlDialect>(row: &DB::Row) -> Result<(String, u64)
 
 /// The ids a statement returned (`RETURNING id`, or a locking `SELECT id`).
 pub(crate) fn ids<DB: SqlDialect>(rows: &[DB::Row]) -> Result<HashSet<MessageId>, StoreError> {
-    rows.iter().map(|row| DB::id(row).map_err(schema)).collect()
+    // Sized up front: collecting through `Result` gives the set no size hint, and growing
+    // it rehashes every id several times per batch.
+    let mut ids = HashSet::with_capacity(rows.len());
+    for row in rows {
+        ids.insert(DB::id(row).map_err(schema)?);
+    }
+    Ok(ids)
 }
 
 /// Runs a statement that returns the ids it changed (`RETURNING id`).
