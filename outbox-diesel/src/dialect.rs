@@ -10,9 +10,10 @@ use diesel::query_builder::{AstPass, QueryFragment, QueryId};
 use diesel::query_dsl::LoadQuery;
 use diesel::query_dsl::methods::ExecuteDsl;
 use diesel::serialize::ToSql;
-use diesel::sql_types::{HasSqlType, Untyped};
+use diesel::sql_types::{Binary, HasSqlType, Nullable, Text, Untyped};
 use diesel::{Connection, QueryResult, RunQueryDsl};
 use outbox_engine::{NewMessage, PublishedRows, StoreError};
+use outbox_sql::values::headers_json;
 use outbox_sql::{Dialect, Migration, Shared, TableNames};
 
 use crate::error::classify;
@@ -53,6 +54,28 @@ impl<DB: Backend> Statement<DB> {
             sql_type: PhantomData::<fn() -> ST>,
         }));
         self
+    }
+
+    /// Binds the ten message columns between the id and the due time of `m`, in table
+    /// order: destination through headers (as JSON text).
+    pub(crate) fn bind_columns(self, m: &NewMessage) -> Self
+    where
+        DB: HasSqlType<Text> + HasSqlType<Binary>,
+        String: ToSql<Text, DB>,
+        Option<String>: ToSql<Nullable<Text>, DB>,
+        Vec<u8>: ToSql<Binary, DB>,
+    {
+        let text = |s: Option<&str>| s.map(str::to_owned);
+        self.bind::<Text, _>(m.destination().to_owned())
+            .bind::<Text, _>(m.event_type().to_owned())
+            .bind::<Nullable<Text>, _>(text(m.aggregate_type()))
+            .bind::<Nullable<Text>, _>(text(m.aggregate_id()))
+            .bind::<Nullable<Text>, _>(text(m.partition_key()))
+            .bind::<Nullable<Text>, _>(text(m.tenant_id()))
+            .bind::<Text, _>(m.idempotency_key().to_owned())
+            .bind::<Binary, _>(m.payload().to_vec())
+            .bind::<Text, _>(m.content_type().to_owned())
+            .bind::<Text, _>(headers_json(m.headers()))
     }
 
     /// Not kept prepared: for statements built for one use (a multi-row insert of a

@@ -21,13 +21,13 @@
 
 use diesel::QueryableByName;
 use diesel::mysql::{Mysql, MysqlConnection};
-use diesel::sql_types::{BigInt, Binary, Datetime, Nullable, Text};
+use diesel::sql_types::{BigInt, Datetime, Nullable, Text};
 use outbox_engine::{NewMessage, PublishedRows, StoreError, StoreErrorKind};
 use outbox_sql::mysql::{
     MAX_INTERVAL_MS, MIGRATION_LOCK, MIGRATION_LOCK_TIMEOUT_S, Statements, db_time, insert_chunks,
     interval_ms,
 };
-use outbox_sql::values::{availability, headers_json, limit};
+use outbox_sql::values::{availability, limit};
 use outbox_sql::{Dialect, Migration, Shared, TableNames};
 
 use crate::dialect::{Context, DieselDialect, Query, execute, load, sealed};
@@ -55,19 +55,9 @@ pub(crate) struct LastSeq {
 /// One message's fourteen insert values.
 fn bind_message(query: Query<Mysql>, m: &NewMessage, seq: Option<i64>) -> Query<Mysql> {
     let (at, delay_ms) = availability(m);
-    let text = |s: Option<&str>| s.map(str::to_owned);
     query
         .bind::<Text, _>(m.id().to_string())
-        .bind::<Text, _>(m.destination().to_owned())
-        .bind::<Text, _>(m.event_type().to_owned())
-        .bind::<Nullable<Text>, _>(text(m.aggregate_type()))
-        .bind::<Nullable<Text>, _>(text(m.aggregate_id()))
-        .bind::<Nullable<Text>, _>(text(m.partition_key()))
-        .bind::<Nullable<Text>, _>(text(m.tenant_id()))
-        .bind::<Text, _>(m.idempotency_key().to_owned())
-        .bind::<Binary, _>(m.payload().to_vec())
-        .bind::<Text, _>(m.content_type().to_owned())
-        .bind::<Text, _>(headers_json(m.headers()))
+        .bind_columns(m)
         .bind::<Nullable<Datetime>, _>(at.map(db_time))
         .bind::<BigInt, _>(delay_ms.min(MAX_INTERVAL_MS))
         .bind::<Nullable<BigInt>, _>(seq)

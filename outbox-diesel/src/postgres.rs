@@ -46,32 +46,15 @@ fn ids(ids: impl IntoIterator<Item = MessageId>) -> Vec<Uuid> {
     ids.into_iter().map(|id| *id.as_uuid()).collect()
 }
 
-/// The ten message columns between the id and the due time, bound one by one.
-fn bind_columns(query: Query<Pg>, m: &NewMessage) -> Query<Pg> {
-    let text = |s: Option<&str>| s.map(str::to_owned);
-    query
-        .bind::<Text, _>(m.destination().to_owned())
-        .bind::<Text, _>(m.event_type().to_owned())
-        .bind::<Nullable<Text>, _>(text(m.aggregate_type()))
-        .bind::<Nullable<Text>, _>(text(m.aggregate_id()))
-        .bind::<Nullable<Text>, _>(text(m.partition_key()))
-        .bind::<Nullable<Text>, _>(text(m.tenant_id()))
-        .bind::<Text, _>(m.idempotency_key().to_owned())
-        .bind::<Bytea, _>(m.payload().to_vec())
-        .bind::<Text, _>(m.content_type().to_owned())
-        .bind::<Text, _>(headers_json(m.headers()))
-}
-
 /// One message: the `insert` statement. Several: `insert_batch`, one array per column.
 pub(crate) fn insert_query(sql: &Statements, messages: &[NewMessage]) -> Query<Pg> {
     if let [m] = messages {
         let (at, delay_ms) = availability(m);
-        return bind_columns(
-            PgConnection::query(&sql.insert).bind::<SqlUuid, _>(*m.id().as_uuid()),
-            m,
-        )
-        .bind::<Nullable<Timestamptz>, _>(at)
-        .bind::<BigInt, _>(delay_ms);
+        return PgConnection::query(&sql.insert)
+            .bind::<SqlUuid, _>(*m.id().as_uuid())
+            .bind_columns(m)
+            .bind::<Nullable<Timestamptz>, _>(at)
+            .bind::<BigInt, _>(delay_ms);
     }
     let column =
         |f: &dyn Fn(&NewMessage) -> Option<String>| messages.iter().map(f).collect::<Vec<_>>();

@@ -33,11 +33,11 @@ use std::time::Duration;
 use diesel::QueryableByName;
 use diesel::connection::SimpleConnection;
 use diesel::r2d2::CustomizeConnection;
-use diesel::sql_types::{BigInt, Binary, Nullable, Text};
+use diesel::sql_types::{BigInt, Nullable, Text};
 use diesel::sqlite::{Sqlite, SqliteConnection};
 use outbox_engine::{Availability, NewMessage, PublishedRows, StoreError};
 use outbox_sql::sqlite::{Statements, ceil_ms};
-use outbox_sql::values::{headers_json, limit, millis};
+use outbox_sql::values::{limit, millis};
 use outbox_sql::{Dialect, Migration, Shared, TableNames};
 
 use crate::dialect::{Context, DieselDialect, Query, execute, load, sealed};
@@ -110,19 +110,9 @@ impl keyed::Keyed for SqliteConnection {
             // Rounded up, so the message is never claimed before `at`.
             Availability::At(at) => (Some(ceil_ms(at)), 0),
         };
-        let text = |s: Option<&str>| s.map(str::to_owned);
         let query = Self::query(&ctx.sql.insert)
             .bind::<Text, _>(m.id().to_string())
-            .bind::<Text, _>(m.destination().to_owned())
-            .bind::<Text, _>(m.event_type().to_owned())
-            .bind::<Nullable<Text>, _>(text(m.aggregate_type()))
-            .bind::<Nullable<Text>, _>(text(m.aggregate_id()))
-            .bind::<Nullable<Text>, _>(text(m.partition_key()))
-            .bind::<Nullable<Text>, _>(text(m.tenant_id()))
-            .bind::<Text, _>(m.idempotency_key().to_owned())
-            .bind::<Binary, _>(m.payload().to_vec())
-            .bind::<Text, _>(m.content_type().to_owned())
-            .bind::<Text, _>(headers_json(m.headers()))
+            .bind_columns(m)
             .bind::<Nullable<BigInt>, _>(at)
             .bind::<BigInt, _>(delay_ms)
             .bind::<Nullable<BigInt>, _>(seq);

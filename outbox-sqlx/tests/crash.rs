@@ -13,13 +13,12 @@ use outbox_sqlx::TableNames;
 use outbox_sqlx::postgres::PgOutbox;
 use outbox_test_support::ChildGuard;
 use sqlx::PgPool;
-use sqlx::postgres::PgPoolOptions;
 
 #[path = "common/mod.rs"]
 mod common;
 
-const URL_VAR: &str = "OUTBOX_TEST_POSTGRES_URL";
-const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
+use common::relay_process::{self, drop_tables, pool, record};
+
 const MESSAGES: u64 = 2_000;
 const CHILD_LEASE: Duration = Duration::from_secs(3);
 
@@ -38,24 +37,9 @@ impl Sink for TableSink {
         _cx: &outbox_engine::PublishContext,
     ) -> Result<Vec<Outcome>, Failure> {
         let ids: Vec<uuid::Uuid> = batch.iter().map(|m| *m.id.as_uuid()).collect();
-        sqlx::query(&format!(
-            "INSERT INTO {} (id) SELECT * FROM UNNEST($1::uuid[])",
-            self.received
-        ))
-        .bind(ids)
-        .execute(&self.pool)
-        .await
-        .map_err(|e| Failure::retryable(outbox_engine::FailureClass::Connection, e.to_string()))?;
+        record(&self.pool, &self.received, ids).await?;
         tokio::time::sleep(self.pause).await;
         Ok(vec![Outcome::published(); batch.len()])
-    }
-}
-
-async fn pool() -> PgPool {
-    let url = common::url(URL_VAR, DEFAULT_URL);
-    match PgPoolOptions::new().max_connections(8).connect(&url).await {
-        Ok(pool) => pool,
-        Err(e) => common::no_server("PostgreSQL", URL_VAR, &url, e),
     }
 }
 
@@ -75,13 +59,15 @@ fn relay(outbox: PgOutbox, sink: TableSink, owner: &str, lease: Duration) -> Rel
         .expect("relay")
 }
 
-async fn child(table: String, received: String) {
-    let pool = pool().await;
-    let names = TableNames::default().outbox(&table).expect("table name");
+/// The relay that gets killed; `tables` names the outbox and the received table.
+async fn child(tables: String) {
+    let (table, received) = tables.split_once(' ').expect("two table names");
+    let pool = pool(8).await;
+    let names = TableNames::default().outbox(table).expect("table name");
     let outbox = PgOutbox::with_names(pool.clone(), names);
     let sink = TableSink {
         pool,
-        received,
+        received: received.to_owned(),
         pause: Duration::from_millis(150),
     };
     relay(outbox, sink, "doomed-child", CHILD_LEASE)
@@ -100,7 +86,7 @@ async fn leased_by(pool: &PgPool, table: &str, owner: &str) -> i64 {
 }
 
 async fn parent() {
-    let pool = pool().await;
+    let pool = pool(8).await;
     let table = common::fresh_table("crash_outbox");
     let received = common::fresh_table("crash_received");
     let names = TableNames::default().outbox(&table).expect("table name");
@@ -149,19 +135,16 @@ async fn parent() {
         pause: Duration::ZERO,
     };
     let survivor = relay(outbox.clone(), sink, "survivor", Duration::from_secs(30));
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        survivor.drain().await.expect("drain");
-        let total = outbox.stats().await.unwrap().total();
-        if total.published == MESSAGES {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "survivor did not finish: {total:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await; // until the dead child's leases lapse
-    }
+    // Until the dead child's leases lapse and the survivor has published every message.
+    outbox_test_support::wait_until(
+        "the survivor to publish every message",
+        Duration::from_secs(120),
+        || async {
+            survivor.drain().await.expect("drain");
+            outbox.stats().await.unwrap().total().published == MESSAGES
+        },
+    )
+    .await;
 
     let (deliveries, distinct, lost): (i64, i64, i64) = sqlx::query_as(&format!(
         "SELECT (SELECT count(*) FROM {received}), (SELECT count(DISTINCT id) FROM {received}), \
@@ -180,25 +163,14 @@ async fn parent() {
         duplicates <= leased_at_kill,
         "duplicates ({duplicates}) ≤ rows leased at the kill ({leased_at_kill})"
     );
-    sqlx::query(&format!("DROP TABLE {table}, {received}"))
-        .execute(&pool)
-        .await
-        .unwrap();
+    drop_tables(&pool, &[&table, &received]).await;
 }
 
 fn main() {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    if let Ok(tables) = std::env::var("OUTBOX_CRASH_CHILD") {
-        outbox_test_support::exit_with_parent();
-        let (table, received) = tables.split_once(' ').expect("two table names");
-        runtime.block_on(child(table.to_owned(), received.to_owned()));
-        return;
-    }
-    outbox_test_support::run_single_test("crash_recovery_after_sigkill", move || {
-        runtime.block_on(parent())
-    });
+    relay_process::main(
+        "OUTBOX_CRASH_CHILD",
+        "crash_recovery_after_sigkill",
+        child,
+        parent,
+    );
 }

@@ -8,7 +8,6 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use outbox_engine::BoxFuture;
 use outbox_engine::testkit::{RecordingSink, StoreHarness, inbox_suite, store_suite};
 use outbox_engine::{
     ClaimRequest, Completion, DeadLetterFilter, DeadLetters, NewMessage, Relay, Store, StoreError,
@@ -23,6 +22,8 @@ use sqlx::mysql::MySqlPoolOptions;
 
 const URL_VAR: &str = "OUTBOX_TEST_MYSQL_URL";
 const DEFAULT_URL: &str = "mysql://root@127.0.0.1:3306/test";
+const BUSINESS_TABLE: &str = "CREATE TABLE {table} (id BIGINT PRIMARY KEY) ENGINE = InnoDB";
+const BUSINESS_INSERT: &str = "INSERT INTO {table} (id) VALUES (?)";
 
 async fn pool() -> MySqlPool {
     let url = common::url(URL_VAR, DEFAULT_URL);
@@ -96,6 +97,16 @@ fn inbox_table(names: &TableNames) -> (String, String) {
     )
 }
 
+/// Names for a fresh outbox table on `pool`, and the guard that drops it.
+fn fresh_outbox(pool: &MySqlPool) -> (TableNames, Cleanup) {
+    let names = TableNames::default()
+        .outbox(&common::fresh_table("outbox"))
+        .unwrap();
+    let mut cleanup = Cleanup::new(pool);
+    cleanup.outbox(&names);
+    (names, cleanup)
+}
+
 /// Tables a test created, dropped when the guard goes (also when the test fails).
 struct Cleanup {
     pool: MySqlPool,
@@ -108,6 +119,12 @@ impl Cleanup {
             pool: pool.clone(),
             tables: Vec::new(),
         }
+    }
+
+    /// Adds an outbox table and its key counters.
+    fn outbox(&mut self, names: &TableNames) {
+        self.tables.push(outbox_table(names));
+        self.tables.push(keys_table(names));
     }
 
     /// Adds a plain table name created by the test itself.
@@ -138,13 +155,8 @@ impl MySqlHarness {
     }
 
     async fn with_mode(mode: PublishedRows) -> Self {
-        let names = TableNames::default()
-            .outbox(&common::fresh_table("outbox"))
-            .unwrap();
         let pool = pool().await;
-        let mut cleanup = Cleanup::new(&pool);
-        cleanup.tables.push(outbox_table(&names));
-        cleanup.tables.push(keys_table(&names));
+        let (names, cleanup) = fresh_outbox(&pool);
         let outbox = MySqlOutbox::with_names(pool, names).published_rows(mode);
         outbox.migrate().await.expect("migrate");
         Self {
@@ -176,6 +188,11 @@ impl MySqlHarness {
             .await
             .unwrap()
     }
+}
+
+/// A fresh outbox table, for the shared tests ([`sqlx_tests!`]).
+async fn harness(mode: PublishedRows) -> MySqlHarness {
+    MySqlHarness::with_mode(mode).await
 }
 
 impl StoreHarness for MySqlHarness {
@@ -231,30 +248,6 @@ async fn single_enqueue_and_relay_deliver_with_all_fields() {
     common::delivers_every_field(&MySqlHarness::new().await).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn delete_on_publish_removes_rows() {
-    let h = MySqlHarness::with_mode(PublishedRows::Delete).await;
-    let rows = || -> BoxFuture<'_, i64> { Box::pin(h.rows()) };
-    common::delete_on_publish_removes_rows(&h, &rows).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn producer_atomicity_with_rollbacks() {
-    let h = MySqlHarness::new().await;
-    let outbox = h.outbox.clone();
-    common::producer_atomicity(
-        h.outbox.pool(),
-        h.outbox.clone(),
-        "CREATE TABLE {table} (id BIGINT PRIMARY KEY) ENGINE = InnoDB",
-        "INSERT INTO {table} (id) VALUES (?)",
-        &move |conn, messages| {
-            let outbox = outbox.clone();
-            Box::pin(async move { outbox.enqueue_all(conn, &messages).await.map(drop) })
-        },
-    )
-    .await;
-}
-
 /// InnoDB may answer concurrent inserts of one key with a deadlock; the suite's
 /// consumers then retry the whole delivery transaction, as `MySqlInbox::record`
 /// documents.
@@ -305,8 +298,7 @@ async fn hostile_identifiers_are_rejected_or_quoted_exactly() {
     })
     .await;
     for names in &created {
-        cleanup.tables.push(outbox_table(names));
-        cleanup.tables.push(keys_table(names));
+        cleanup.outbox(names);
     }
     let applied: i64 = sqlx::query_scalar(
         "SELECT COUNT(*) FROM outbox_migrations WHERE id = CONCAT(?, '/001_outbox')",
@@ -338,13 +330,6 @@ async fn hostile_identifiers_are_rejected_or_quoted_exactly() {
         .unwrap();
         assert_eq!(left, 0, "{name:?} dropped");
     }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn stats_match_the_table() {
-    let h = MySqlHarness::new().await;
-    let by_status = || -> BoxFuture<'_, Vec<(String, String, i64)>> { Box::pin(h.by_status()) };
-    common::stats_match_the_table(&h, &by_status).await;
 }
 
 /// Values at the edges of what the columns hold are clamped or cut, never an error that
@@ -436,12 +421,7 @@ async fn extreme_values_are_clamped_not_fatal() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_migrations_agree() {
     let pool = pool().await;
-    let names = TableNames::default()
-        .outbox(&common::fresh_table("outbox"))
-        .unwrap();
-    let mut cleanup = Cleanup::new(&pool);
-    cleanup.tables.push(outbox_table(&names));
-    cleanup.tables.push(keys_table(&names));
+    let (names, _cleanup) = fresh_outbox(&pool);
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..6 {
         let outbox = MySqlOutbox::with_names(pool.clone(), names.clone());
@@ -863,7 +843,6 @@ async fn halted_keys_count_each_key_once() {
 /// transaction, so id order differs from it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_writers_and_relays_keep_every_key_in_commit_order() {
-    use outbox_engine::RetryPolicy;
     use outbox_engine::testkit::FlakySink;
 
     const KEYS: usize = 40;
@@ -892,12 +871,7 @@ async fn concurrent_writers_and_relays_keep_every_key_in_commit_order() {
             .batch_size(16)
             .concurrency(2)
             .poll_interval(Duration::from_millis(5))
-            .retry(
-                RetryPolicy::default()
-                    .initial_delay(Duration::from_millis(5))
-                    .max_delay(Duration::from_millis(20))
-                    .max_attempts(1000),
-            )
+            .retry(common::backoff_ms(5, 20).max_attempts(1000))
             .ordering(per_key(r == 0))
             .build()
             .unwrap();
@@ -1214,30 +1188,13 @@ async fn keyed_rows_written_without_seq_are_numbered() {
     assert_eq!(seqs, want);
 }
 
-macro_rules! refuses {
-    ($($test:ident: $column:literal = $value:literal;)*) => {$(
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn $test() {
-            let h = MySqlHarness::new().await;
-            let needle = format!("column {}", $column);
-            common::assert_refused(insert_with(&h, $column, $value).await, $column, &needle);
-        }
-    )*};
-}
-
-refuses! {
-    refuses_a_destination_outside_the_route_alphabet: "destination" = "'orders and more'";
-    refuses_an_empty_event_type: "event_type" = "''";
+// The tests every dialect runs, and this one's refusals in its SQL.
+crate::sqlx_tests! {
     refuses_control_characters_in_event_type: "event_type" = "CONCAT('order', CHAR(10), 'paid')";
     refuses_a_long_aggregate_type: "aggregate_type" = "REPEAT('a', 256)";
     refuses_control_characters_in_aggregate_id: "aggregate_id" = "CONCAT('42', CHAR(9))";
-    refuses_an_empty_partition_key: "partition_key" = "''";
     refuses_a_long_tenant_id: "tenant_id" = "REPEAT('t', 256)";
-    refuses_an_empty_idempotency_key: "idempotency_key" = "''";
-    refuses_an_empty_content_type: "content_type" = "''";
     refuses_a_payload_over_one_mebibyte: "payload" = "REPEAT('a', 1048577)";
-    refuses_headers_that_are_not_strings: "headers" = "'{\"x-n\": 1}'";
-    refuses_header_names_that_are_not_tokens: "headers" = "'{\"x n\": \"1\"}'";
     refuses_more_than_64_headers: "headers" = "(SELECT JSON_OBJECTAGG(CONCAT('h', seq), 'v') FROM seq_1_to_65)";
     refuses_header_values_over_8_kib: "headers" = "JSON_OBJECT('h', REPEAT('v', 8193))";
     refuses_an_id_that_is_not_a_lowercase_uuid: "id" = "'0190A0B1-0000-7000-8000-000000000000'";
@@ -1330,12 +1287,7 @@ async fn the_sql_deterministic_key_equals_the_rust_one() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_older_table_is_upgraded_in_place() {
     let pool = pool().await;
-    let names = TableNames::default()
-        .outbox(&common::fresh_table("outbox"))
-        .unwrap();
-    let mut cleanup = Cleanup::new(&pool);
-    cleanup.tables.push(outbox_table(&names));
-    cleanup.tables.push(keys_table(&names));
+    let (names, cleanup) = fresh_outbox(&pool);
     for migration in
         &outbox_sql::outbox_migrations(Dialect::MySql, &names, PublishedRows::Keep)[..2]
     {
@@ -1366,28 +1318,13 @@ async fn an_older_table_is_upgraded_in_place() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn counter_cleanup_under_concurrent_writers_keeps_commit_order() {
-    let h = MySqlHarness::new().await;
-    common::counter_cleanup_keeps_commit_order(common::CounterCleanup {
-        pool: h.outbox.pool(),
-        store: h.outbox.clone(),
-        enqueue: Arc::new(|outbox, conn, message| {
-            Box::pin(async move { outbox.enqueue(conn, &message).await })
-        }),
-    })
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_database_costs_the_relay_a_lease_not_its_pool() {
     let url = common::url(URL_VAR, DEFAULT_URL);
     let pool = pool().await;
     let mut cleanup = Cleanup::new(&pool);
     let table = common::fresh_table("outbox_silent");
     let names = TableNames::default().outbox(&table).unwrap();
-    cleanup
-        .tables
-        .extend([outbox_table(&names), keys_table(&names)]);
+    cleanup.outbox(&names);
     let direct = MySqlOutbox::with_names(pool, names);
     direct.migrate().await.expect("migrate");
     let mut tx = direct.pool().begin().await.unwrap();

@@ -14,35 +14,22 @@ use std::time::{Duration, Instant};
 
 use outbox_engine::{
     DeadHead, Failure, FailureClass, Message, MessageId, MessageOrder, NewMessage, Outcome, Relay,
-    RetryPolicy, Sink, StoreStats,
+    Sink, StoreStats,
 };
 use outbox_sqlx::TableNames;
 use outbox_sqlx::postgres::PgOutbox;
 use outbox_test_support::ChildGuard;
 use sqlx::PgPool;
-use sqlx::postgres::PgPoolOptions;
 
 #[path = "common/mod.rs"]
 mod common;
 
-const URL_VAR: &str = "OUTBOX_TEST_POSTGRES_URL";
-const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
+use common::relay_process::{self, drop_tables, pool, record};
+
 const KEYS: usize = 1_000;
 const PER_KEY: usize = 20;
 const PRODUCERS: usize = 8;
 const RELAYS: usize = 4;
-
-async fn pool(size: u32) -> PgPool {
-    let url = common::url(URL_VAR, DEFAULT_URL);
-    match PgPoolOptions::new()
-        .max_connections(size)
-        .connect(&url)
-        .await
-    {
-        Ok(pool) => pool,
-        Err(e) => common::no_server("PostgreSQL", URL_VAR, &url, e),
-    }
-}
 
 /// Records deliveries in arrival order; fails 10% of attempts before recording.
 struct FlakyTableSink {
@@ -66,22 +53,22 @@ impl Sink for FlakyTableSink {
                 outcomes.push(Outcome::published());
             }
         }
-        sqlx::query(&format!(
-            "INSERT INTO {} (id) SELECT * FROM UNNEST($1::uuid[])",
-            self.received
-        ))
-        .bind(ids)
-        .execute(&self.pool)
-        .await
-        .map_err(|e| Failure::retryable(FailureClass::Connection, e.to_string()))?;
+        record(&self.pool, &self.received, ids).await?;
         Ok(outcomes)
     }
 }
 
-async fn child(table: String, received: String, owner: String) {
+/// A relay; `args` names the outbox, the received table and the relay.
+async fn child(args: String) {
+    let [table, received, owner]: [&str; 3] = args
+        .split(' ')
+        .collect::<Vec<_>>()
+        .try_into()
+        .expect("three names");
     let pool = pool(6).await;
-    let names = TableNames::default().outbox(&table).expect("name");
+    let names = TableNames::default().outbox(table).expect("name");
     let outbox = PgOutbox::with_names(pool.clone(), names);
+    let received = received.to_owned();
     let relay = Relay::builder(outbox)
         .owner(owner)
         .route("orders", FlakyTableSink { pool, received })
@@ -90,12 +77,7 @@ async fn child(table: String, received: String, owner: String) {
         .concurrency(2)
         .lease(Duration::from_secs(2))
         .poll_interval(Duration::from_millis(20))
-        .retry(
-            RetryPolicy::default()
-                .initial_delay(Duration::from_millis(5))
-                .max_delay(Duration::from_millis(50))
-                .max_attempts(10_000),
-        )
+        .retry(common::backoff_ms(5, 50).max_attempts(10_000))
         .build()
         .expect("relay");
     // A backstop only, past the parent's 600 s deadline so no relay stops while the
@@ -243,29 +225,14 @@ async fn parent() {
     for (key, versions) in per_key.iter().enumerate() {
         assert_eq!(versions, &expected, "key {key}: received in commit order");
     }
-    sqlx::query(&format!("DROP TABLE {table}, {received}, {versions}"))
-        .execute(&pool)
-        .await
-        .unwrap();
+    drop_tables(&pool, &[&table, &received, &versions]).await;
 }
 
 fn main() {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    if let Ok(args) = std::env::var("OUTBOX_ORDER_CHILD") {
-        outbox_test_support::exit_with_parent();
-        let parts: Vec<&str> = args.split(' ').collect();
-        runtime.block_on(child(
-            parts[0].to_owned(),
-            parts[1].to_owned(),
-            parts[2].to_owned(),
-        ));
-        return;
-    }
-    outbox_test_support::run_single_test("per_key_order_under_stress", move || {
-        runtime.block_on(parent())
-    });
+    relay_process::main(
+        "OUTBOX_ORDER_CHILD",
+        "per_key_order_under_stress",
+        child,
+        parent,
+    );
 }

@@ -6,7 +6,6 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use outbox_engine::BoxFuture;
 use outbox_engine::testkit::{RecordingSink, StoreHarness, inbox_suite, store_suite};
 use outbox_engine::{Backend, NewMessage, Relay, StoreError, StoreStats};
 use outbox_sql::Dialect;
@@ -18,6 +17,8 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 const URL_VAR: &str = "OUTBOX_TEST_POSTGRES_URL";
 const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
+const BUSINESS_TABLE: &str = "CREATE TABLE {table} (id bigint PRIMARY KEY)";
+const BUSINESS_INSERT: &str = "INSERT INTO {table} (id) VALUES ($1)";
 
 async fn pool() -> PgPool {
     let url = common::url(URL_VAR, DEFAULT_URL);
@@ -65,6 +66,12 @@ impl PgHarness {
             .render(outbox_sql::Dialect::Postgres, "{outbox}")
     }
 
+    /// Drops the outbox table by hand (a `rotate` layout's slots table stays).
+    async fn drop_table(&self) {
+        let sql = format!("DROP TABLE {}", self.table());
+        sqlx::query(&sql).execute(self.outbox.pool()).await.unwrap();
+    }
+
     /// The store's LISTEN connection.
     async fn listen(&self) -> outbox_engine::Listener {
         let listener = self.outbox.listen().await.unwrap();
@@ -98,6 +105,11 @@ impl Drop for PgHarness {
         let pool = self.outbox.pool().clone();
         tokio::spawn(async move { pool.close().await });
     }
+}
+
+/// A fresh outbox table, for the shared tests ([`sqlx_tests!`]).
+async fn harness(mode: PublishedRows) -> PgHarness {
+    PgHarness::with_mode(mode).await
 }
 
 impl StoreHarness for PgHarness {
@@ -177,7 +189,7 @@ async fn rotation_while_relays_run_loses_no_pending_or_dead_row() {
     use outbox_engine::testkit::FlakySink;
     use outbox_engine::{
         ClaimRequest, Completion, DeadHead, DeadLetterFilter, DeadLetters, MessageOrder, Purge,
-        PurgeRequest, RetryPolicy, Store,
+        PurgeRequest, Store,
     };
 
     const MESSAGES: u64 = 2_000;
@@ -233,12 +245,7 @@ async fn rotation_while_relays_run_loses_no_pending_or_dead_row() {
             .ordering(MessageOrder::PerKey(DeadHead::Skip))
             .batch_size(20)
             .poll_interval(Duration::from_millis(5))
-            .retry(
-                RetryPolicy::default()
-                    .initial_delay(Duration::from_millis(2))
-                    .max_delay(Duration::from_millis(10))
-                    .max_attempts(10_000),
-            )
+            .retry(common::backoff_ms(2, 10).max_attempts(10_000))
             .build()
             .unwrap();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -620,10 +627,7 @@ async fn rotate_layout_is_recreated_after_the_table_is_dropped() {
     let h = PgHarness::with_mode(PublishedRows::Rotate).await;
     let now = PurgeRequest::published_older_than(Duration::ZERO);
     h.outbox.purge(&now).await.unwrap();
-    sqlx::query(&format!("DROP TABLE {}", h.table()))
-        .execute(h.outbox.pool())
-        .await
-        .unwrap();
+    h.drop_table().await;
     h.outbox.migrate().await.unwrap();
     h.enqueue(vec![common::message("orders", 1)]).await.unwrap();
     let relay = Relay::builder(h.outbox.clone())
@@ -653,30 +657,6 @@ async fn rotate_refuses_a_table_created_without_slots() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn single_enqueue_and_relay_deliver_with_all_fields() {
     common::delivers_every_field(&PgHarness::new().await).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn delete_on_publish_removes_rows() {
-    let h = PgHarness::with_mode(PublishedRows::Delete).await;
-    let rows = || -> BoxFuture<'_, i64> { Box::pin(h.rows()) };
-    common::delete_on_publish_removes_rows(&h, &rows).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn producer_atomicity_with_rollbacks() {
-    let h = PgHarness::new().await;
-    let outbox = h.outbox.clone();
-    common::producer_atomicity(
-        h.outbox.pool(),
-        h.outbox.clone(),
-        "CREATE TABLE {table} (id bigint PRIMARY KEY)",
-        "INSERT INTO {table} (id) VALUES ($1)",
-        &move |conn, messages| {
-            let outbox = outbox.clone();
-            Box::pin(async move { outbox.enqueue_all(conn, &messages).await.map(drop) })
-        },
-    )
-    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -837,13 +817,6 @@ async fn hostile_identifiers_are_rejected_or_quoted_exactly() {
         .unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn stats_match_the_table() {
-    let h = PgHarness::new().await;
-    let by_status = || -> BoxFuture<'_, Vec<(String, String, i64)>> { Box::pin(h.by_status()) };
-    common::stats_match_the_table(&h, &by_status).await;
-}
-
 /// A relay stalls after publishing until its lease lapsed and another relay reclaimed the
 /// rows: its late completion changes nothing and is reported as stale.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -927,13 +900,12 @@ async fn a_relay_that_lost_its_lease_changes_nothing() {
         "the lapsed rows were reclaimed"
     );
 
-    let before: Vec<(uuid::Uuid, String, i32)> = sqlx::query_as(&format!(
-        "SELECT id, status, attempts FROM {} ORDER BY id",
-        h.table()
-    ))
-    .fetch_all(h.outbox.pool())
-    .await
-    .unwrap();
+    let states = || async {
+        let sql = format!("SELECT id, status, attempts FROM {} ORDER BY id", h.table());
+        let rows = sqlx::query_as::<_, (uuid::Uuid, String, i32)>(&sql);
+        rows.fetch_all(h.outbox.pool()).await.unwrap()
+    };
+    let before = states().await;
     resume.notify_one();
     let late = stalled.await.unwrap().unwrap();
     assert_eq!(
@@ -941,13 +913,7 @@ async fn a_relay_that_lost_its_lease_changes_nothing() {
         (5, 0, 5),
         "the late completion is reported stale"
     );
-    let after: Vec<(uuid::Uuid, String, i32)> = sqlx::query_as(&format!(
-        "SELECT id, status, attempts FROM {} ORDER BY id",
-        h.table()
-    ))
-    .fetch_all(h.outbox.pool())
-    .await
-    .unwrap();
+    let after = states().await;
     assert_eq!(before, after, "0 rows changed");
     assert!(
         after
@@ -961,10 +927,7 @@ async fn a_relay_that_lost_its_lease_changes_nothing() {
 async fn migrate_is_idempotent_and_recreates_a_dropped_table() {
     let h = PgHarness::new().await;
     h.outbox.migrate().await.unwrap();
-    sqlx::query(&format!("DROP TABLE {}", h.table()))
-        .execute(h.outbox.pool())
-        .await
-        .unwrap();
+    h.drop_table().await;
     h.outbox.migrate().await.unwrap();
     h.enqueue(vec![common::message("orders", 1)]).await.unwrap();
     assert_eq!(h.outbox.stats().await.unwrap().total().pending, 1);
@@ -1100,30 +1063,13 @@ async fn a_row_with_only_destination_event_type_and_payload_is_delivered() {
     common::minimal_rows_are_delivered(h.outbox.clone(), 8).await;
 }
 
-macro_rules! refuses {
-    ($($test:ident: $column:literal = $value:literal;)*) => {$(
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn $test() {
-            let h = PgHarness::new().await;
-            let needle = format!("column {}", $column);
-            common::assert_refused(insert_with(&h, $column, $value).await, $column, &needle);
-        }
-    )*};
-}
-
-refuses! {
-    refuses_a_destination_outside_the_route_alphabet: "destination" = "'orders and more'";
-    refuses_an_empty_event_type: "event_type" = "''";
+// The tests every dialect runs, and this one's refusals in its SQL.
+crate::sqlx_tests! {
     refuses_control_characters_in_event_type: "event_type" = "E'order\\npaid'";
     refuses_a_long_aggregate_type: "aggregate_type" = "repeat('a', 256)";
     refuses_control_characters_in_aggregate_id: "aggregate_id" = "E'42\\t'";
-    refuses_an_empty_partition_key: "partition_key" = "''";
     refuses_a_long_tenant_id: "tenant_id" = "repeat('t', 256)";
-    refuses_an_empty_idempotency_key: "idempotency_key" = "''";
-    refuses_an_empty_content_type: "content_type" = "''";
     refuses_a_payload_over_one_mebibyte: "payload" = "convert_to(repeat('a', 1048577), 'UTF8')";
-    refuses_headers_that_are_not_strings: "headers" = "'{\"x-n\": 1}'";
-    refuses_header_names_that_are_not_tokens: "headers" = "'{\"x n\": \"1\"}'";
     refuses_more_than_64_headers: "headers" = "(SELECT jsonb_object_agg('h' || g, 'v') FROM generate_series(1, 65) g)";
     refuses_header_values_over_8_kib: "headers" = "jsonb_build_object('h', repeat('v', 8193))";
 }
@@ -1268,19 +1214,6 @@ async fn an_older_table_is_upgraded_in_place() {
     };
     insert_with(&h, "destination", "'orders'").await.unwrap();
     common::minimal_rows_are_delivered(h.outbox.clone(), 2).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn counter_cleanup_under_concurrent_writers_keeps_commit_order() {
-    let h = PgHarness::new().await;
-    common::counter_cleanup_keeps_commit_order(common::CounterCleanup {
-        pool: h.outbox.pool(),
-        store: h.outbox.clone(),
-        enqueue: Arc::new(|outbox, conn, message| {
-            Box::pin(async move { outbox.enqueue(conn, &message).await })
-        }),
-    })
-    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

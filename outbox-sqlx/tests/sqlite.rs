@@ -8,7 +8,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use outbox_engine::BoxFuture;
 use outbox_engine::testkit::{RecordingSink, StoreHarness, inbox_suite, store_suite};
 use outbox_engine::{
     ClaimRequest, Completion, DeadLetterFilter, DeadLetters, NewMessage, Relay, Store, StoreError,
@@ -19,6 +18,9 @@ use outbox_sqlx::sqlite::{SqliteInbox, SqliteOutbox};
 use outbox_sqlx::{PublishedRows, TableNames};
 use sqlx::SqlitePool;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+
+const BUSINESS_TABLE: &str = "CREATE TABLE {table} (id INTEGER PRIMARY KEY)";
+const BUSINESS_INSERT: &str = "INSERT INTO {table} (id) VALUES (?1)";
 
 /// A database file in the temp directory, unique to one test, deleted on drop.
 struct TestDb {
@@ -62,6 +64,8 @@ impl Drop for TestDb {
 /// A fresh outbox table in the test's database file.
 struct SqliteHarness {
     outbox: SqliteOutbox,
+    /// The database file, where the harness has one of its own.
+    _db: Option<TestDb>,
 }
 
 impl SqliteHarness {
@@ -75,7 +79,7 @@ impl SqliteHarness {
             .unwrap();
         let outbox = SqliteOutbox::with_names(pool, names).published_rows(mode);
         outbox.migrate().await.expect("migrate");
-        Self { outbox }
+        Self { outbox, _db: None }
     }
 
     fn table(&self) -> String {
@@ -100,6 +104,15 @@ impl SqliteHarness {
             .await
             .unwrap()
     }
+}
+
+/// A fresh outbox table in a database file of its own, for the shared tests
+/// ([`sqlx_tests!`]).
+async fn harness(mode: PublishedRows) -> SqliteHarness {
+    let db = TestDb::new().await;
+    let mut h = SqliteHarness::with_mode(db.pool.clone(), mode).await;
+    h._db = Some(db);
+    h
 }
 
 impl StoreHarness for SqliteHarness {
@@ -187,14 +200,6 @@ async fn empty_payload_round_trips() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn delete_on_publish_removes_rows() {
-    let db = TestDb::new().await;
-    let h = SqliteHarness::with_mode(db.pool.clone(), PublishedRows::Delete).await;
-    let rows = || -> BoxFuture<'_, i64> { Box::pin(h.rows()) };
-    common::delete_on_publish_removes_rows(&h, &rows).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn enqueue_stays_in_the_callers_transaction() {
     let db = TestDb::new().await;
     let h = SqliteHarness::new(db.pool.clone()).await;
@@ -256,24 +261,6 @@ async fn enqueue_stays_in_the_callers_transaction() {
             .unwrap(),
         0
     );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn producer_atomicity_with_rollbacks() {
-    let db = TestDb::new().await;
-    let h = SqliteHarness::new(db.pool.clone()).await;
-    let outbox = h.outbox.clone();
-    common::producer_atomicity(
-        &db.pool,
-        h.outbox.clone(),
-        "CREATE TABLE {table} (id INTEGER PRIMARY KEY)",
-        "INSERT INTO {table} (id) VALUES (?1)",
-        &move |conn, messages| {
-            let outbox = outbox.clone();
-            Box::pin(async move { outbox.enqueue_all(conn, &messages).await.map(drop) })
-        },
-    )
-    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -531,14 +518,6 @@ async fn claim_uses_the_due_index() {
             "no full scan of the outbox: {plan:?}"
         );
     }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn stats_match_the_table() {
-    let db = TestDb::new().await;
-    let h = SqliteHarness::new(db.pool.clone()).await;
-    let by_status = || -> BoxFuture<'_, Vec<(String, String, i64)>> { Box::pin(h.by_status()) };
-    common::stats_match_the_table(&h, &by_status).await;
 }
 
 /// Dead-letter time filters agree with `DeadLetterFilter::matches` to the nanosecond.
@@ -855,7 +834,7 @@ async fn batches_number_keys_in_slice_order_atomically() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_writers_and_relays_keep_every_key_in_commit_order() {
     use outbox_engine::testkit::FlakySink;
-    use outbox_engine::{DeadHead, MessageOrder, RetryPolicy};
+    use outbox_engine::{DeadHead, MessageOrder};
 
     const KEYS: usize = 20;
     const PER_KEY: i64 = 10;
@@ -880,12 +859,7 @@ async fn concurrent_writers_and_relays_keep_every_key_in_commit_order() {
             .batch_size(8)
             .concurrency(2)
             .poll_interval(Duration::from_millis(5))
-            .retry(
-                RetryPolicy::default()
-                    .initial_delay(Duration::from_millis(5))
-                    .max_delay(Duration::from_millis(20))
-                    .max_attempts(1000),
-            )
+            .retry(common::backoff_ms(5, 20).max_attempts(1000))
             .ordering(MessageOrder::PerKey(DeadHead::Skip))
             .build()
             .unwrap();
@@ -1220,31 +1194,13 @@ async fn keyed_rows_written_without_seq_are_numbered() {
     assert_eq!(seqs, want);
 }
 
-macro_rules! refuses {
-    ($($test:ident: $column:literal = $value:literal;)*) => {$(
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn $test() {
-            let db = TestDb::new().await;
-            let h = SqliteHarness::new(db.pool.clone()).await;
-            let needle = format!("column {}", $column);
-            common::assert_refused(insert_with(&h, $column, $value).await, $column, &needle);
-        }
-    )*};
-}
-
-refuses! {
-    refuses_a_destination_outside_the_route_alphabet: "destination" = "'orders and more'";
-    refuses_an_empty_event_type: "event_type" = "''";
+// The tests every dialect runs, and this one's refusals in its SQL.
+crate::sqlx_tests! {
     refuses_control_characters_in_event_type: "event_type" = "'order' || char(10) || 'paid'";
     refuses_a_long_aggregate_type: "aggregate_type" = "printf('%.256c', 'a')";
     refuses_control_characters_in_aggregate_id: "aggregate_id" = "'42' || char(9)";
-    refuses_an_empty_partition_key: "partition_key" = "''";
     refuses_a_long_tenant_id: "tenant_id" = "printf('%.256c', 't')";
-    refuses_an_empty_idempotency_key: "idempotency_key" = "''";
-    refuses_an_empty_content_type: "content_type" = "''";
     refuses_a_payload_over_one_mebibyte: "payload" = "zeroblob(1048577)";
-    refuses_headers_that_are_not_strings: "headers" = "'{\"x-n\": 1}'";
-    refuses_header_names_that_are_not_tokens: "headers" = "'{\"x n\": \"1\"}'";
     refuses_more_than_64_headers: "headers" = "(WITH RECURSIVE g(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM g WHERE n < 65) SELECT json_group_object('h' || n, 'v') FROM g)";
     refuses_header_values_over_8_kib: "headers" = "json_object('h', printf('%.8193c', 'v'))";
     refuses_an_id_that_is_not_a_lowercase_uuid: "id" = "'0190A0B1-0000-7000-8000-000000000000'";
@@ -1275,23 +1231,9 @@ async fn an_older_table_is_upgraded_in_place() {
     outbox.enqueue(&mut tx, &old).await.unwrap();
     tx.commit().await.unwrap();
     outbox.migrate().await.expect("upgrade");
-    let h = SqliteHarness { outbox };
+    let h = SqliteHarness { outbox, _db: None };
     insert_with(&h, "destination", "'orders'").await.unwrap();
     common::minimal_rows_are_delivered(h.outbox.clone(), 2).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn counter_cleanup_under_concurrent_writers_keeps_commit_order() {
-    let db = TestDb::new().await;
-    let h = SqliteHarness::new(db.pool.clone()).await;
-    common::counter_cleanup_keeps_commit_order(common::CounterCleanup {
-        pool: h.outbox.pool(),
-        store: h.outbox.clone(),
-        enqueue: Arc::new(|outbox, conn, message| {
-            Box::pin(async move { outbox.enqueue(conn, &message).await })
-        }),
-    })
-    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

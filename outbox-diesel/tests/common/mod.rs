@@ -273,17 +273,29 @@ where
     }
 
     async fn age(&self, by: Duration) {
-        let seconds = i64::try_from(by.as_secs()).expect("seconds");
-        let age = self.age.clone();
-        blocking(&self.pool, move |conn| {
-            diesel::sql_query(age)
-                .into_boxed()
-                .bind::<diesel::sql_types::BigInt, _>(seconds)
-                .execute(conn)
-                .expect("age the inbox records")
-        })
-        .await;
+        age_records(&self.pool, &self.age, by).await;
     }
+}
+
+/// Moves every inbox record's `received_at` back by `by` with the dialect's `age`
+/// statement (one bind: seconds), on a connection of `pool`.
+async fn age_records<C>(pool: &Pool<ConnectionManager<C>>, age: &str, by: Duration)
+where
+    C: DieselDialect,
+    i64: diesel::serialize::ToSql<diesel::sql_types::BigInt, C::Backend>,
+    diesel::query_builder::BoxedSqlQuery<'static, C::Backend, diesel::query_builder::SqlQuery>:
+        diesel::query_dsl::methods::ExecuteDsl<C>,
+{
+    let seconds = i64::try_from(by.as_secs()).expect("seconds");
+    let age = age.to_owned();
+    blocking(pool, move |conn| {
+        diesel::sql_query(age)
+            .into_boxed()
+            .bind::<diesel::sql_types::BigInt, _>(seconds)
+            .execute(conn)
+            .expect("age the inbox records")
+    })
+    .await;
 }
 
 /// Creates `inbox`'s table on a connection of `pool`.
@@ -461,16 +473,7 @@ where
     }
 
     async fn age(&self, by: Duration) {
-        let seconds = i64::try_from(by.as_secs()).expect("seconds");
-        let age = self.age.clone();
-        blocking(&self.pool, move |conn| {
-            diesel::sql_query(age)
-                .into_boxed()
-                .bind::<diesel::sql_types::BigInt, _>(seconds)
-                .execute(conn)
-                .expect("age the inbox records")
-        })
-        .await;
+        age_records(&self.pool, &self.age, by).await;
     }
 }
 

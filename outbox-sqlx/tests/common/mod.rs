@@ -5,9 +5,20 @@ use outbox_engine::NewMessage;
 
 pub use outbox_test_support::{no_server, server_url as url};
 
+#[cfg(feature = "postgres")]
+pub mod relay_process;
+
 /// A table name no other test uses.
 pub fn fresh_table(prefix: &str) -> String {
     format!("{prefix}_{:016x}", fastrand::u64(..))
+}
+
+/// A test's retry policy: backoffs from `initial_ms` up to `max_ms` milliseconds (chain
+/// `.max_attempts(n)`).
+pub fn backoff_ms(initial_ms: u64, max_ms: u64) -> outbox_engine::RetryPolicy {
+    outbox_engine::RetryPolicy::default()
+        .initial_delay(std::time::Duration::from_millis(initial_ms))
+        .max_delay(std::time::Duration::from_millis(max_ms))
 }
 
 /// A small JSON message for `destination`.
@@ -558,7 +569,7 @@ where
     use std::time::Duration;
 
     use outbox_engine::testkit::{FlakySink, RecordingSink};
-    use outbox_engine::{DeadHead, MessageOrder, PurgeRequest, Relay, RetryPolicy};
+    use outbox_engine::{DeadHead, MessageOrder, PurgeRequest, Relay};
 
     const WRITERS: u64 = 8;
     const ROUNDS: u64 = 25;
@@ -582,12 +593,7 @@ where
         .batch_size(10)
         .concurrency(2)
         .poll_interval(Duration::from_millis(5))
-        .retry(
-            RetryPolicy::default()
-                .initial_delay(Duration::from_millis(2))
-                .max_delay(Duration::from_millis(10))
-                .max_attempts(10_000),
-        )
+        .retry(backoff_ms(2, 10).max_attempts(10_000))
         .build()
         .expect("relay");
     let (stop_relay, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -900,4 +906,87 @@ where
     let done = h.store().complete(new.lease.token, &publish).await.unwrap();
     assert_eq!((done.applied, done.stale.len()), (2, 0));
     assert_eq!(rows().await, 2);
+}
+
+/// The tests every database runs, one body each (tokio's `rt_common` pattern). The file
+/// that expands it defines:
+/// - `async fn harness(mode: PublishedRows) -> Harness`: a fresh outbox table (in a
+///   database of its own where the dialect needs one), whose harness has the `outbox`,
+///   and `rows()` and `by_status()` as the database counts them;
+/// - `async fn insert_with(h: &Harness, column: &str, value: &str)`: one row written as
+///   a foreign writer would, with `column` set to the SQL expression `value`;
+/// - `BUSINESS_TABLE` and `BUSINESS_INSERT`: a business table's `CREATE` and its
+///   one-placeholder `INSERT`, both with `{table}`.
+///
+/// It takes the dialect's own refusal checks (`test: "column" = "SQL value";`), written
+/// in its SQL; the checks whose SQL every dialect shares are here.
+#[macro_export]
+macro_rules! sqlx_tests {
+    ($($test:ident: $column:literal = $value:literal;)*) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn delete_on_publish_removes_rows() {
+            let h = harness(outbox_sqlx::PublishedRows::Delete).await;
+            let rows = || -> outbox_engine::BoxFuture<'_, i64> { Box::pin(h.rows()) };
+            common::delete_on_publish_removes_rows(&h, &rows).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn stats_match_the_table() {
+            let h = harness(outbox_sqlx::PublishedRows::Keep).await;
+            let by_status = || -> outbox_engine::BoxFuture<'_, Vec<(String, String, i64)>> {
+                Box::pin(h.by_status())
+            };
+            common::stats_match_the_table(&h, &by_status).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn producer_atomicity_with_rollbacks() {
+            let h = harness(outbox_sqlx::PublishedRows::Keep).await;
+            let outbox = h.outbox.clone();
+            common::producer_atomicity(
+                h.outbox.pool(),
+                h.outbox.clone(),
+                BUSINESS_TABLE,
+                BUSINESS_INSERT,
+                &move |conn, messages| {
+                    let outbox = outbox.clone();
+                    Box::pin(async move { outbox.enqueue_all(conn, &messages).await.map(drop) })
+                },
+            )
+            .await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn counter_cleanup_under_concurrent_writers_keeps_commit_order() {
+            let h = harness(outbox_sqlx::PublishedRows::Keep).await;
+            common::counter_cleanup_keeps_commit_order(common::CounterCleanup {
+                pool: h.outbox.pool(),
+                store: h.outbox.clone(),
+                enqueue: std::sync::Arc::new(|outbox, conn, message| {
+                    Box::pin(async move { outbox.enqueue(conn, &message).await })
+                }),
+            })
+            .await;
+        }
+
+        $crate::sqlx_tests!(@refuses
+            refuses_a_destination_outside_the_route_alphabet: "destination" = "'orders and more'";
+            refuses_an_empty_event_type: "event_type" = "''";
+            refuses_an_empty_partition_key: "partition_key" = "''";
+            refuses_an_empty_idempotency_key: "idempotency_key" = "''";
+            refuses_an_empty_content_type: "content_type" = "''";
+            refuses_headers_that_are_not_strings: "headers" = "'{\"x-n\": 1}'";
+            refuses_header_names_that_are_not_tokens: "headers" = "'{\"x n\": \"1\"}'";
+            $($test: $column = $value;)*
+        );
+    };
+    (@refuses $($test:ident: $column:literal = $value:literal;)*) => {$(
+        /// The table refuses a row with this value, naming the column.
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $test() {
+            let h = harness(outbox_sqlx::PublishedRows::Keep).await;
+            let needle = format!("column {}", $column);
+            common::assert_refused(insert_with(&h, $column, $value).await, $column, &needle);
+        }
+    )*};
 }
