@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering as Atomic};
 use std::time::{Duration, Instant};
 
 use outbox_engine::{
-    Failure, MemoryStore, Message, NewMessage, Outcome, Outcomes, PublishContext, Relay, Sink,
+    MemoryStore, Message, NewMessage, Outcomes, PublishContext, Relay, ReportingSink, Sink,
 };
 use outbox_sink_amqp::client::options::{
     BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions, QueuePurgeOptions,
@@ -37,20 +37,9 @@ pub(crate) struct Counting<S> {
     pub(crate) acks: Option<Acks>,
 }
 
-impl<S: Sink> Sink for Counting<S> {
-    async fn publish(
-        &self,
-        batch: &[Message],
-        cx: &PublishContext,
-    ) -> Result<Vec<Outcome>, Failure> {
-        Ok(outbox_engine::gather(batch.len(), |outcomes| async move {
-            self.publish_reporting(batch, cx, &outcomes).await;
-        })
-        .await)
-    }
-
+impl<S: Sink> ReportingSink for Counting<S> {
     /// Passes the sink's reports through, counting the published ones.
-    async fn publish_reporting(&self, batch: &[Message], cx: &PublishContext, outcomes: &Outcomes) {
+    async fn publish_each(&self, batch: &[Message], cx: &PublishContext, outcomes: &Outcomes) {
         let (published, parent, acks) =
             (self.published.clone(), outcomes.clone(), self.acks.clone());
         let ids: Vec<_> = batch.iter().map(|m| m.id).collect();

@@ -81,7 +81,7 @@ pub use relay::{BatchReport, Relay, RelayBuilder};
 pub use retry::{Decision, RetryPolicy};
 pub use sink::{
     BoxFuture, DEFAULT_PUBLISH_TIMEOUT, DynSink, Failure, FailureClass, Outcome, Outcomes,
-    PublishContext, Sink, Stopper, gather,
+    PublishContext, ReportingSink, Sink, Stopper,
 };
 pub use state::{Lease, LeaseToken, Status};
 pub use store::{

@@ -107,15 +107,7 @@ impl RetryPolicy {
         now: DateTime<Utc>,
     ) -> Decision {
         let delay = failure.retry_after.unwrap_or_else(|| self.backoff(1));
-        if let Some(max_age) = self.max_age {
-            let next = now + crate::message::chrono_duration(delay);
-            if next - created_at > crate::message::chrono_duration(max_age) {
-                return Decision::GiveUp(format!(
-                    "gave up: next attempt would exceed max age {max_age:?}; last error: {failure}"
-                ));
-            }
-        }
-        Decision::Retry(delay)
+        self.retry_within_max_age(delay, failure, created_at, now)
     }
 
     /// Decides what happens to a message that failed on attempt number `attempts`.
@@ -137,6 +129,17 @@ impl RetryPolicy {
         let delay = self
             .backoff(attempts)
             .max(failure.retry_after.unwrap_or_default());
+        self.retry_within_max_age(delay, failure, created_at, now)
+    }
+
+    /// A retry after `delay`, unless it would start later than `max_age` after creation.
+    fn retry_within_max_age(
+        &self,
+        delay: Duration,
+        failure: &Failure,
+        created_at: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Decision {
         if let Some(max_age) = self.max_age {
             let next = now + crate::message::chrono_duration(delay);
             if next - created_at > crate::message::chrono_duration(max_age) {

@@ -295,7 +295,7 @@ impl Default for PublishContext {
 /// - Carry `id` and `idempotency_key` to the receiver unchanged on every attempt.
 /// - Never panic on a broker reply; classify it.
 ///
-/// Sinks compose: `Arc<S>`, `Box<dyn DynSink>` and `Arc<dyn DynSink>` are sinks too, and
+/// Sinks compose: `Arc<S>` and `Arc<dyn DynSink>` are sinks too, and
 /// the [`layers`](crate::layers) (rate limit, circuit breaker, concurrency cap, timeout)
 /// wrap any sink.
 ///
@@ -338,7 +338,7 @@ pub trait Sink: Send + Sync + 'static {
     ///
     /// The default calls [`publish`](Sink::publish) and reports every outcome when it
     /// returns. Sinks that finish messages at different times (one request per message,
-    /// say) override it and implement `publish` with [`gather`].
+    /// say) implement [`ReportingSink`] instead, and get `Sink` from it.
     fn publish_reporting(
         &self,
         batch: &[Message],
@@ -346,6 +346,68 @@ pub trait Sink: Send + Sync + 'static {
         outcomes: &Outcomes,
     ) -> impl Future<Output = ()> + Send {
         async move { outcomes.report_all(batch.len(), self.publish(batch, cx).await) }
+    }
+}
+
+/// A sink that finishes the messages of a batch at different times (one request per
+/// message, say) and reports each outcome as soon as it is known. Implementing it gives
+/// [`Sink`]: `publish_reporting` is [`publish_each`](ReportingSink::publish_each), and
+/// `publish` collects its reports into one outcome per message, a retryable failure
+/// for any message left without one.
+///
+/// ```
+/// use outbox_engine::{Message, Outcome, Outcomes, PublishContext, ReportingSink, Sink};
+///
+/// /// Acknowledges the messages last to first.
+/// struct Backwards;
+///
+/// impl ReportingSink for Backwards {
+///     async fn publish_each(&self, batch: &[Message], _: &PublishContext, outcomes: &Outcomes) {
+///         for index in (0..batch.len()).rev() {
+///             outcomes.report(index, Outcome::published());
+///         }
+///     }
+/// }
+///
+/// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+/// let message = |n: u32| {
+///     outbox_engine::NewMessage::builder("orders", "order.paid")
+///         .json(&n)
+///         .build()
+///         .unwrap()
+///         .into_message(chrono::Utc::now())
+/// };
+/// let batch = [message(1), message(2)];
+/// let outcomes = Backwards.publish(&batch, &PublishContext::default()).await.unwrap();
+/// assert!(outcomes.iter().all(Outcome::is_published));
+/// # });
+/// ```
+pub trait ReportingSink: Send + Sync + 'static {
+    /// Publishes `batch`, reporting each message's outcome through `outcomes` as soon as
+    /// it is known (`outcomes.report(index, outcome)`, `index` into `batch`); see
+    /// [`Sink::publish_reporting`].
+    fn publish_each(
+        &self,
+        batch: &[Message],
+        cx: &PublishContext,
+        outcomes: &Outcomes,
+    ) -> impl Future<Output = ()> + Send;
+}
+
+impl<S: ReportingSink> Sink for S {
+    async fn publish(
+        &self,
+        batch: &[Message],
+        cx: &PublishContext,
+    ) -> Result<Vec<Outcome>, Failure> {
+        Ok(gather(batch.len(), |outcomes| async move {
+            self.publish_each(batch, cx, &outcomes).await;
+        })
+        .await)
+    }
+
+    async fn publish_reporting(&self, batch: &[Message], cx: &PublishContext, outcomes: &Outcomes) {
+        self.publish_each(batch, cx, outcomes).await
     }
 }
 
@@ -364,22 +426,6 @@ impl<S: Sink> Sink for Arc<S> {
 }
 
 impl Sink for Arc<dyn DynSink> {
-    async fn publish(
-        &self,
-        batch: &[Message],
-        cx: &PublishContext,
-    ) -> Result<Vec<Outcome>, Failure> {
-        self.as_ref().publish_dyn(batch, cx).await
-    }
-
-    async fn publish_reporting(&self, batch: &[Message], cx: &PublishContext, outcomes: &Outcomes) {
-        self.as_ref()
-            .publish_reporting_dyn(batch, cx, outcomes)
-            .await
-    }
-}
-
-impl Sink for Box<dyn DynSink> {
     async fn publish(
         &self,
         batch: &[Message],
@@ -509,25 +555,8 @@ impl Tracker {
 
 /// Runs `publish` with an [`Outcomes`] that collects into one outcome per message of a
 /// batch of `len`, in batch order: the first report for an index counts, and an index
-/// with no report gets a retryable failure. It lets a sink that overrides
-/// [`Sink::publish_reporting`] implement [`Sink::publish`] with it.
-///
-/// ```
-/// use outbox_engine::{Outcome, gather};
-///
-/// # tokio_test_block_on(async {
-/// let outcomes = gather(2, |outcomes| async move {
-///     outcomes.report(1, Outcome::published());
-/// })
-/// .await;
-/// assert!(outcomes[1].is_published());
-/// assert!(!outcomes[0].is_published(), "no report: a retryable failure");
-/// # });
-/// # fn tokio_test_block_on(f: impl std::future::Future<Output = ()>) {
-/// #     tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(f)
-/// # }
-/// ```
-pub async fn gather<F, Fut>(len: usize, publish: F) -> Vec<Outcome>
+/// with no report gets a retryable failure.
+async fn gather<F, Fut>(len: usize, publish: F) -> Vec<Outcome>
 where
     F: FnOnce(Outcomes) -> Fut,
     Fut: Future<Output = ()>,

@@ -9,19 +9,21 @@ use chrono::Utc;
 use outbox_engine::layers::{CircuitConfig, CircuitState, RateLimit, SinkExt};
 use outbox_engine::testkit::RecordingSink;
 use outbox_engine::{
-    Failure, FailureClass, Message, NewMessage, Outcome, Outcomes, PublishContext, Sink,
+    Failure, FailureClass, Message, Outcome, Outcomes, PublishContext, ReportingSink, Sink,
 };
 
 fn batch(n: usize) -> Vec<Message> {
-    (0..n)
-        .map(|i| {
-            NewMessage::builder("r", "e")
-                .json(&i)
-                .build()
-                .unwrap()
-                .into_message(Utc::now())
-        })
+    outbox_engine::testkit::numbered("r", "e", n)
+        .into_iter()
+        .map(|m| m.into_message(Utc::now()))
         .collect()
+}
+
+/// Publishes `n` messages through `sink` with the default deadline.
+async fn publish(sink: &impl Sink, n: usize) -> Vec<Outcome> {
+    sink.publish(&batch(n), &PublishContext::default())
+        .await
+        .expect("the layers answer per message")
 }
 
 fn deferred(outcome: &Outcome) -> bool {
@@ -35,19 +37,8 @@ struct OneByOne {
     sent: Arc<AtomicUsize>,
 }
 
-impl Sink for OneByOne {
-    async fn publish(
-        &self,
-        batch: &[Message],
-        cx: &PublishContext,
-    ) -> Result<Vec<Outcome>, Failure> {
-        Ok(outbox_engine::gather(batch.len(), |o| async move {
-            self.publish_reporting(batch, cx, &o).await;
-        })
-        .await)
-    }
-
-    async fn publish_reporting(&self, batch: &[Message], cx: &PublishContext, outcomes: &Outcomes) {
+impl ReportingSink for OneByOne {
+    async fn publish_each(&self, batch: &[Message], cx: &PublishContext, outcomes: &Outcomes) {
         for index in 0..batch.len() {
             if let Some(reason) = cx.stopped() {
                 let failure =
@@ -70,10 +61,7 @@ async fn rate_limit_sends_a_burst_then_defers_what_would_wait_too_long() {
             .max_wait(Duration::from_millis(250)),
     );
     let started = Instant::now();
-    let outcomes = sink
-        .publish(&batch(8), &PublishContext::default())
-        .await
-        .unwrap();
+    let outcomes = publish(&sink, 8).await;
     // 3 at once, then one every 100 ms up to the 250 ms wait: 5 sent, 3 held back.
     let sent = outcomes.iter().filter(|o| o.is_published()).count();
     assert_eq!(sent, 5, "{outcomes:?}");
@@ -114,10 +102,7 @@ async fn circuit_opens_after_failures_stops_the_call_and_probes_after_the_cool_d
     };
     let cool_down = Duration::from_millis(300);
     let sink = failing.circuit_breaker(CircuitConfig::default().failures(3).cool_down(cool_down));
-    let outcomes = sink
-        .publish(&batch(10), &PublishContext::default())
-        .await
-        .unwrap();
+    let outcomes = publish(&sink, 10).await;
     assert_eq!(
         sent.load(Ordering::SeqCst),
         3,
@@ -129,10 +114,7 @@ async fn circuit_opens_after_failures_stops_the_call_and_probes_after_the_cool_d
     );
     assert_eq!(sink.health().circuit, CircuitState::Open);
 
-    let outcomes = sink
-        .publish(&batch(4), &PublishContext::default())
-        .await
-        .unwrap();
+    let outcomes = publish(&sink, 4).await;
     assert_eq!(sent.load(Ordering::SeqCst), 3, "open: nothing is sent");
     assert!(outcomes.iter().all(deferred));
     // The refusal, which becomes the row's `last_error`, keeps the receiver's answer.
@@ -145,10 +127,7 @@ async fn circuit_opens_after_failures_stops_the_call_and_probes_after_the_cool_d
     }
 
     tokio::time::sleep(cool_down + Duration::from_millis(50)).await;
-    let outcomes = sink
-        .publish(&batch(4), &PublishContext::default())
-        .await
-        .unwrap();
+    let outcomes = publish(&sink, 4).await;
     assert_eq!(sent.load(Ordering::SeqCst), 4, "half-open: one probe");
     assert!(outcomes[1..].iter().all(deferred));
     assert_eq!(
@@ -168,10 +147,7 @@ async fn a_retry_after_pauses_the_route_and_a_success_closes_the_circuit() {
         sent: Arc::clone(&sent),
     };
     let sink = throttled.circuit_breaker(CircuitConfig::default());
-    let outcomes = sink
-        .publish(&batch(5), &PublishContext::default())
-        .await
-        .unwrap();
+    let outcomes = publish(&sink, 5).await;
     assert_eq!(
         sent.load(Ordering::SeqCst),
         1,
@@ -186,14 +162,7 @@ async fn a_retry_after_pauses_the_route_and_a_success_closes_the_circuit() {
     );
 
     let healthy = RecordingSink::new().circuit_breaker(CircuitConfig::default().failures(1));
-    assert!(
-        healthy
-            .publish(&batch(2), &PublishContext::default())
-            .await
-            .unwrap()
-            .iter()
-            .all(Outcome::is_published)
-    );
+    assert!(publish(&healthy, 2).await.iter().all(Outcome::is_published));
     assert_eq!(healthy.health().circuit, CircuitState::Closed);
 }
 
@@ -245,10 +214,7 @@ async fn timeout_narrows_the_deadline_and_fails_what_is_unanswered() {
     }
     let seen = Arc::default();
     let sink = Never(Arc::clone(&seen)).timeout(Duration::from_millis(200));
-    let outcomes = sink
-        .publish(&batch(2), &PublishContext::default())
-        .await
-        .unwrap();
+    let outcomes = publish(&sink, 2).await;
     assert!(
         seen.lock()
             .unwrap()

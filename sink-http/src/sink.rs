@@ -9,7 +9,7 @@ use futures_util::future::join_all;
 use outbox_engine::redact;
 use outbox_engine::webhooks::{Secret, signature_header, webhook_id};
 use outbox_engine::{
-    Failure, FailureClass, Message, Outcome, Outcomes, PublishContext, Sink, gather,
+    Failure, FailureClass, Message, Outcome, Outcomes, PublishContext, ReportingSink,
 };
 use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
 use reqwest::{Method, Url};
@@ -323,22 +323,11 @@ impl HttpSink {
     }
 }
 
-impl Sink for HttpSink {
-    async fn publish(
-        &self,
-        batch: &[Message],
-        cx: &PublishContext,
-    ) -> Result<Vec<Outcome>, Failure> {
-        Ok(gather(batch.len(), |outcomes| async move {
-            self.publish_reporting(batch, cx, &outcomes).await;
-        })
-        .await)
-    }
-
+impl ReportingSink for HttpSink {
     /// Sends every message as its own request, concurrently except that messages sharing
     /// a partition key go one after another, and reports each outcome as its status line
     /// arrives.
-    async fn publish_reporting(&self, batch: &[Message], cx: &PublishContext, outcomes: &Outcomes) {
+    async fn publish_each(&self, batch: &[Message], cx: &PublishContext, outcomes: &Outcomes) {
         let mut lanes: Vec<Vec<usize>> = Vec::new();
         let mut keyed: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
         for (index, message) in batch.iter().enumerate() {

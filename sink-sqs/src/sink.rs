@@ -12,7 +12,7 @@ use aws_sdk_sqs::Client;
 use aws_sdk_sqs::config::{Credentials, Region};
 use aws_sdk_sqs::types::{MessageAttributeValue, QueueAttributeName, SendMessageBatchRequestEntry};
 use outbox_engine::{
-    BoxFuture, Failure, FailureClass, Message, Outcome, Outcomes, PublishContext, Sink, gather,
+    BoxFuture, Failure, FailureClass, Message, Outcome, Outcomes, PublishContext, ReportingSink,
 };
 use sha2::{Digest, Sha256};
 use tracing::warn;
@@ -477,19 +477,8 @@ impl Inner {
     }
 }
 
-impl Sink for SqsSink {
-    async fn publish(
-        &self,
-        batch: &[Message],
-        cx: &PublishContext,
-    ) -> Result<Vec<Outcome>, Failure> {
-        Ok(gather(batch.len(), |outcomes| async move {
-            self.inner.publish(batch, cx, &outcomes).await;
-        })
-        .await)
-    }
-
-    async fn publish_reporting(&self, batch: &[Message], cx: &PublishContext, outcomes: &Outcomes) {
+impl ReportingSink for SqsSink {
+    async fn publish_each(&self, batch: &[Message], cx: &PublishContext, outcomes: &Outcomes) {
         self.inner.publish(batch, cx, outcomes).await;
     }
 }

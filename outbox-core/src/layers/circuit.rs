@@ -22,7 +22,7 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 
 use crate::message::Message;
-use crate::sink::{Failure, FailureClass, Outcome, Outcomes, PublishContext, Sink, gather};
+use crate::sink::{Failure, FailureClass, Outcome, Outcomes, PublishContext, ReportingSink, Sink};
 
 /// Circuit breaker settings.
 ///
@@ -379,19 +379,8 @@ impl<S> CircuitBreaker<S> {
     }
 }
 
-impl<S: Sink> Sink for CircuitBreaker<S> {
-    async fn publish(
-        &self,
-        batch: &[Message],
-        cx: &PublishContext,
-    ) -> Result<Vec<Outcome>, Failure> {
-        Ok(gather(batch.len(), |outcomes| async move {
-            self.publish_reporting(batch, cx, &outcomes).await;
-        })
-        .await)
-    }
-
-    async fn publish_reporting(&self, batch: &[Message], cx: &PublishContext, outcomes: &Outcomes) {
+impl<S: Sink> ReportingSink for CircuitBreaker<S> {
+    async fn publish_each(&self, batch: &[Message], cx: &PublishContext, outcomes: &Outcomes) {
         let now = Instant::now();
         let mut admitted = Vec::new();
         let mut admissions = Vec::new();

@@ -8,7 +8,7 @@ use serde::Deserialize;
 use tokio::time::Instant;
 
 use crate::message::Message;
-use crate::sink::{Failure, FailureClass, Outcome, Outcomes, PublishContext, Sink, gather};
+use crate::sink::{Failure, FailureClass, Outcomes, PublishContext, ReportingSink, Sink};
 
 /// A rate limit: `per_second` messages a second on average, up to `burst` at once.
 ///
@@ -150,19 +150,8 @@ impl<S> RateLimited<S> {
     }
 }
 
-impl<S: Sink> Sink for RateLimited<S> {
-    async fn publish(
-        &self,
-        batch: &[Message],
-        cx: &PublishContext,
-    ) -> Result<Vec<Outcome>, Failure> {
-        Ok(gather(batch.len(), |outcomes| async move {
-            self.publish_reporting(batch, cx, &outcomes).await;
-        })
-        .await)
-    }
-
-    async fn publish_reporting(&self, batch: &[Message], cx: &PublishContext, outcomes: &Outcomes) {
+impl<S: Sink> ReportingSink for RateLimited<S> {
+    async fn publish_each(&self, batch: &[Message], cx: &PublishContext, outcomes: &Outcomes) {
         let now = Instant::now();
         let mut groups: Vec<(Instant, Vec<usize>)> = Vec::new();
         for index in 0..batch.len() {

@@ -5,9 +5,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::message::Message;
-use crate::sink::{
-    Failure, FailureClass, Outcome, Outcomes, PublishContext, Sink, Tracker, gather,
-};
+use crate::sink::{Failure, FailureClass, Outcomes, PublishContext, ReportingSink, Sink, Tracker};
 
 /// Gives each publish call at most `timeout` (or less, when the relay's deadline comes
 /// first): the inner sink sees the tighter deadline, and the messages it has not answered
@@ -25,19 +23,8 @@ impl<S> Timeout<S> {
     }
 }
 
-impl<S: Sink> Sink for Timeout<S> {
-    async fn publish(
-        &self,
-        batch: &[Message],
-        cx: &PublishContext,
-    ) -> Result<Vec<Outcome>, Failure> {
-        Ok(gather(batch.len(), |outcomes| async move {
-            self.publish_reporting(batch, cx, &outcomes).await;
-        })
-        .await)
-    }
-
-    async fn publish_reporting(&self, batch: &[Message], cx: &PublishContext, outcomes: &Outcomes) {
+impl<S: Sink> ReportingSink for Timeout<S> {
+    async fn publish_each(&self, batch: &[Message], cx: &PublishContext, outcomes: &Outcomes) {
         let cx = cx.narrowed(Instant::now() + self.timeout);
         let tracker = Tracker::new(batch.len(), outcomes, |_, _| {});
         let call = self.inner.publish_reporting(batch, &cx, tracker.outcomes());

@@ -104,19 +104,8 @@ impl InboxHarness for MemoryInboxHarness {
 }
 
 /// Runs every check, each on a fresh harness from `factory`, printing each name.
-pub async fn run_all<H, F, Fut>(factory: F)
-where
-    H: InboxHarness,
-    F: Fn() -> Fut,
-    Fut: Future<Output = H>,
-{
-    macro_rules! checks {
-        ($($check:ident),* $(,)?) => {$(
-            eprintln!("inbox conformance: {}", stringify!($check));
-            $check(&factory().await).await;
-        )*};
-    }
-    checks!(
+pub async fn run_all<H: InboxHarness>(factory: impl AsyncFn() -> H) {
+    run_checks!(factory, |_: &H, name| eprintln!("inbox conformance: {name}");
         first_delivery_is_new_then_duplicate,
         keys_are_scoped_per_consumer_and_compared_exactly,
         unfit_keys_are_refused,

@@ -8,8 +8,18 @@
 //!   in-memory one with transactions for consumers' tests.
 //! - [`RecordingSink`] acknowledges and records everything; [`FlakySink`] fails on
 //!   purpose, retryably or permanently, and can be slow; [`drain`] publishes what is due
-//!   for one destination into a fresh recording sink.
+//!   for one destination into a fresh recording sink; [`numbered`] makes test messages.
 //! - [`ManualClock`](crate::ManualClock) moves time only when told.
+
+/// Runs each named check on a fresh harness from `factory`, announcing it first with
+/// `announce(&harness, name)`.
+macro_rules! run_checks {
+    ($factory:expr, $announce:expr; $($check:ident),* $(,)?) => {$(
+        let h = $factory().await;
+        $announce(&h, stringify!($check));
+        $check(&h).await;
+    )*};
+}
 
 mod inbox;
 pub mod inbox_suite;
@@ -22,6 +32,23 @@ pub use inbox_suite::{InboxHarness, MemoryInboxHarness};
 pub use sink_suite::{BinaryPayloads, Delivered, SinkHarness};
 pub use sinks::{FlakySink, FlakyStats, RecordingSink};
 pub use store_suite::{MemoryHarness, StoreHarness};
+
+/// `n` messages to `destination` of type `event_type` whose JSON payloads count from 0.
+///
+/// ```
+/// let messages = outbox_engine::testkit::numbered("orders", "order.paid", 3);
+/// assert_eq!(messages[2].payload(), b"2");
+/// ```
+pub fn numbered(destination: &str, event_type: &str, n: usize) -> Vec<crate::NewMessage> {
+    (0..n)
+        .map(|i| {
+            crate::NewMessage::builder(destination, event_type)
+                .json(&i)
+                .build()
+                .expect("a numbered message is valid")
+        })
+        .collect()
+}
 
 /// Publishes every due row of `destination` in `store` into a fresh [`RecordingSink`]
 /// (one worker, batches of 100) and returns the relay's report with the sink.

@@ -94,19 +94,8 @@ impl SinkHarness for RecordingSink {
 }
 
 /// Runs every check, each on a fresh harness from `factory`, printing each name.
-pub async fn run_all<H, F, Fut>(factory: F)
-where
-    H: SinkHarness,
-    F: Fn() -> Fut,
-    Fut: Future<Output = H>,
-{
-    macro_rules! checks {
-        ($($check:ident),* $(,)?) => {$(
-            eprintln!("sink conformance: {}", stringify!($check));
-            $check(&factory().await).await;
-        )*};
-    }
-    checks!(
+pub async fn run_all<H: SinkHarness>(factory: impl AsyncFn() -> H) {
+    run_checks!(factory, |_: &H, name| eprintln!("sink conformance: {name}");
         empty_batch_publishes_nothing,
         one_outcome_per_message,
         delivers_identity_payload_and_headers,

@@ -108,20 +108,8 @@ impl StoreHarness for MemoryHarness {
 }
 
 /// Runs every check, each on a fresh harness from `factory`, printing each name.
-pub async fn run_all<H, F, Fut>(factory: F)
-where
-    H: StoreHarness,
-    F: Fn() -> Fut,
-    Fut: Future<Output = H>,
-{
-    macro_rules! checks {
-        ($($check:ident),* $(,)?) => {$(
-            let h = factory().await;
-            matrix_line(&h, stringify!($check), None);
-            $check(&h).await;
-        )*};
-    }
-    checks!(
+pub async fn run_all<H: StoreHarness>(factory: impl AsyncFn() -> H) {
+    run_checks!(factory, |h: &H, name| matrix_line(h, name, None);
         fields_round_trip,
         claims_due_rows_oldest_first,
         claim_is_exclusive_under_concurrency,
@@ -1020,12 +1008,7 @@ pub async fn purge_retires_slots_and_keeps_unfinished<H: StoreHarness>(h: &H) {
 
 /// Runs every per-key ordering check, each on a fresh harness, for stores that support
 /// [`MessageOrder::PerKey`].
-pub async fn run_ordering<H, F, Fut>(factory: F)
-where
-    H: StoreHarness,
-    F: Fn() -> Fut,
-    Fut: Future<Output = H>,
-{
+pub async fn run_ordering<H: StoreHarness>(factory: impl AsyncFn() -> H) {
     let probe = factory().await;
     if !probe.store().capabilities().per_key_ordering {
         matrix_line(
@@ -1036,14 +1019,7 @@ where
         return;
     }
     drop(probe);
-    macro_rules! checks {
-        ($($check:ident),* $(,)?) => {$(
-            let h = factory().await;
-            matrix_line(&h, stringify!($check), None);
-            $check(&h).await;
-        )*};
-    }
-    checks!(
+    run_checks!(factory, |h: &H, name| matrix_line(h, name, None);
         per_key_claims_only_heads,
         a_failing_head_holds_back_only_its_key,
         dead_heads_skip_or_halt,
