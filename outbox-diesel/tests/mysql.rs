@@ -6,7 +6,7 @@ mod common;
 
 use diesel::MysqlConnection;
 use outbox_diesel::PublishedRows;
-use outbox_diesel::mysql::{MysqlInbox, MysqlOutbox};
+use outbox_diesel::mysql::MysqlOutbox;
 use outbox_engine::testkit::{inbox_suite, store_suite};
 use outbox_sql::Dialect;
 
@@ -57,8 +57,6 @@ async fn inbox(connections: u32) -> common::InboxParts<MysqlConnection> {
         .inbox(&common::fresh_table("diesel_inbox"))
         .unwrap();
     let pool = common::pool::<MysqlConnection>("MySQL/MariaDB", VAR, &url(), connections);
-    let inbox = MysqlInbox::with_names(names.clone());
-    common::migrate_inbox(&inbox, &pool).await;
     let table = names.inbox_name().name().to_owned();
     let age = "UPDATE {inbox} SET received_at = received_at - INTERVAL ? SECOND";
     let cleanup = common::DropAfter {
@@ -68,13 +66,7 @@ async fn inbox(connections: u32) -> common::InboxParts<MysqlConnection> {
             format!("DELETE FROM outbox_migrations WHERE id LIKE '{table}/%'"),
         ],
     };
-    common::InboxParts {
-        inbox,
-        pool,
-        age: names.render(Dialect::MySql, age),
-        url: url(),
-        keep: Some(Box::new(cleanup)),
-    }
+    common::InboxParts::migrated(&names, pool, age, url(), Some(Box::new(cleanup))).await
 }
 
 fn async_url(_: &common::Harness<MysqlConnection>) -> String {

@@ -6,7 +6,7 @@ mod common;
 
 use diesel::PgConnection;
 use outbox_diesel::PublishedRows;
-use outbox_diesel::postgres::{PgInbox, PgOutbox};
+use outbox_diesel::postgres::PgOutbox;
 use outbox_engine::testkit::{inbox_suite, store_suite};
 use outbox_sql::Dialect;
 
@@ -56,16 +56,8 @@ async fn inbox(connections: u32) -> common::InboxParts<PgConnection> {
         .inbox(&common::fresh_table("diesel_inbox"))
         .unwrap();
     let pool = common::pool::<PgConnection>("PostgreSQL", VAR, &url(), connections);
-    let inbox = PgInbox::with_names(names.clone());
-    common::migrate_inbox(&inbox, &pool).await;
     let age = "UPDATE {inbox} SET received_at = received_at - $1 * interval '1 second'";
-    common::InboxParts {
-        inbox,
-        pool,
-        age: names.render(Dialect::Postgres, age),
-        url: url(),
-        keep: None,
-    }
+    common::InboxParts::migrated(&names, pool, age, url(), None).await
 }
 
 fn async_url(_: &common::Harness<PgConnection>) -> String {

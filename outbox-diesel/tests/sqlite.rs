@@ -9,7 +9,7 @@ use std::time::Duration;
 use diesel::SqliteConnection;
 use diesel::r2d2::{ConnectionManager, Pool};
 use outbox_diesel::PublishedRows;
-use outbox_diesel::sqlite::{Pragmas, SqliteInbox, SqliteOutbox};
+use outbox_diesel::sqlite::{Pragmas, SqliteOutbox};
 use outbox_engine::testkit::{inbox_suite, store_suite};
 use outbox_sql::Dialect;
 
@@ -61,16 +61,8 @@ async fn harness(mode: PublishedRows) -> common::Harness<SqliteConnection> {
 async fn inbox(_connections: u32) -> common::InboxParts<SqliteConnection> {
     let names = outbox_sql::TableNames::default();
     let (pool, dir) = pool();
-    let inbox = SqliteInbox::with_names(names.clone());
-    common::migrate_inbox(&inbox, &pool).await;
     let age = "UPDATE {inbox} SET received_at = received_at - ?1 * 1000";
-    common::InboxParts {
-        inbox,
-        pool,
-        age: names.render(Dialect::Sqlite, age),
-        url: path(&dir),
-        keep: Some(Box::new(dir)),
-    }
+    common::InboxParts::migrated(&names, pool, age, path(&dir), Some(Box::new(dir))).await
 }
 
 /// The database file of `h`.

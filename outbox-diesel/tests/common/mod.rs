@@ -635,6 +635,27 @@ pub struct InboxParts<C: DieselDialect> {
 }
 
 impl<C: DieselDialect> InboxParts<C> {
+    /// An inbox on `names`, migrated on a connection of `pool`, its records aged by
+    /// `age` (with `{inbox}`; one bind: seconds).
+    pub async fn migrated(
+        names: &TableNames,
+        pool: Pool<ConnectionManager<C>>,
+        age: &str,
+        url: String,
+        keep: Option<Box<dyn std::any::Any + Send + Sync>>,
+    ) -> Self {
+        let inbox = DieselInbox::with_names(names.clone());
+        migrate_inbox(&inbox, &pool).await;
+        let age = names.render(C::DIALECT, age);
+        Self {
+            inbox,
+            pool,
+            age,
+            url,
+            keep,
+        }
+    }
+
     /// The inbox suite's harness on the sync pool.
     pub fn sync(self) -> InboxOf<C> {
         InboxOf {

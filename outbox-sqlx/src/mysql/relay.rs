@@ -130,8 +130,11 @@ impl RelayDialect for MySql {
             if !held.contains(&c.id) || !done.insert(c.id) {
                 continue;
             }
-            match &c.action {
-                CompleteAction::Published => published.push(c.id),
+            let query = match &c.action {
+                CompleteAction::Published => {
+                    published.push(c.id);
+                    continue;
+                }
                 CompleteAction::Retry { delay, error } | CompleteAction::Defer { delay, error } => {
                     let statement = match c.action {
                         CompleteAction::Defer { .. } => &sql.defer,
@@ -140,22 +143,18 @@ impl RelayDialect for MySql {
                     sqlx::query(statement)
                         .bind(interval_ms(*delay))
                         .bind(clip_bytes(error, MAX_ERROR_BYTES))
-                        .bind(c.id.to_string())
-                        .bind(&token_text)
-                        .execute(&mut *tx)
-                        .await
-                        .map_err(classify)?;
                 }
                 CompleteAction::Dead { reason } => {
-                    sqlx::query(&sql.dead)
-                        .bind(clip_bytes(reason, MAX_ERROR_BYTES))
-                        .bind(c.id.to_string())
-                        .bind(&token_text)
-                        .execute(&mut *tx)
-                        .await
-                        .map_err(classify)?;
+                    sqlx::query(&sql.dead).bind(clip_bytes(reason, MAX_ERROR_BYTES))
                 }
-            }
+            };
+            // Every row statement ends with the row's id and the lease token.
+            query
+                .bind(c.id.to_string())
+                .bind(&token_text)
+                .execute(&mut *tx)
+                .await
+                .map_err(classify)?;
         }
         if !published.is_empty() {
             match store.published {
