@@ -3,15 +3,11 @@
 //! (10 million in a full run, `--finished-rows` to change it), and reports the ratio,
 //! for the plain table and for the rotate layout's slots.
 
-use std::sync::atomic::Ordering as Atomic;
-use std::time::{Duration, Instant};
-
-use outbox_engine::{NewMessage, Relay};
 use outbox_sqlx::PublishedRows;
 
 use crate::Scale;
 use crate::report::Report;
-use crate::setup::{Bench, BoxError, NoopSink};
+use crate::setup::{Bench, BoxError, timed_drain};
 
 /// A table layout the backlog scenario can run on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -85,39 +81,11 @@ async fn drain(
             .fill_published("bench_backlog_outbox", finished, slots)
             .await?;
     }
-    for start in (0..n).step_by(1000) {
-        let messages: Vec<NewMessage> = (start..(start + 1000).min(n))
-            .map(|i| {
-                NewMessage::builder("bench", "bench.event")
-                    .json(&serde_json::json!({ "n": i }))
-                    .build()
-                    .expect("valid")
-            })
-            .collect();
-        let mut tx = pool.begin().await?;
-        outbox.enqueue_all(&mut tx, &messages).await?;
-        tx.commit().await?;
-    }
+    bench.enqueue_bench(&outbox, n).await?;
     sqlx::query("VACUUM ANALYZE bench_backlog_outbox")
         .execute(pool)
         .await?;
-    let sink = NoopSink::default();
-    let relay = Relay::builder(outbox)
-        .route("bench", sink.clone())
-        .batch_size(500)
-        .concurrency(2)
-        .poll_interval(Duration::from_millis(20))
-        .build()?;
-    let count = sink.count.clone();
-    let started = Instant::now();
-    relay
-        .run(async move {
-            while count.load(Atomic::Relaxed) < n {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        })
-        .await;
-    let rate = n as f64 / started.elapsed().as_secs_f64();
+    let rate = timed_drain(outbox, n, 500, 2).await?;
     sqlx::query("DROP TABLE IF EXISTS bench_backlog_outbox, bench_backlog_outbox_slots CASCADE")
         .execute(pool)
         .await?;

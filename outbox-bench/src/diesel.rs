@@ -17,10 +17,8 @@ use outbox_engine::NewMessage;
 use outbox_sqlx::PublishedRows;
 
 use crate::Scale;
-use crate::report::{Report, median};
-use crate::setup::{Bench, BoxError};
-
-const ACCOUNTS: i32 = 10_000;
+use crate::report::{Report, added_cost, enqueue_rows, interleaved_medians};
+use crate::setup::{ACCOUNTS, Bench, BoxError};
 
 /// An error that crosses threads (the blocking work's).
 type SendError = Box<dyn std::error::Error + Send + Sync>;
@@ -65,53 +63,21 @@ async fn fresh(
 }
 
 async fn enqueue(bench: &Bench, scale: Scale, report: &mut Report) -> Result<(), BoxError> {
-    let pool = &bench.pool;
-    sqlx::query("DROP TABLE IF EXISTS bench_diesel_accounts")
-        .execute(pool)
-        .await?;
-    sqlx::query("CREATE TABLE bench_diesel_accounts (id int PRIMARY KEY, balance bigint NOT NULL)")
-        .execute(pool)
-        .await?;
-    sqlx::query("INSERT INTO bench_diesel_accounts SELECT g, 0 FROM generate_series(1, $1) g")
-        .bind(ACCOUNTS)
-        .execute(pool)
-        .await?;
+    bench.fresh_accounts("bench_diesel_accounts").await?;
     let (outbox, diesel) = fresh(bench, 8).await?;
     let mut rows = Vec::new();
     let mut json = serde_json::Map::new();
     for clients in [1usize, 4] {
-        let mut samples: Vec<Vec<f64>> = vec![Vec::new(); MODES.len()];
-        let rounds = scale.rounds.max(MODES.len());
-        for round in 0..rounds {
-            for step in 0..MODES.len() {
-                let mode = (round + step) % MODES.len();
-                let (outbox, diesel) = (outbox.clone(), diesel.clone());
-                let time = scale.enqueue_time;
-                let tps = tokio::task::spawn_blocking(move || {
-                    measure(&outbox, &diesel, mode, clients, time)
-                })
+        let tps = interleaved_medians(MODES.len(), scale.rounds, async |mode| {
+            let (outbox, diesel) = (outbox.clone(), diesel.clone());
+            let time = scale.enqueue_time;
+            tokio::task::spawn_blocking(move || measure(&outbox, &diesel, mode, clients, time))
                 .await?
-                .map_err(local)?;
-                samples[mode].push(tps);
-            }
-        }
-        let tps: Vec<f64> = samples.iter().map(|s| median(s)).collect();
-        let base = 1.0 / tps[0];
-        let cost = |i: usize| (1.0 / tps[i] - base).max(0.0);
-        for (i, mode) in MODES.iter().enumerate() {
-            rows.push(vec![
-                clients.to_string(),
-                (*mode).to_owned(),
-                format!("{:.0}", tps[i]),
-                format!("{:.2}", tps[i] / tps[0]),
-                if i == 0 {
-                    "—".to_owned()
-                } else {
-                    format!("{:.0} µs", cost(i) * 1e6 * clients as f64)
-                },
-            ]);
-        }
-        let added = cost(2) / cost(1).max(f64::EPSILON);
+                .map_err(local)
+        })
+        .await?;
+        rows.extend(enqueue_rows(clients, &MODES, &tps));
+        let added = added_cost(&tps, 2) / added_cost(&tps, 1).max(f64::EPSILON);
         rows.push(vec![
             clients.to_string(),
             "diesel enqueue / raw INSERT, added cost".to_owned(),
@@ -125,7 +91,7 @@ async fn enqueue(bench: &Bench, scale: Scale, report: &mut Report) -> Result<(),
         );
     }
     sqlx::query("DROP TABLE bench_diesel_accounts")
-        .execute(pool)
+        .execute(&bench.pool)
         .await?;
     report.section(
         "diesel-enqueue",

@@ -11,10 +11,9 @@ use outbox_sqlx::postgres::PgOutbox;
 use sqlx::PgPool;
 
 use crate::Scale;
-use crate::report::{Report, median};
-use crate::setup::{Bench, BoxError};
+use crate::report::{Report, added_cost, enqueue_rows, interleaved_medians};
+use crate::setup::{ACCOUNTS, Bench, BoxError};
 
-const ACCOUNTS: i32 = 10_000;
 static SDK_INSERT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
 const MODES: [&str; 6] = [
     "business only",
@@ -27,16 +26,7 @@ const MODES: [&str; 6] = [
 
 pub(crate) async fn run(bench: &Bench, scale: Scale, report: &mut Report) -> Result<(), BoxError> {
     let pool = &bench.pool;
-    sqlx::query("DROP TABLE IF EXISTS bench_accounts")
-        .execute(pool)
-        .await?;
-    sqlx::query("CREATE TABLE bench_accounts (id int PRIMARY KEY, balance bigint NOT NULL)")
-        .execute(pool)
-        .await?;
-    sqlx::query("INSERT INTO bench_accounts SELECT g, 0 FROM generate_series(1, $1) g")
-        .bind(ACCOUNTS)
-        .execute(pool)
-        .await?;
+    bench.fresh_accounts("bench_accounts").await?;
     let outbox = bench
         .fresh_outbox("bench_enqueue_outbox", PublishedRows::Keep)
         .await?;
@@ -45,34 +35,13 @@ pub(crate) async fn run(bench: &Bench, scale: Scale, report: &mut Report) -> Res
     let mut rows = Vec::new();
     let mut json = serde_json::Map::new();
     for clients in [1usize, 4] {
-        let mut samples: Vec<Vec<f64>> = vec![Vec::new(); MODES.len()];
-        // Each round starts at a different mode, so no mode always runs right after the
-        // same other one (the table grows, autovacuum and checkpoints come and go).
-        let rounds = scale.rounds.max(MODES.len());
-        for round in 0..rounds {
-            for step in 0..MODES.len() {
-                let mode = (round + step) % MODES.len();
-                samples[mode].push(measure(pool, &outbox, mode, clients, scale).await?);
-            }
-        }
-        let tps: Vec<f64> = samples.iter().map(|s| median(s)).collect();
-        let base_cost = 1.0 / tps[0];
-        let cost = |i: usize| (1.0 / tps[i] - base_cost).max(0.0);
-        for (i, mode) in MODES.iter().enumerate() {
-            rows.push(vec![
-                clients.to_string(),
-                (*mode).to_owned(),
-                format!("{:.0}", tps[i]),
-                format!("{:.2}", tps[i] / tps[0]),
-                if i == 0 {
-                    "—".to_owned()
-                } else {
-                    format!("{:.0} µs", cost(i) * 1e6 * clients as f64)
-                },
-            ]);
-        }
+        let tps = interleaved_medians(MODES.len(), scale.rounds, async |mode| {
+            measure(pool, &outbox, mode, clients, scale).await
+        })
+        .await?;
+        rows.extend(enqueue_rows(clients, &MODES, &tps));
         let sdk_vs_raw = tps[1] / tps[2];
-        let cost_ratio = cost(2) / cost(1).max(f64::EPSILON);
+        let cost_ratio = added_cost(&tps, 2) / added_cost(&tps, 1).max(f64::EPSILON);
         json.insert(
             format!("clients_{clients}"),
             serde_json::json!({

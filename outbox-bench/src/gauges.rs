@@ -8,12 +8,11 @@ use outbox_engine::{NewMessage, Store, StoreStats};
 use outbox_sqlx::PublishedRows;
 use outbox_sqlx::mysql::MySqlOutbox;
 use outbox_sqlx::sqlite::SqliteOutbox;
-use sqlx::mysql::MySqlPoolOptions;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
 
 use crate::Scale;
 use crate::report::Report;
-use crate::setup::{Bench, BoxError};
+use crate::setup::{Bench, BoxError, bench_messages, mysql_pool};
 
 /// Unfinished rows next to the finished ones, and dead letters.
 const PENDING: usize = 1_000;
@@ -60,6 +59,11 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
+/// The [`PENDING`] messages next to the finished rows.
+fn pending() -> Vec<NewMessage> {
+    bench_messages(0..PENDING)
+}
+
 /// The median of [`READS`] gauge reads, and one stats read, checking the counts.
 async fn measure<S: Store + StoreStats>(store: &S) -> Result<(Duration, Duration), BoxError> {
     let mut times = Vec::with_capacity(READS);
@@ -78,17 +82,6 @@ async fn measure<S: Store + StoreStats>(store: &S) -> Result<(Duration, Duration
     Ok((times[READS / 2], started.elapsed()))
 }
 
-fn messages(n: usize) -> Vec<NewMessage> {
-    (0..n)
-        .map(|i| {
-            NewMessage::builder("bench", "bench.event")
-                .json(&serde_json::json!({ "n": i }))
-                .build()
-                .expect("valid")
-        })
-        .collect()
-}
-
 async fn postgres(bench: &Bench, finished: usize) -> Result<(Duration, Duration), BoxError> {
     let outbox = bench
         .fresh_outbox("bench_gauges_outbox", PublishedRows::Keep)
@@ -98,7 +91,7 @@ async fn postgres(bench: &Bench, finished: usize) -> Result<(Duration, Duration)
         .fill_published("bench_gauges_outbox", finished, false)
         .await?;
     let mut tx = pool.begin().await?;
-    outbox.enqueue_all(&mut tx, &messages(PENDING)).await?;
+    outbox.enqueue_all(&mut tx, &pending()).await?;
     tx.commit().await?;
     sqlx::query(&format!(
         "INSERT INTO bench_gauges_outbox (id, destination, event_type, idempotency_key, payload, content_type, status, attempts, created_at, dead_at, last_error) \
@@ -140,7 +133,7 @@ async fn sqlite(finished: usize) -> Result<(Duration, Duration), BoxError> {
     .execute(&pool)
     .await?;
     let mut tx = pool.begin().await?;
-    outbox.enqueue_all(&mut tx, &messages(PENDING)).await?;
+    outbox.enqueue_all(&mut tx, &pending()).await?;
     tx.commit().await?;
     sqlx::query(
         "WITH RECURSIVE g(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM g WHERE n < ?1) \
@@ -162,13 +155,7 @@ async fn sqlite(finished: usize) -> Result<(Duration, Duration), BoxError> {
 /// trigger, which checks rows written by other languages one by one, is dropped for the
 /// bulk fill; the pending rows go through the SDK's enqueue, which does not need it.
 async fn mysql(finished: usize) -> Result<(Duration, Duration), BoxError> {
-    let url = std::env::var("OUTBOX_BENCH_MYSQL_URL")
-        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned());
-    let pool = MySqlPoolOptions::new()
-        .max_connections(2)
-        .connect(&url)
-        .await
-        .map_err(|e| format!("MariaDB is not reachable at {url} ({e}); run scripts/services.sh"))?;
+    let pool = mysql_pool(2).await?;
     let table = "bench_gauges_outbox";
     drop_mysql(&pool, table).await?;
     let names = outbox_sqlx::TableNames::default().outbox(table)?;
@@ -197,7 +184,7 @@ async fn mysql(finished: usize) -> Result<(Duration, Duration), BoxError> {
         .await?;
     }
     let mut tx = pool.begin().await?;
-    outbox.enqueue_all(&mut tx, &messages(PENDING)).await?;
+    outbox.enqueue_all(&mut tx, &pending()).await?;
     tx.commit().await?;
     sqlx::query(&format!(
         "INSERT INTO {table} (id, destination, event_type, idempotency_key, payload, content_type, headers, status, attempts, created_at, dead_at, last_error) \

@@ -10,7 +10,6 @@
 //! is due → its delivery report.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering as Atomic};
 use std::time::{Duration, Instant};
 
 use outbox_engine::{Backend, Relay};
@@ -25,7 +24,7 @@ use outbox_sqlx::PublishedRows;
 use crate::Scale;
 use crate::latency::{commit_at_rate, latencies_ms};
 use crate::report::{Report, median, percentile};
-use crate::setup::{Bench, BoxError, NoopSink};
+use crate::setup::{Bench, BoxError, NoopSink, SharedBatches};
 use crate::sinks::{Acks, BATCH, Counting, PUBLISHERS, drain_rate};
 
 const PARTITIONS: i32 = 3;
@@ -181,45 +180,31 @@ impl RawRecord {
 }
 
 async fn raw_throughput(producer: &FutureProducer, topic: &str, n: usize) -> Result<f64, BoxError> {
-    let records: Arc<Vec<RawRecord>> = Arc::new((0..n).map(RawRecord::new).collect());
-    let next = Arc::new(AtomicUsize::new(0));
-    let started = Instant::now();
-    let mut tasks = Vec::new();
-    for _ in 0..PUBLISHERS {
-        let (records, next, producer, topic) = (
-            records.clone(),
-            next.clone(),
-            producer.clone(),
-            topic.to_owned(),
-        );
-        tasks.push(tokio::spawn(async move {
-            loop {
-                let start = next.fetch_add(BATCH, Atomic::Relaxed);
-                if start >= records.len() {
-                    return Ok::<(), String>(());
+    let records = SharedBatches::new((0..n).map(RawRecord::new).collect(), BATCH);
+    records
+        .publish_rate(PUBLISHERS, |records| {
+            let (producer, topic) = (producer.clone(), topic.to_owned());
+            async move {
+                while let Some(batch) = records.take() {
+                    let mut reports = Vec::with_capacity(batch.len());
+                    for record in batch {
+                        reports.push(
+                            producer
+                                .send_result(record.record(&topic))
+                                .map_err(|(e, _)| format!("raw send: {e}"))?,
+                        );
+                    }
+                    for report in reports {
+                        report
+                            .await
+                            .map_err(|e| e.to_string())?
+                            .map_err(|(e, _)| format!("raw delivery: {e}"))?;
+                    }
                 }
-                let batch = &records[start..(start + BATCH).min(records.len())];
-                let mut reports = Vec::with_capacity(batch.len());
-                for record in batch {
-                    reports.push(
-                        producer
-                            .send_result(record.record(&topic))
-                            .map_err(|(e, _)| format!("raw send: {e}"))?,
-                    );
-                }
-                for report in reports {
-                    report
-                        .await
-                        .map_err(|e| e.to_string())?
-                        .map_err(|(e, _)| format!("raw delivery: {e}"))?;
-                }
+                Ok(())
             }
-        }));
-    }
-    for task in tasks {
-        task.await??;
-    }
-    Ok(n as f64 / started.elapsed().as_secs_f64())
+        })
+        .await
 }
 
 /// Records due at `LATENCY_RATE` per second for `time`: due → delivery report, ms, sorted.

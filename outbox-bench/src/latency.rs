@@ -16,7 +16,7 @@ use outbox_sqlx::postgres::{PgNotifier, PgOutbox};
 
 use crate::Scale;
 use crate::report::{Report, percentile};
-use crate::setup::{Bench, BoxError, memory_mib};
+use crate::setup::{Bench, BoxError, commit_one, memory_mib, producer_ticks};
 
 const RATES: [u64; 3] = [200, 1_000, 5_000];
 const PRODUCERS: u64 = 4;
@@ -192,10 +192,8 @@ pub(crate) async fn commit_at_rate(
             commits.clone(),
             notifier.clone(),
         );
-        let period = Duration::from_secs_f64(PRODUCERS as f64 / rate as f64);
         producers.spawn(async move {
-            let mut ticks = tokio::time::interval(period);
-            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+            let mut ticks = producer_ticks(PRODUCERS, rate);
             let mut i = 0;
             while started.elapsed() < time {
                 ticks.tick().await;
@@ -208,12 +206,7 @@ pub(crate) async fn commit_at_rate(
                 };
                 let message = message.build().expect("valid");
                 i += 1;
-                let mut tx = pool.begin().await?;
-                outbox
-                    .enqueue(&mut tx, &message)
-                    .await
-                    .map_err(|e| sqlx::Error::Protocol(e.to_string()))?;
-                tx.commit().await?;
+                commit_one(&pool, &outbox, &message).await?;
                 commits
                     .lock()
                     .expect("lock")

@@ -19,6 +19,52 @@ pub(crate) fn median(samples: &[f64]) -> f64 {
     s[s.len() / 2]
 }
 
+/// Each mode's median over `rounds` rounds (at least one per mode) of `measure(mode)`.
+/// Each round starts at the next mode, so no mode always runs right after the same other
+/// one (the table grows, autovacuum and checkpoints come and go).
+pub(crate) async fn interleaved_medians(
+    modes: usize,
+    rounds: usize,
+    mut measure: impl AsyncFnMut(usize) -> Result<f64, BoxError>,
+) -> Result<Vec<f64>, BoxError> {
+    let mut samples: Vec<Vec<f64>> = vec![Vec::new(); modes];
+    for round in 0..rounds.max(modes) {
+        for step in 0..modes {
+            let mode = (round + step) % modes;
+            samples[mode].push(measure(mode).await?);
+        }
+    }
+    Ok(samples.iter().map(|s| median(s)).collect())
+}
+
+/// The extra time per transaction of mode `i` over mode 0 (the business transaction
+/// alone), in seconds, from each mode's transactions per second.
+pub(crate) fn added_cost(tps: &[f64], i: usize) -> f64 {
+    (1.0 / tps[i] - 1.0 / tps[0]).max(0.0)
+}
+
+/// Table rows for the enqueue modes at `clients` clients: the mode's tx/s, its ratio to
+/// the business transaction alone (mode 0), and its added cost per transaction of a client.
+pub(crate) fn enqueue_rows(clients: usize, modes: &[&str], tps: &[f64]) -> Vec<Vec<String>> {
+    modes
+        .iter()
+        .enumerate()
+        .map(|(i, mode)| {
+            vec![
+                clients.to_string(),
+                (*mode).to_owned(),
+                format!("{:.0}", tps[i]),
+                format!("{:.2}", tps[i] / tps[0]),
+                if i == 0 {
+                    "—".to_owned()
+                } else {
+                    format!("{:.0} µs", added_cost(tps, i) * 1e6 * clients as f64)
+                },
+            ]
+        })
+        .collect()
+}
+
 /// The `q` quantile of sorted values (nearest rank).
 pub(crate) fn percentile(sorted: &[f64], q: f64) -> f64 {
     if sorted.is_empty() {

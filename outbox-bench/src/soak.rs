@@ -16,7 +16,7 @@ use outbox_sqlx::PublishedRows;
 
 use crate::Scale;
 use crate::report::Report;
-use crate::setup::{Bench, BoxError, NoopSink, memory_mib};
+use crate::setup::{Bench, BoxError, NoopSink, commit_one, memory_mib, producer_ticks};
 
 const RATE: u64 = 5_000;
 const PRODUCERS: u64 = 4;
@@ -62,22 +62,15 @@ pub(crate) async fn run(bench: &Bench, scale: Scale, report: &mut Report) -> Res
             stop.clone(),
             notifier.clone(),
         );
-        let period = Duration::from_secs_f64(PRODUCERS as f64 / RATE as f64);
         producers.spawn(async move {
-            let mut ticks = tokio::time::interval(period);
-            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+            let mut ticks = producer_ticks(PRODUCERS, RATE);
             while !stop.load(Ordering::Relaxed) {
                 ticks.tick().await;
                 let message = NewMessage::builder("bench", "bench.event")
                     .json(&serde_json::json!({ "at": started.elapsed().as_micros() as u64 }))
                     .build()
                     .expect("valid");
-                let mut tx = pool.begin().await?;
-                outbox
-                    .enqueue(&mut tx, &message)
-                    .await
-                    .map_err(|e| sqlx::Error::Protocol(e.to_string()))?;
-                tx.commit().await?;
+                commit_one(&pool, &outbox, &message).await?;
                 committed.fetch_add(1, Ordering::Relaxed);
                 notifier.notify();
             }

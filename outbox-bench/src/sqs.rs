@@ -5,9 +5,6 @@
 //! queue grows, so both sides start empty).
 
 use std::collections::HashMap;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering as Atomic};
-use std::time::Instant;
 
 use outbox_sink_sqs::client::config::{BehaviorVersion, Credentials, Region};
 use outbox_sink_sqs::client::types::{MessageAttributeValue, SendMessageBatchRequestEntry};
@@ -16,7 +13,7 @@ use outbox_sink_sqs::{SqsSink, SqsSinkConfig};
 
 use crate::Scale;
 use crate::report::{Report, median};
-use crate::setup::{Bench, BoxError};
+use crate::setup::{Bench, BoxError, SharedBatches};
 use crate::sinks::{BATCH, PUBLISHERS, drain_rate};
 
 /// Messages per measurement: moto takes a few hundred a second.
@@ -123,54 +120,40 @@ fn entry(i: usize) -> SendMessageBatchRequestEntry {
 }
 
 async fn raw_throughput(client: &Client, queue: &str, n: usize) -> Result<f64, BoxError> {
-    let entries: Arc<Vec<SendMessageBatchRequestEntry>> = Arc::new((0..n).map(entry).collect());
-    let next = Arc::new(AtomicUsize::new(0));
-    let started = Instant::now();
-    let mut tasks = Vec::new();
-    for _ in 0..PUBLISHERS {
-        let (entries, next, client, queue) = (
-            entries.clone(),
-            next.clone(),
-            client.clone(),
-            queue.to_owned(),
-        );
-        tasks.push(tokio::spawn(async move {
-            loop {
-                let start = next.fetch_add(BATCH, Atomic::Relaxed);
-                if start >= entries.len() {
-                    return Ok::<(), String>(());
-                }
-                let batch = &entries[start..(start + BATCH).min(entries.len())];
-                let requests = batch.chunks(10).map(|chunk| {
-                    let request: Vec<SendMessageBatchRequestEntry> = chunk
-                        .iter()
-                        .enumerate()
-                        .map(|(p, e)| {
-                            let mut e = e.clone();
-                            e.id = p.to_string();
-                            e
-                        })
-                        .collect();
-                    client
-                        .send_message_batch()
-                        .queue_url(&queue)
-                        .set_entries(Some(request))
-                        .send()
-                });
-                for answer in futures_util::future::join_all(requests).await {
-                    let answer = answer.map_err(|e| format!("raw send: {e}"))?;
-                    if !answer.failed().is_empty() {
-                        return Err(format!(
-                            "raw send: {} entries failed",
-                            answer.failed().len()
-                        ));
+    let entries = SharedBatches::new((0..n).map(entry).collect(), BATCH);
+    entries
+        .publish_rate(PUBLISHERS, |entries| {
+            let (client, queue) = (client.clone(), queue.to_owned());
+            async move {
+                while let Some(batch) = entries.take() {
+                    let requests = batch.chunks(10).map(|chunk| {
+                        let request: Vec<SendMessageBatchRequestEntry> = chunk
+                            .iter()
+                            .enumerate()
+                            .map(|(p, e)| {
+                                let mut e = e.clone();
+                                e.id = p.to_string();
+                                e
+                            })
+                            .collect();
+                        client
+                            .send_message_batch()
+                            .queue_url(&queue)
+                            .set_entries(Some(request))
+                            .send()
+                    });
+                    for answer in futures_util::future::join_all(requests).await {
+                        let answer = answer.map_err(|e| format!("raw send: {e}"))?;
+                        if !answer.failed().is_empty() {
+                            return Err(format!(
+                                "raw send: {} entries failed",
+                                answer.failed().len()
+                            ));
+                        }
                     }
                 }
+                Ok(())
             }
-        }));
-    }
-    for task in tasks {
-        task.await??;
-    }
-    Ok(n as f64 / started.elapsed().as_secs_f64())
+        })
+        .await
 }

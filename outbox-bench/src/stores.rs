@@ -15,15 +15,15 @@ use outbox_engine::NewMessage;
 use outbox_sqlx::PublishedRows;
 use outbox_sqlx::mysql::MySqlOutbox;
 use outbox_sqlx::sqlite::SqliteOutbox;
-use sqlx::mysql::{MySqlPool, MySqlPoolOptions};
+use sqlx::mysql::MySqlPool;
+use sqlx::query::Query;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
 use sqlx::{Executor, Row};
 
 use crate::Scale;
-use crate::report::{Report, median};
-use crate::setup::{BoxError, timed_drain};
+use crate::report::{Report, added_cost, interleaved_medians};
+use crate::setup::{ACCOUNTS, BoxError, bench_batches, mysql_pool, timed_drain};
 
-const ACCOUNTS: i32 = 10_000;
 const TABLE: &str = "bench_store_outbox";
 const CONFIGS: [(usize, usize); 3] = [(100, 2), (500, 2), (1000, 1)];
 const MODES: [&str; 3] = ["business only", "+ raw INSERT", "+ SDK enqueue"];
@@ -60,13 +60,7 @@ pub(crate) async fn sqlite(scale: Scale, report: &mut Report) -> Result<(), BoxE
 }
 
 pub(crate) async fn mysql(scale: Scale, report: &mut Report) -> Result<(), BoxError> {
-    let url = std::env::var("OUTBOX_BENCH_MYSQL_URL")
-        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned());
-    let pool = MySqlPoolOptions::new()
-        .max_connections(8)
-        .connect(&url)
-        .await
-        .map_err(|e| format!("MariaDB is not reachable at {url} ({e}); run scripts/services.sh or set OUTBOX_BENCH_MYSQL_URL"))?;
+    let pool = mysql_pool(8).await?;
     let version: String = sqlx::query_scalar("SELECT VERSION()")
         .fetch_one(&pool)
         .await?;
@@ -113,15 +107,11 @@ async fn run(
     db.fresh().await?;
     let mut rows = Vec::new();
     for &clients in client_counts {
-        let mut samples: Vec<Vec<f64>> = vec![Vec::new(); MODES.len()];
-        for round in 0..scale.rounds.max(MODES.len()) {
-            for step in 0..MODES.len() {
-                let mode = (round + step) % MODES.len();
-                samples[mode].push(enqueue_rate(db, mode, clients, scale.enqueue_time).await?);
-            }
-        }
-        let tps: Vec<f64> = samples.iter().map(|s| median(s)).collect();
-        let cost = |i: usize| (1.0 / tps[i] - 1.0 / tps[0]).max(0.0) * 1e6 * clients as f64;
+        let tps = interleaved_medians(MODES.len(), scale.rounds, async |mode| {
+            enqueue_rate(db, mode, clients, scale.enqueue_time).await
+        })
+        .await?;
+        let cost = |i: usize| added_cost(&tps, i) * 1e6 * clients as f64;
         for (i, mode) in MODES.iter().enumerate() {
             rows.push(vec![
                 "enqueue".to_owned(),
@@ -222,6 +212,22 @@ fn params(n: usize) -> String {
     vec!["?"; n].join(", ")
 }
 
+/// The raw drain's batch delete of `n` ids.
+fn delete_sql(n: usize) -> String {
+    format!("DELETE FROM {TABLE} WHERE id IN ({})", params(n))
+}
+
+/// `query` with each of `ids` bound in turn (for its `IN (?, ?, …)` list).
+fn with_ids<'q, DB: sqlx::Database>(
+    query: Query<'q, DB, DB::Arguments<'q>>,
+    ids: &'q [String],
+) -> Query<'q, DB, DB::Arguments<'q>>
+where
+    &'q String: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+{
+    ids.iter().fold(query, |query, id| query.bind(id))
+}
+
 impl Db {
     fn sqlite(pool: SqlitePool) -> Self {
         let outbox = SqliteOutbox::with_names(pool.clone(), names());
@@ -266,15 +272,7 @@ impl Db {
 
     /// `n` messages through the SDK, 1,000 per transaction.
     async fn preload(&self, n: usize) -> Result<(), BoxError> {
-        for start in (0..n).step_by(1000) {
-            let messages: Vec<NewMessage> = (start..(start + 1000).min(n))
-                .map(|i| {
-                    NewMessage::builder("bench", "bench.event")
-                        .json(&serde_json::json!({ "n": i }))
-                        .build()
-                        .expect("valid")
-                })
-                .collect();
+        for messages in bench_batches(n) {
             match self {
                 Self::Sqlite(pool, outbox) => {
                     let mut tx = pool.begin().await?;
@@ -400,12 +398,9 @@ impl Db {
                     .await?;
                 let ids: Vec<String> = claimed.iter().map(|r| r.get(0)).collect();
                 if !ids.is_empty() {
-                    let delete = format!("DELETE FROM {TABLE} WHERE id IN ({})", params(ids.len()));
-                    let mut query = sqlx::query(&delete);
-                    for id in &ids {
-                        query = query.bind(id);
-                    }
-                    query.execute(pool).await?;
+                    with_ids(sqlx::query(&delete_sql(ids.len())), &ids)
+                        .execute(pool)
+                        .await?;
                 }
                 ids
             }
@@ -434,20 +429,15 @@ impl Db {
                         "UPDATE {TABLE} SET status = 'leased', lease_token = ?, available_at = UTC_TIMESTAMP(6) + INTERVAL 30 SECOND WHERE id IN ({})",
                         params(ids.len())
                     );
-                    let mut query = sqlx::query(&lease).bind(&token);
-                    for id in &ids {
-                        query = query.bind(id);
-                    }
-                    query.execute(&mut *tx).await?;
+                    with_ids(sqlx::query(&lease).bind(&token), &ids)
+                        .execute(&mut *tx)
+                        .await?;
                 }
                 tx.commit().await?;
                 if !ids.is_empty() {
-                    let delete = format!("DELETE FROM {TABLE} WHERE id IN ({})", params(ids.len()));
-                    let mut query = sqlx::query(&delete);
-                    for id in &ids {
-                        query = query.bind(id);
-                    }
-                    query.execute(pool).await?;
+                    with_ids(sqlx::query(&delete_sql(ids.len())), &ids)
+                        .execute(pool)
+                        .await?;
                 }
                 ids
             }

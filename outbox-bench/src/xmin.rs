@@ -9,16 +9,15 @@
 //! the rounds go on; then it ends, the tables are vacuumed, and one more round each
 //! shows the recovery. Reported per minute of the hold, against each table's baseline.
 
-use std::sync::atomic::Ordering as Atomic;
 use std::time::{Duration, Instant};
 
-use outbox_engine::{NewMessage, Purge, PurgeRequest, Relay};
+use outbox_engine::{Purge, PurgeRequest};
 use outbox_sqlx::PublishedRows;
 use outbox_sqlx::postgres::PgOutbox;
 
 use crate::Scale;
 use crate::report::{Report, median};
-use crate::setup::{Bench, BoxError, NoopSink};
+use crate::setup::{Bench, BoxError, timed_drain_checking};
 
 const TABLES: [(&str, PublishedRows); 3] = [
     ("bench_xmin_keep", PublishedRows::Keep),
@@ -75,46 +74,36 @@ pub(crate) async fn run(bench: &Bench, scale: Scale, report: &mut Report) -> Res
         after[i] = round(bench, outbox, n).await?;
     }
 
-    let ratio = |rate: f64, i: usize| format!("{:.2}", rate / baseline[i]);
-    let mut rows = vec![vec![
+    // A phase's row: each table's rate and its ratio to that table's baseline.
+    let row = |phase: String, rates: [f64; 3], dead: String| {
+        let mut row = vec![phase];
+        for (rate, base) in rates.into_iter().zip(baseline) {
+            row.push(format!("{rate:.0}"));
+            row.push(format!("{:.2}", rate / base));
+        }
+        row.push(dead);
+        row
+    };
+    let mut rows = vec![row(
         "before (nothing held)".to_owned(),
-        format!("{:.0}", baseline[0]),
-        "1.00".to_owned(),
-        format!("{:.0}", baseline[1]),
-        "1.00".to_owned(),
-        format!("{:.0}", baseline[2]),
-        "1.00".to_owned(),
+        baseline,
         "—".to_owned(),
-    ]];
+    )];
     let mut curve = Vec::new();
     for (minute, (rates, dead)) in minutes.iter().enumerate() {
         let rates = rates.each_ref().map(|r| median(r));
-        rows.push(vec![
+        rows.push(row(
             format!("held, minute {}", minute + 1),
-            format!("{:.0}", rates[0]),
-            ratio(rates[0], 0),
-            format!("{:.0}", rates[1]),
-            ratio(rates[1], 1),
-            format!("{:.0}", rates[2]),
-            ratio(rates[2], 2),
+            rates,
             dead.to_string(),
-        ]);
+        ));
         curve.push(serde_json::json!({
             "minute": minute + 1, "keep": rates[0], "delete": rates[1], "rotate": rates[2],
             "keep_ratio": rates[0] / baseline[0], "delete_ratio": rates[1] / baseline[1],
             "rotate_ratio": rates[2] / baseline[2], "dead_versions": dead,
         }));
     }
-    rows.push(vec![
-        "released, vacuumed".to_owned(),
-        format!("{:.0}", after[0]),
-        ratio(after[0], 0),
-        format!("{:.0}", after[1]),
-        ratio(after[1], 1),
-        format!("{:.0}", after[2]),
-        ratio(after[2], 2),
-        "—".to_owned(),
-    ]);
+    rows.push(row("released, vacuumed".to_owned(), after, "—".to_owned()));
     report.section(
         "held-xmin",
         &format!(
@@ -162,36 +151,8 @@ async fn round(
     (outbox, mode): &(PgOutbox, PublishedRows),
     n: usize,
 ) -> Result<f64, BoxError> {
-    for start in (0..n).step_by(1000) {
-        let messages: Vec<NewMessage> = (start..(start + 1000).min(n))
-            .map(|i| {
-                NewMessage::builder("bench", "bench.event")
-                    .json(&serde_json::json!({ "n": i }))
-                    .build()
-                    .expect("valid")
-            })
-            .collect();
-        let mut tx = bench.pool.begin().await?;
-        outbox.enqueue_all(&mut tx, &messages).await?;
-        tx.commit().await?;
-    }
-    let sink = NoopSink::default();
-    let relay = Relay::builder(outbox.clone())
-        .route("bench", sink.clone())
-        .batch_size(500)
-        .concurrency(2)
-        .poll_interval(Duration::from_millis(20))
-        .build()?;
-    let count = sink.count.clone();
-    let started = Instant::now();
-    relay
-        .run(async move {
-            while count.load(Atomic::Relaxed) < n {
-                tokio::time::sleep(Duration::from_millis(2)).await;
-            }
-        })
-        .await;
-    let rate = n as f64 / started.elapsed().as_secs_f64();
+    bench.enqueue_bench(outbox, n).await?;
+    let rate = timed_drain_checking(outbox.clone(), n, 500, 2, Duration::from_millis(2)).await?;
     if *mode == PublishedRows::Rotate {
         outbox
             .purge(&PurgeRequest::published_older_than(Duration::ZERO))
