@@ -39,13 +39,14 @@ enum Db {
     MySql(sqlx::MySqlPool, MySqlOutbox),
 }
 
-/// Runs `$body` with `$pool` and `$outbox` bound to the concrete types of `$db`'s kind.
+/// Runs `$body` with `$pool` and `$outbox` bound to the concrete types of `$db`'s kind;
+/// `$db` is a `$kind`, [`Db`] or [`DieselDb`].
 macro_rules! on_db {
-    ($db:expr, |$pool:ident, $outbox:ident| $body:expr) => {
+    ($kind:ident, $db:expr, |$pool:ident, $outbox:ident| $body:expr) => {
         match $db {
-            Db::Postgres($pool, $outbox) => $body,
-            Db::Sqlite($pool, $outbox) => $body,
-            Db::MySql($pool, $outbox) => $body,
+            $kind::Postgres($pool, $outbox) => $body,
+            $kind::Sqlite($pool, $outbox) => $body,
+            $kind::MySql($pool, $outbox) => $body,
         }
     };
 }
@@ -67,15 +68,13 @@ enum DieselDb {
     ),
 }
 
-/// Runs `$body` with `$pool` and `$outbox` bound to the concrete types of `$db`'s kind.
-macro_rules! on_diesel {
-    ($db:expr, |$pool:ident, $outbox:ident| $body:expr) => {
-        match $db {
-            DieselDb::Postgres($pool, $outbox) => $body,
-            DieselDb::Sqlite($pool, $outbox) => $body,
-            DieselDb::MySql($pool, $outbox) => $body,
-        }
-    };
+/// The message a writer enqueues for number `seq` of key `k`.
+fn written(k: &str, seq: i64) -> NewMessage {
+    NewMessage::builder("battery", "battery.written")
+        .partition_key(k)
+        .json(&serde_json::json!({ "key": k, "seq": seq }))
+        .build()
+        .expect("a valid message")
 }
 
 /// A key's number, read back on a diesel connection.
@@ -207,7 +206,7 @@ impl Ledger {
                 .join(", ")
         );
         match &self.diesel {
-            Some(db) => on_diesel!(db.clone(), |pool, outbox| {
+            Some(db) => on_db!(DieselDb, db.clone(), |pool, outbox| {
                 tokio::task::spawn_blocking(move || {
                     outbox.migrate(&mut pool.get().expect("a diesel connection"))
                 })
@@ -215,11 +214,11 @@ impl Ledger {
                 .expect("the migrating task")
                 .expect("diesel migrates the outbox table")
             }),
-            None => on_db!(&self.db, |_pool, outbox| {
+            None => on_db!(Db, &self.db, |_pool, outbox| {
                 outbox.migrate().await.expect("migrate the outbox table")
             }),
         }
-        on_db!(&self.db, |pool, _outbox| {
+        on_db!(Db, &self.db, |pool, _outbox| {
             for statement in tables.iter().chain([&insert]) {
                 sqlx::query(statement)
                     .execute(pool)
@@ -269,7 +268,7 @@ impl Ledger {
             let commit = fastrand::u32(..100) >= ROLLBACK_PERCENT;
             if let Some(db) = &self.diesel {
                 let statements = [bump.clone(), read.clone(), record.clone()];
-                let attempt = on_diesel!(db.clone(), |pool, outbox| {
+                let attempt = on_db!(DieselDb, db.clone(), |pool, outbox| {
                     tokio::task::spawn_blocking(move || {
                         let [bump, read, record] = statements;
                         let mut conn = pool.get().map_err(|e| e.to_string())?;
@@ -279,11 +278,7 @@ impl Ledger {
                                 .bind::<Text, _>(&k)
                                 .get_result::<Seq>(conn)?
                                 .seq;
-                            let message = NewMessage::builder("battery", "battery.written")
-                                .partition_key(k.clone())
-                                .json(&serde_json::json!({ "key": k, "seq": seq }))
-                                .build()
-                                .expect("a valid message");
+                            let message = written(&k, seq);
                             outbox
                                 .enqueue(conn, &message)
                                 .map_err(|e| diesel::result::Error::QueryBuilderError(e.into()))?;
@@ -309,18 +304,14 @@ impl Ledger {
                 writes.count(commit, attempt.is_ok()).await;
                 continue;
             }
-            let attempt = on_db!(&self.db, |pool, outbox| async {
+            let attempt = on_db!(Db, &self.db, |pool, outbox| async {
                 let mut tx = pool.begin().await?;
                 sqlx::query(&bump).bind(&k).execute(&mut *tx).await?;
                 let seq: i64 = sqlx::query_scalar(&read)
                     .bind(&k)
                     .fetch_one(&mut *tx)
                     .await?;
-                let message = NewMessage::builder("battery", "battery.written")
-                    .partition_key(k.clone())
-                    .json(&serde_json::json!({ "key": k, "seq": seq }))
-                    .build()
-                    .expect("a valid message");
+                let message = written(&k, seq);
                 outbox
                     .enqueue(&mut tx, &message)
                     .await
@@ -345,7 +336,7 @@ impl Ledger {
     /// Every committed message by id, from the ledger.
     pub(crate) async fn committed(&self) -> HashMap<String, Committed> {
         let query = format!("SELECT id, k, seq FROM {}_ledger", self.table);
-        let rows: Vec<(String, String, i64)> = on_db!(&self.db, |pool, _outbox| {
+        let rows: Vec<(String, String, i64)> = on_db!(Db, &self.db, |pool, _outbox| {
             sqlx::query_as(&query).fetch_all(pool).await
         })
         .expect("read the ledger");
@@ -366,7 +357,7 @@ impl Ledger {
             count("'dead'"),
             self.table
         );
-        on_db!(&self.db, |pool, _outbox| {
+        on_db!(Db, &self.db, |pool, _outbox| {
             sqlx::query_as(&query).fetch_one(pool).await
         })
         .ok()
@@ -380,7 +371,7 @@ impl Ledger {
             self.table
         ));
         let owner = format!("relay-{pid}-%");
-        on_db!(&self.db, |pool, _outbox| {
+        on_db!(Db, &self.db, |pool, _outbox| {
             sqlx::query_scalar(&query)
                 .bind(&owner)
                 .fetch_one(pool)
@@ -438,7 +429,7 @@ impl Ledger {
             format!("{t}_keys"),
         ] {
             let statement = format!("DROP TABLE IF EXISTS {table}");
-            let _ = on_db!(&self.db, |pool, _outbox| {
+            let _ = on_db!(Db, &self.db, |pool, _outbox| {
                 sqlx::query(&statement).execute(pool).await.map(|_| ())
             });
         }

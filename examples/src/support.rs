@@ -40,6 +40,23 @@ pub(crate) fn redis_url() -> String {
     std::env::var(REDIS_VAR).unwrap_or_else(|_| REDIS_DEFAULT.to_owned())
 }
 
+/// The error for a server that did not answer at `url` (`var` names the setting, the
+/// server is `what`): the cause, and how to start one.
+fn not_reachable(
+    server: &str,
+    url: &str,
+    var: &str,
+    what: &str,
+    e: &dyn std::fmt::Display,
+) -> Error {
+    format!(
+        "{server} is not reachable at {} ({e}). Start it with `scripts/services.sh`, \
+         or point {var} at {what}.",
+        outbox::redact::url(url)
+    )
+    .into()
+}
+
 /// Connects to PostgreSQL, or fails with a message that says how to start it.
 pub(crate) async fn postgres() -> Result<PgPool, Error> {
     let url = postgres_url();
@@ -48,27 +65,14 @@ pub(crate) async fn postgres() -> Result<PgPool, Error> {
         .acquire_timeout(Duration::from_secs(10))
         .connect(&url)
         .await
-        .map_err(|e| {
-            format!(
-                "PostgreSQL is not reachable at {} ({e}). Start it with `scripts/services.sh`, \
-                 or point {POSTGRES_VAR} at a server.",
-                outbox::redact::url(&url)
-            )
-            .into()
-        })
+        .map_err(|e| not_reachable("PostgreSQL", &url, POSTGRES_VAR, "a server", &e))
 }
 
 /// Connects to Redis, or fails with a message that says how to start it.
 pub(crate) async fn redis() -> Result<redis::aio::MultiplexedConnection, Error> {
     let url = redis_url();
-    let missing = |e: &dyn std::fmt::Display| -> Error {
-        format!(
-            "Redis is not reachable at {} ({e}). Start it with `scripts/services.sh`, \
-             or point {REDIS_VAR} at a server.",
-            outbox::redact::url(&url)
-        )
-        .into()
-    };
+    let missing =
+        |e: &dyn std::fmt::Display| not_reachable("Redis", &url, REDIS_VAR, "a server", e);
     let client = redis::Client::open(url.as_str()).map_err(|e| missing(&e))?;
     match tokio::time::timeout(
         Duration::from_secs(5),
@@ -91,14 +95,8 @@ pub(crate) fn amqp_url() -> String {
 /// start it.
 pub(crate) async fn amqp() -> Result<(amqp::Connection, amqp::Channel), Error> {
     let url = amqp_url();
-    let missing = |e: &dyn std::fmt::Display| -> Error {
-        format!(
-            "RabbitMQ is not reachable at {} ({e}). Start it with `scripts/services.sh`, \
-             or point {AMQP_VAR} at a broker.",
-            outbox::redact::url(&url)
-        )
-        .into()
-    };
+    let missing =
+        |e: &dyn std::fmt::Display| not_reachable("RabbitMQ", &url, AMQP_VAR, "a broker", e);
     let connect = amqp::Connection::connect(&url, amqp::ConnectionProperties::default());
     let connection = match tokio::time::timeout(Duration::from_secs(5), connect).await {
         Ok(Ok(connection)) => connection,

@@ -24,6 +24,13 @@ fn env_or(var: &str, default: &str) -> String {
     std::env::var(var).unwrap_or_else(|_| default.to_owned())
 }
 
+fn postgres_url() -> String {
+    env_or(
+        "OUTBOX_TEST_POSTGRES_URL",
+        "postgres://postgres@127.0.0.1:5432/test",
+    )
+}
+
 fn writers_dir() -> PathBuf {
     let home = std::env::var("HOME").unwrap_or_default();
     Path::new(&home).join(".cache/outbox-writers")
@@ -78,6 +85,18 @@ struct Setup {
     table: String,
     business: String,
     writer: Command,
+}
+
+impl Setup {
+    /// A setup on `store_url` with a fresh outbox table named `<prefix>_<16 hex digits>`.
+    fn new(store_url: String, prefix: &str, business: String, writer: Command) -> Self {
+        Self {
+            store_url,
+            table: format!("{prefix}_{:016x}", fastrand::u64(..)),
+            business,
+            writer,
+        }
+    }
 }
 
 /// Migrates with `outbox migrate`, runs `outbox relay` towards a recording receiver and
@@ -229,85 +248,81 @@ fn python() -> String {
     )
 }
 
-fn business_table() -> String {
-    format!("orders_{:016x}", fastrand::u64(..))
+/// A pool on the server at `url` (`server` names it in the failure), and a fresh business
+/// table for the writer's orders, `CREATE TABLE <name> <definition>`.
+async fn business_table<DB>(server: &str, url: &str, definition: &str) -> (sqlx::Pool<DB>, String)
+where
+    DB: sqlx::Database,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+{
+    let pool = sqlx::Pool::<DB>::connect(url).await.unwrap_or_else(|e| {
+        panic!("{server} is not reachable at {url} ({e}); run scripts/services.sh")
+    });
+    let business = format!("orders_{:016x}", fastrand::u64(..));
+    sqlx::query(&format!("CREATE TABLE {business} {definition}"))
+        .execute(&pool)
+        .await
+        .unwrap();
+    (pool, business)
 }
 
-/// A fresh business table on PostgreSQL for the writer's orders.
-async fn pg_business_table(url: &str) -> (sqlx::PgPool, String) {
-    let pool = sqlx::PgPool::connect(url).await.unwrap_or_else(|e| {
-        panic!("PostgreSQL is not reachable at {url} ({e}); run scripts/services.sh")
-    });
-    let business = business_table();
-    sqlx::query(&format!(
-        "CREATE TABLE {business} (n int PRIMARY KEY, status text NOT NULL)"
-    ))
-    .execute(&pool)
-    .await
-    .unwrap();
-    (pool, business)
+/// Runs [`writers_are_delivered_in_commit_order`], then checks that `pool`'s business
+/// table holds exactly the committed orders.
+async fn exactly_the_committed_orders_remain<DB>(
+    pool: &sqlx::Pool<DB>,
+    setup: Setup,
+    transactions: usize,
+) where
+    DB: sqlx::Database,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+    (i64,): for<'r> sqlx::FromRow<'r, DB::Row>,
+{
+    let business = setup.business.clone();
+    let committed = writers_are_delivered_in_commit_order(setup, transactions).await;
+    let placed: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {business}"))
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert_eq!(placed, committed, "exactly the committed orders remain");
+}
+
+/// `writer` on PostgreSQL at `url`, with a fresh business table.
+async fn writers_on_postgres(url: String, prefix: &str, writer: Command, transactions: usize) {
+    let (pool, business) = business_table::<sqlx::Postgres>(
+        "PostgreSQL",
+        &url,
+        "(n int PRIMARY KEY, status text NOT NULL)",
+    )
+    .await;
+    let setup = Setup::new(url, prefix, business, writer);
+    exactly_the_committed_orders_remain(&pool, setup, transactions).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_writers_on_postgres_are_delivered_in_commit_order() {
-    let url = env_or(
-        "OUTBOX_TEST_POSTGRES_URL",
-        "postgres://postgres@127.0.0.1:5432/test",
-    );
-    let python = python();
-    let (pool, business) = pg_business_table(&url).await;
-    let mut writer = Command::new(python);
+    let url = postgres_url();
+    let mut writer = Command::new(python());
     writer.args([script("writer.py"), "postgres".to_owned(), url.clone()]);
-    let table = format!("pywriter_{:016x}", fastrand::u64(..));
-    let committed = writers_are_delivered_in_commit_order(
-        Setup {
-            store_url: url,
-            table,
-            business: business.clone(),
-            writer,
-        },
-        TRANSACTIONS,
-    )
-    .await;
-    let placed: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {business}"))
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    assert_eq!(placed, committed, "exactly the committed orders remain");
+    writers_on_postgres(url, "pywriter", writer, TRANSACTIONS).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_writers_on_mysql_are_delivered_in_commit_order() {
     let url = env_or("OUTBOX_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/test");
     let python = python();
-    let pool = sqlx::MySqlPool::connect(&url).await.unwrap_or_else(|e| {
-        panic!("MariaDB is not reachable at {url} ({e}); run scripts/services.sh")
-    });
-    let business = business_table();
-    sqlx::query(&format!(
-        "CREATE TABLE {business} (n INT PRIMARY KEY, status VARCHAR(16) NOT NULL) ENGINE = InnoDB"
-    ))
-    .execute(&pool)
-    .await
-    .unwrap();
-    let table = format!("pywriter_{:016x}", fastrand::u64(..));
-    let mut writer = Command::new(python);
-    writer.args([script("writer.py"), "mysql".to_owned(), url.clone()]);
-    let committed = writers_are_delivered_in_commit_order(
-        Setup {
-            store_url: url,
-            table: table.clone(),
-            business: business.clone(),
-            writer,
-        },
-        TRANSACTIONS,
+    let (pool, business) = business_table::<sqlx::MySql>(
+        "MariaDB",
+        &url,
+        "(n INT PRIMARY KEY, status VARCHAR(16) NOT NULL) ENGINE = InnoDB",
     )
     .await;
-    let placed: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {business}"))
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    assert_eq!(placed, committed, "exactly the committed orders remain");
+    let mut writer = Command::new(python);
+    writer.args([script("writer.py"), "mysql".to_owned(), url.clone()]);
+    let setup = Setup::new(url, "pywriter", business.clone(), writer);
+    let table = setup.table.clone();
+    exactly_the_committed_orders_remain(&pool, setup, TRANSACTIONS).await;
     for statement in [
         format!("DROP TABLE {business}"),
         format!("DROP TABLE {table}"),
@@ -323,10 +338,7 @@ async fn python_writers_on_mysql_are_delivered_in_commit_order() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_writers_on_postgres_are_delivered_in_commit_order() {
-    let url = env_or(
-        "OUTBOX_TEST_POSTGRES_URL",
-        "postgres://postgres@127.0.0.1:5432/test",
-    );
+    let url = postgres_url();
     let node = program(
         "OUTBOX_TEST_NODE",
         PathBuf::from("node"),
@@ -344,25 +356,9 @@ async fn node_writers_on_postgres_are_delivered_in_commit_order() {
         Path::new(&node_path).join("pg/package.json").exists(),
         "this test needs the pg package in {node_path} (set OUTBOX_TEST_NODE_PATH); run scripts/services.sh"
     );
-    let (pool, business) = pg_business_table(&url).await;
     let mut writer = Command::new(node);
     writer
         .env("NODE_PATH", &node_path)
         .args([script("writer.cjs"), url.clone()]);
-    let table = format!("nodewriter_{:016x}", fastrand::u64(..));
-    let committed = writers_are_delivered_in_commit_order(
-        Setup {
-            store_url: url,
-            table,
-            business: business.clone(),
-            writer,
-        },
-        TRANSACTIONS / 2,
-    )
-    .await;
-    let placed: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {business}"))
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    assert_eq!(placed, committed, "exactly the committed orders remain");
+    writers_on_postgres(url, "nodewriter", writer, TRANSACTIONS / 2).await;
 }

@@ -15,6 +15,26 @@ fn readme_config() -> outbox::Config {
         .expect("README config parses")
 }
 
+/// The README's route `route`, parsed as the settings of its sink.
+#[cfg(any(feature = "amqp", feature = "kafka", feature = "sqs"))]
+fn readme_route<T: serde::de::DeserializeOwned>(route: &str) -> T {
+    readme_config().routes[route]
+        .sink_settings(route)
+        .parse()
+        .unwrap_or_else(|e| panic!("the {route} route parses: {e}"))
+}
+
+/// The registry's error for route `name`, which builds no sink.
+#[cfg(any(feature = "http", not(feature = "redis")))]
+async fn build_error(name: &str, route: &RouteTable) -> String {
+    Registry::default()
+        .build_sink(name, route)
+        .await
+        .err()
+        .expect("no sink for this route")
+        .to_string()
+}
+
 #[test]
 fn readme_config_parses() {
     let config = readme_config();
@@ -38,23 +58,14 @@ async fn readme_http_route_builds() {
         .await
         .expect("sink builds");
     let nats = RouteTable::new([("url", "nats://broker:4222".into())]);
-    let err = Registry::default()
-        .build_sink("billing", &nats)
-        .await
-        .err()
-        .expect("unknown scheme")
-        .to_string();
+    let err = build_error("billing", &nats).await;
     assert!(err.contains("unsupported sink URL"), "{err}");
 }
 
 #[cfg(feature = "amqp")]
 #[test]
 fn readme_amqp_route_is_a_valid_amqp_config() {
-    let config = readme_config();
-    let amqp: outbox::amqp::AmqpSinkConfig = config.routes["ledger"]
-        .sink_settings("ledger")
-        .parse()
-        .expect("the ledger route parses");
+    let amqp: outbox::amqp::AmqpSinkConfig = readme_route("ledger");
     assert_eq!(amqp.exchange, "billing");
     assert_eq!(amqp.routing_key, "{tenant_id}.{event_type}");
     amqp.validate().expect("and validates");
@@ -63,11 +74,7 @@ fn readme_amqp_route_is_a_valid_amqp_config() {
 #[cfg(feature = "kafka")]
 #[test]
 fn readme_kafka_route_is_a_valid_kafka_config() {
-    let config = readme_config();
-    let kafka: outbox::kafka::KafkaSinkConfig = config.routes["invoices"]
-        .sink_settings("invoices")
-        .parse()
-        .expect("the invoices route parses");
+    let kafka: outbox::kafka::KafkaSinkConfig = readme_route("invoices");
     assert_eq!(kafka.unkeyed, Some(outbox::kafka::Unkeyed::Id));
     assert_eq!(kafka.properties["compression.type"], "lz4");
     kafka.validate().expect("and validates");
@@ -76,11 +83,7 @@ fn readme_kafka_route_is_a_valid_kafka_config() {
 #[cfg(feature = "sqs")]
 #[test]
 fn readme_sqs_route_is_a_valid_sqs_config() {
-    let config = readme_config();
-    let sqs: outbox::sqs::SqsSinkConfig = config.routes["payments"]
-        .sink_settings("payments")
-        .parse()
-        .expect("the payments route parses");
+    let sqs: outbox::sqs::SqsSinkConfig = readme_route("payments");
     assert_eq!(sqs.default_group.as_deref(), Some("payments"));
     assert_eq!(sqs.binary, Some(outbox::sqs::Binary::Base64));
     sqs.validate().expect("and validates");
@@ -90,11 +93,6 @@ fn readme_sqs_route_is_a_valid_sqs_config() {
 #[tokio::test]
 async fn a_scheme_whose_feature_is_off_names_the_feature() {
     let redis = RouteTable::new([("url", "redis://127.0.0.1:6379/".into())]);
-    let err = Registry::default()
-        .build_sink("events", &redis)
-        .await
-        .err()
-        .expect("feature off")
-        .to_string();
+    let err = build_error("events", &redis).await;
     assert!(err.contains("`redis` feature"), "{err}");
 }
