@@ -15,10 +15,8 @@ use axum::Router;
 use axum::extract::{FromRef, State};
 use axum::http::StatusCode;
 use axum::routing::post;
-use common::SECRET;
-use outbox_engine::{
-    ClaimRequest, NewMessage, PublishContext, Relay, RetryPolicy, Sink, Store, StoreStats,
-};
+use common::{SECRET, publish};
+use outbox_engine::{ClaimRequest, NewMessage, Relay, RetryPolicy, Store, StoreStats};
 use outbox_receiver::{WebhookReceiver, WebhookRequest};
 use outbox_sink_http::HttpSink;
 use outbox_sqlx::TableNames;
@@ -232,10 +230,7 @@ async fn exactly_one_side_effect_per_committed_message_despite_redeliveries() {
         .await
         .unwrap();
     assert_eq!(claim.messages.len(), 5);
-    let outcomes = sink
-        .publish(&claim.messages, &PublishContext::default())
-        .await
-        .unwrap();
+    let outcomes = publish(&sink, &claim.messages).await;
     assert!(outcomes.iter().all(|o| o.is_published()));
     drop(claim); // no completion: the relay "crashed"
     tokio::time::sleep(Duration::from_millis(400)).await;

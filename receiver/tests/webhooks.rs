@@ -10,10 +10,10 @@ use axum::Router;
 use axum::extract::{FromRef, State};
 use axum::http::StatusCode;
 use axum::routing::post;
-use common::{OLD_SECRET, SECRET};
+use common::{OLD_SECRET, SECRET, publish};
 use outbox_engine::Message;
 use outbox_engine::testkit::MemoryInbox;
-use outbox_engine::{Delivery, FailureClass, Inbox, NewMessage, Outcome, PublishContext, Sink};
+use outbox_engine::{Delivery, FailureClass, Inbox, NewMessage, Outcome};
 use outbox_receiver::{ReceiveError, WebhookReceiver, WebhookRequest};
 use outbox_sink_http::{HttpSink, HttpSinkConfig};
 use tokio::net::TcpListener;
@@ -92,10 +92,7 @@ async fn verified_deliveries_run_once_and_duplicates_are_acknowledged() {
     let sink = sink(addr, |e| e.secret(SECRET));
     let m = message("hook", 1);
     for _ in 0..3 {
-        let outcomes = sink
-            .publish(std::slice::from_ref(&m), &PublishContext::default())
-            .await
-            .unwrap();
+        let outcomes = publish(&sink, std::slice::from_ref(&m)).await;
         assert_eq!(outcomes, [Outcome::published_with("HTTP 204")]);
     }
     assert_eq!(app.effects.load(Ordering::SeqCst), 1);
@@ -128,10 +125,7 @@ async fn a_key_with_dots_is_signed_verified_and_recorded_as_written() {
         .unwrap()
         .into_message(chrono::Utc::now());
     for _ in 0..2 {
-        let outcomes = sink
-            .publish(std::slice::from_ref(&m), &PublishContext::default())
-            .await
-            .unwrap();
+        let outcomes = publish(&sink, std::slice::from_ref(&m)).await;
         assert_eq!(outcomes, [Outcome::published_with("HTTP 204")]);
     }
     assert_eq!(app.effects.load(Ordering::SeqCst), 1, "applied once");
@@ -150,13 +144,7 @@ async fn a_key_with_dots_is_signed_verified_and_recorded_as_written() {
 async fn bad_signatures_are_refused_and_dead_letter_at_the_sender() {
     let (addr, app) = start(WebhookReceiver::from_secrets([SECRET]).unwrap()).await;
     let wrong = sink(addr, |e| e.secret(OLD_SECRET));
-    let f = failure(
-        &wrong
-            .publish(&[message("hook", 1)], &PublishContext::default())
-            .await
-            .unwrap()[0],
-    )
-    .clone();
+    let f = failure(&publish(&wrong, &[message("hook", 1)]).await[0]).clone();
     assert_eq!(
         (f.class, f.retryable),
         (FailureClass::Rejected, false),
@@ -166,13 +154,7 @@ async fn bad_signatures_are_refused_and_dead_letter_at_the_sender() {
     assert!(f.message.contains("no matching webhook signature"), "{f}");
 
     let unsigned = sink(addr, |e| e);
-    let f = failure(
-        &unsigned
-            .publish(&[message("hook", 2)], &PublishContext::default())
-            .await
-            .unwrap()[0],
-    )
-    .clone();
+    let f = failure(&publish(&unsigned, &[message("hook", 2)]).await[0]).clone();
     assert!(f.message.contains("missing `webhook-id` header"), "{f}");
     assert_eq!(app.effects.load(Ordering::SeqCst), 0);
     assert!(app.inbox.is_empty(), "nothing unverified reaches the inbox");
@@ -195,10 +177,7 @@ async fn oversized_bodies_are_refused_as_too_large() {
         .build()
         .unwrap()
         .into_message(chrono::Utc::now());
-    let outcomes = sink
-        .publish(&[big, fits], &PublishContext::default())
-        .await
-        .unwrap();
+    let outcomes = publish(&sink, &[big, fits]).await;
     let f = failure(&outcomes[0]);
     assert_eq!(
         (f.class, f.retryable),

@@ -120,28 +120,35 @@ mod tests {
 
     use super::*;
 
-    fn properties(headers: FieldTable) -> BasicProperties {
+    /// The properties of a message with an id, a type, the idempotency key `k` and
+    /// `headers`.
+    fn properties<'a>(headers: impl IntoIterator<Item = (&'a str, AMQPValue)>) -> BasicProperties {
+        let mut table = FieldTable::default();
+        table.insert(
+            fields::IDEMPOTENCY_KEY.into(),
+            AMQPValue::LongString("k".into()),
+        );
+        for (name, value) in headers {
+            table.insert(name.into(), value);
+        }
         BasicProperties::default()
             .with_message_id("0190f2c4-58a3-7c3e-9a3b-3e1f2d4c5b6a".into())
             .with_type("order.paid".into())
-            .with_headers(headers)
+            .with_headers(table)
     }
 
     #[test]
     fn broker_headers_and_foreign_values_are_left_out() {
-        let mut headers = FieldTable::default();
-        headers.insert(
-            fields::IDEMPOTENCY_KEY.into(),
-            AMQPValue::LongString("k".into()),
-        );
-        headers.insert("x-delivery-count".into(), AMQPValue::LongLongInt(2));
-        headers.insert(
-            "x-first-death-reason".into(),
-            AMQPValue::LongString("expired".into()),
-        );
-        headers.insert("x-death".into(), AMQPValue::FieldArray(Default::default()));
-        headers.insert("x-app-flag".into(), AMQPValue::Boolean(true));
-        headers.insert("x-suite-index".into(), AMQPValue::LongString("3".into()));
+        let headers = [
+            ("x-delivery-count", AMQPValue::LongLongInt(2)),
+            (
+                "x-first-death-reason",
+                AMQPValue::LongString("expired".into()),
+            ),
+            ("x-death", AMQPValue::FieldArray(Default::default())),
+            ("x-app-flag", AMQPValue::Boolean(true)),
+            ("x-suite-index", AMQPValue::LongString("3".into())),
+        ];
         let received = read_parts(&properties(headers), b"").unwrap();
         assert_eq!(received.idempotency_key, "k");
         assert_eq!(
@@ -153,12 +160,7 @@ mod tests {
 
     #[test]
     fn a_sink_header_that_is_not_a_string_is_refused() {
-        let mut headers = FieldTable::default();
-        headers.insert(
-            fields::IDEMPOTENCY_KEY.into(),
-            AMQPValue::LongString("k".into()),
-        );
-        headers.insert("outbox-tenant-id".into(), AMQPValue::LongInt(7));
+        let headers = [("outbox-tenant-id", AMQPValue::LongInt(7))];
         assert!(read_parts(&properties(headers), b"").is_err());
         let bad_id = BasicProperties::default()
             .with_message_id("not-a-uuid".into())

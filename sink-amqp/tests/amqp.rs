@@ -11,13 +11,12 @@ use std::time::Duration;
 use chrono::Utc;
 use outbox_engine::testkit::{BinaryPayloads, Delivered, SinkHarness, sink_suite};
 use outbox_engine::{
-    DeadHead, FailureClass, MemoryStore, MessageOrder, NewMessage, Outcome, PublishContext, Relay,
-    Sink, Status,
+    DeadHead, FailureClass, MemoryStore, MessageOrder, NewMessage, Outcome, Relay, Status,
 };
 use outbox_sink_amqp::{AmqpSink, AmqpSinkConfig, AmqpSinkError, read_delivery};
 
 mod common;
-use common::{Broker, delivered, header, sink, url};
+use common::{Broker, delivered, header, publish, sink, url};
 
 // ---------------------------------------------------------------------------------------
 // Conformance suite
@@ -145,14 +144,11 @@ async fn a_message_no_queue_receives_is_dead_lettered_not_published() {
 
     // An exchange with no queue bound at all: the broker acks, the sink does not publish.
     let unbound = broker.exchange("unbound", None).await;
-    let outcomes = common::sink(AmqpSinkConfig::new(url()).exchange(unbound.clone()))
-        .await
-        .publish(
-            &sink_suite::messages("events", 3),
-            &PublishContext::default(),
-        )
-        .await
-        .unwrap();
+    let outcomes = publish(
+        &common::sink(AmqpSinkConfig::new(url()).exchange(unbound.clone())).await,
+        &sink_suite::messages("events", 3),
+    )
+    .await;
     for outcome in &outcomes {
         let Outcome::Failed(failure) = outcome else {
             panic!("published to an exchange with no queue: {outcome:?}")
@@ -193,10 +189,7 @@ async fn returns_are_matched_to_their_own_messages_in_mixed_batches() {
                     .into_message(Utc::now())
             })
             .collect();
-        let outcomes = sink
-            .publish(&batch, &PublishContext::default())
-            .await
-            .unwrap();
+        let outcomes = publish(&sink, &batch).await;
         for (message, outcome) in batch.iter().zip(&outcomes) {
             match (message.event_type.as_str(), outcome) {
                 ("routed", o) => assert!(o.is_published(), "round {round}: {o:?}"),
@@ -245,10 +238,7 @@ async fn a_quorum_queue_is_a_matter_of_the_queue_not_the_sink() {
         .unwrap();
     let sink = sink(AmqpSinkConfig::new(url()).routing_key(queue.clone())).await;
     let batch = sink_suite::messages("quorum", 20);
-    let outcomes = sink
-        .publish(&batch, &PublishContext::default())
-        .await
-        .unwrap();
+    let outcomes = publish(&sink, &batch).await;
     assert!(outcomes.iter().all(Outcome::is_published), "{outcomes:?}");
     let got: Vec<Delivered> = broker.take(&queue).await.iter().map(delivered).collect();
     let expected: Vec<Delivered> = batch.iter().map(Delivered::expected).collect();
@@ -267,10 +257,7 @@ async fn a_consumer_reads_back_every_property_exactly() {
     let sink = sink(AmqpSinkConfig::new(url()).routing_key(queue.clone())).await;
     let full = sink_suite::full_message(BinaryPayloads::Exact);
     let bare = sink_suite::bare_message();
-    let outcomes = sink
-        .publish(&[full.clone(), bare.clone()], &PublishContext::default())
-        .await
-        .unwrap();
+    let outcomes = publish(&sink, &[full.clone(), bare.clone()]).await;
     assert!(outcomes.iter().all(Outcome::is_published), "{outcomes:?}");
 
     let got = broker.take(&queue).await;
@@ -341,10 +328,7 @@ async fn a_redelivered_message_is_a_duplicate_in_the_consumers_inbox() {
         .into_message(Utc::now());
     // The relay re-sends after a lost acknowledgement: the same message twice.
     for _ in 0..2 {
-        let outcomes = sink
-            .publish(std::slice::from_ref(&message), &PublishContext::default())
-            .await
-            .unwrap();
+        let outcomes = publish(&sink, std::slice::from_ref(&message)).await;
         assert!(outcomes[0].is_published());
     }
     let mut seen = Vec::new();
@@ -498,10 +482,7 @@ async fn a_message_for_a_missing_exchange_fails_alone() {
         })
         .collect();
     for round in 0..2 {
-        let outcomes = sink
-            .publish(&batch, &PublishContext::default())
-            .await
-            .unwrap();
+        let outcomes = publish(&sink, &batch).await;
         for (i, outcome) in outcomes.iter().enumerate() {
             if i == 2 {
                 let Outcome::Failed(failure) = outcome else {
@@ -566,10 +547,7 @@ async fn refused_before_sending_oversize_reserved_headers_and_unrenderable_names
         make(NewMessage::builder("e", "no-key")),
         make(NewMessage::builder("e", "long").partition_key("k".repeat(255))),
     ];
-    let outcomes = sink
-        .publish(&batch, &PublishContext::default())
-        .await
-        .unwrap();
+    let outcomes = publish(&sink, &batch).await;
     let failure = |i: usize| match &outcomes[i] {
         Outcome::Failed(f) => {
             assert!(!f.retryable, "message {i} fails permanently: {f}");
@@ -608,10 +586,7 @@ async fn headers_over_the_frame_size_fail_alone_before_sending() {
         with_headers(1),
     ];
     for round in 0..2 {
-        let outcomes = sink
-            .publish(&batch, &PublishContext::default())
-            .await
-            .unwrap();
+        let outcomes = publish(&sink, &batch).await;
         let Outcome::Failed(failure) = &outcomes[1] else {
             panic!(
                 "round {round}: 64 headers of 8 KiB must fail: {:?}",

@@ -4,12 +4,12 @@
 
 use std::time::Duration;
 
-use outbox_engine::{NewMessage, PublishContext, Sink};
+use outbox_engine::NewMessage;
 use outbox_sink_amqp::{AmqpSink, AmqpSinkConfig, AmqpSinkError};
 use outbox_test_support::TlsTerminator;
 
 mod common;
-use common::{Broker, delivered, url};
+use common::{Broker, delivered, publish, url};
 
 /// The test broker's URL, as `amqps://` through `terminator`.
 fn tls_url(terminator: &TlsTerminator) -> String {
@@ -52,10 +52,7 @@ async fn amqps_with_a_private_ca_and_a_client_certificate() {
         .build()
         .unwrap()
         .into_message(chrono::Utc::now());
-    let outcomes = sink
-        .publish(std::slice::from_ref(&message), &PublishContext::default())
-        .await
-        .unwrap();
+    let outcomes = publish(&sink, std::slice::from_ref(&message)).await;
     assert!(outcomes[0].is_published(), "{outcomes:?}");
     let got = broker.take(&queue).await;
     assert_eq!(got.len(), 1);

@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Reply, TestServer, config, message};
+use common::{Reply, TestServer, config, message, publish};
 use outbox_engine::layers::{CircuitBreaker, CircuitConfig, CircuitState, RateLimit, SinkExt};
 use outbox_engine::{Failure, FailureClass, Message, Outcome, PublishContext, Sink};
 use outbox_sink_http::HttpSink;
@@ -22,12 +22,6 @@ fn failures(outcomes: &[Outcome]) -> Vec<&Failure> {
 
 fn state(sink: &CircuitBreaker<HttpSink>) -> CircuitState {
     sink.health().circuit
-}
-
-async fn publish<S: Sink>(sink: &S, batch: &[Message]) -> Vec<Outcome> {
-    sink.publish(batch, &PublishContext::default())
-        .await
-        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{Recorded, SECRET, TestServer};
+use common::{Recorded, SECRET, TestServer, publish};
 use outbox_engine::Headers;
 use outbox_engine::testkit::{Delivered, SinkHarness, sink_suite};
 use outbox_engine::webhooks::{Secret, Verifier, idempotency_key};
@@ -90,14 +90,7 @@ async fn http_sink_passes_the_sink_suite() {
 async fn content_type_and_method_reach_the_server() {
     let h = HttpHarness::new().await;
     let batch = sink_suite::messages("suite", 1);
-    use outbox_engine::{PublishContext, Sink};
-    assert!(
-        h.sink
-            .publish(&batch, &PublishContext::default())
-            .await
-            .unwrap()[0]
-            .is_published()
-    );
+    assert!(publish(&h.sink, &batch).await[0].is_published());
     let got = &h.server.requests()[0];
     assert_eq!(got.method, "POST");
     assert_eq!(got.uri.path(), "/hooks");

@@ -8,17 +8,11 @@
 
 mod common;
 
-use common::{Canary, TestServer, message};
-use outbox_engine::{PublishContext, Sink};
+use common::{Canary, TestServer, message, publish};
 
 async fn child(url: String) {
     let sink = common::sink(common::config(url));
-    assert!(
-        sink.publish(&[message("t", 1)], &PublishContext::default())
-            .await
-            .unwrap()[0]
-            .is_published()
-    );
+    assert!(publish(&sink, &[message("t", 1)]).await[0].is_published());
 }
 
 async fn parent() {

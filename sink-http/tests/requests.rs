@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use chrono::Utc;
 use common::config;
-use common::{Canary, OLD_SECRET, Reply, SECRET, TestServer, message};
+use common::{Canary, OLD_SECRET, Reply, SECRET, TestServer, message, publish};
 use outbox_engine::layers::{CircuitConfig, SinkExt};
 use outbox_engine::webhooks::{Secret, Verifier, idempotency_key};
 use outbox_engine::{
@@ -48,10 +48,7 @@ async fn every_request_carries_identity_signatures_and_route_headers() {
         .unwrap()
         .into_message(Utc::now());
     m.attempts = 3;
-    let outcomes = sink
-        .publish(std::slice::from_ref(&m), &PublishContext::default())
-        .await
-        .unwrap();
+    let outcomes = publish(&sink, std::slice::from_ref(&m)).await;
     assert_eq!(outcomes, [Outcome::published_with("HTTP 200")]);
 
     let r = &server.requests()[0];
@@ -112,9 +109,7 @@ async fn every_request_carries_identity_signatures_and_route_headers() {
 async fn unsigned_routes_send_no_webhook_headers() {
     let server = TestServer::start().await;
     let sink = common::sink(config(server.url("/")));
-    sink.publish(&[message("plain", 1)], &PublishContext::default())
-        .await
-        .unwrap();
+    publish(&sink, &[message("plain", 1)]).await;
     let r = &server.requests()[0];
     for name in [
         headers::WEBHOOK_ID,
@@ -150,13 +145,7 @@ async fn unsendable_messages_fail_permanently_without_a_request() {
     // is given, whatever its destination (no `UnknownDestination` from the sink).
     let elsewhere = message("elsewhere", 1);
     let ok = message("orders", 2);
-    let outcomes = sink
-        .publish(
-            &[reserved, broken_key, elsewhere, ok],
-            &PublishContext::default(),
-        )
-        .await
-        .unwrap();
+    let outcomes = publish(&sink, &[reserved, broken_key, elsewhere, ok]).await;
     let f = failure(&outcomes[0]);
     assert_eq!((f.class, f.retryable), (FailureClass::Serialization, false));
     assert!(f.message.contains("content-length"), "{f}");
@@ -207,10 +196,7 @@ async fn statuses_are_classified() {
                 .into_message(Utc::now())
         })
         .collect();
-    let outcomes = sink
-        .publish(&batch, &PublishContext::default())
-        .await
-        .unwrap();
+    let outcomes = publish(&sink, &batch).await;
     assert_eq!(outcomes.len(), cases.len());
     for ((status, want), outcome) in cases.iter().zip(&outcomes) {
         match want {
@@ -238,15 +224,11 @@ async fn statuses_are_classified() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retry_after_seconds_is_reported_and_the_circuit_breaker_pauses_the_route() {
     let server = TestServer::with(|_, _| Reply::status(429).header("retry-after", "2")).await;
-    let cx = PublishContext::default();
 
     // The sink alone reports the Retry-After and keeps sending: pausing is the circuit
     // breaker layer's job.
     let bare = common::sink(config(server.url("/")));
-    let outcomes = bare
-        .publish(&[message("api", 1), message("api", 2)], &cx)
-        .await
-        .unwrap();
+    let outcomes = publish(&bare, &[message("api", 1), message("api", 2)]).await;
     for outcome in &outcomes {
         let f = failure(outcome);
         assert_eq!((f.class, f.retryable), (FailureClass::RateLimited, true));
@@ -260,7 +242,7 @@ async fn retry_after_seconds_is_reported_and_the_circuit_breaker_pauses_the_rout
     let sink = common::sink(config(server.url("/")).max_in_flight(1))
         .circuit_breaker(CircuitConfig::default());
     let batch: Vec<Message> = (3..7).map(|n| message("api", n)).collect();
-    let outcomes = sink.publish(&batch, &cx).await.unwrap();
+    let outcomes = publish(&sink, &batch).await;
     let (sent, held): (Vec<&Failure>, Vec<&Failure>) = outcomes
         .iter()
         .map(failure)
@@ -278,10 +260,7 @@ async fn retry_after_seconds_is_reported_and_the_circuit_breaker_pauses_the_rout
     assert_eq!(server.count(), 3);
 
     // The next call, within the pause: nothing is sent.
-    let paused = sink
-        .publish(&[message("api", 7), message("api", 8)], &cx)
-        .await
-        .unwrap();
+    let paused = publish(&sink, &[message("api", 7), message("api", 8)]).await;
     for outcome in &paused {
         let f = failure(outcome);
         assert_eq!(
@@ -302,7 +281,7 @@ async fn retry_after_seconds_is_reported_and_the_circuit_breaker_pauses_the_rout
     tokio::time::sleep(Duration::from_millis(2100)).await;
     server.set(|_, _| Reply::ok());
     assert_eq!(sink.health().paused_for, None);
-    assert!(sink.publish(&[message("api", 9)], &cx).await.unwrap()[0].is_published());
+    assert!(publish(&sink, &[message("api", 9)]).await[0].is_published());
     assert_eq!(server.count(), 4);
 }
 
@@ -312,10 +291,7 @@ async fn retry_after_http_date_is_honoured_and_capped() {
     let server =
         TestServer::with(move |_, _| Reply::status(503).header("retry-after", &date)).await;
     let sink = common::sink(config(server.url("/")));
-    let outcomes = sink
-        .publish(&[message("api", 1)], &PublishContext::default())
-        .await
-        .unwrap();
+    let outcomes = publish(&sink, &[message("api", 1)]).await;
     let wait = failure(&outcomes[0]).retry_after.unwrap();
     assert!(
         wait > Duration::from_secs(85) && wait <= Duration::from_secs(90),
@@ -323,10 +299,7 @@ async fn retry_after_http_date_is_honoured_and_capped() {
     );
 
     let capped = common::sink(config(server.url("/")).max_retry_after(Duration::from_secs(30)));
-    let outcomes = capped
-        .publish(&[message("api", 2)], &PublishContext::default())
-        .await
-        .unwrap();
+    let outcomes = publish(&capped, &[message("api", 2)]).await;
     assert_eq!(
         failure(&outcomes[0]).retry_after,
         Some(Duration::from_secs(30))
@@ -336,13 +309,7 @@ async fn retry_after_http_date_is_honoured_and_capped() {
     let past = httpdate::fmt_http_date(std::time::SystemTime::now() - Duration::from_secs(60));
     server.set(move |_, _| Reply::status(503).header("retry-after", &past));
     let fresh = common::sink(config(server.url("/")));
-    let outcomes = fresh
-        .publish(
-            &[message("api", 3), message("api", 4)],
-            &PublishContext::default(),
-        )
-        .await
-        .unwrap();
+    let outcomes = publish(&fresh, &[message("api", 3), message("api", 4)]).await;
     for outcome in &outcomes {
         let f = failure(outcome);
         assert_eq!(f.retry_after, Some(Duration::ZERO), "{f}");
@@ -352,10 +319,7 @@ async fn retry_after_http_date_is_honoured_and_capped() {
     // breaker currently stops the rest of a call even on a zero retry-after.)
     let breaker = common::sink(config(server.url("/"))).circuit_breaker(CircuitConfig::default());
     for n in [5, 6] {
-        let outcomes = breaker
-            .publish(&[message("api", n)], &PublishContext::default())
-            .await
-            .unwrap();
+        let outcomes = publish(&breaker, &[message("api", n)]).await;
         let f = failure(&outcomes[0]);
         assert!(f.message.starts_with("HTTP 503"), "sent: {f}");
         assert_eq!(breaker.health().paused_for, None);
@@ -388,10 +352,7 @@ async fn a_redirect_to_loopback_is_not_followed() {
     .enumerate()
     {
         let sink = common::sink(config(server.url(path)));
-        let outcomes = sink
-            .publish(&[message("r", n as u64)], &PublishContext::default())
-            .await
-            .unwrap();
+        let outcomes = publish(&sink, &[message("r", n as u64)]).await;
         let f = failure(&outcomes[0]);
         assert!(f.message.starts_with(&format!("HTTP {code}")), "{f}");
         assert!(f.message.contains("not followed"), "{f}");
@@ -430,10 +391,7 @@ async fn response_bodies_are_read_with_a_cap() {
         .unwrap()
         .into_message(Utc::now());
     let started = Instant::now();
-    let outcomes = sink
-        .publish(&[bad, good], &PublishContext::default())
-        .await
-        .unwrap();
+    let outcomes = publish(&sink, &[bad, good]).await;
     let f = failure(&outcomes[0]);
     assert!(!f.retryable);
     assert!(f.message.ends_with("… (truncated)"), "{f}");
@@ -450,10 +408,7 @@ async fn slow_endpoints_time_out_retryably() {
     let server = TestServer::with(|_, _| Reply::ok().delay(Duration::from_secs(3))).await;
     let sink = common::sink(config(server.url("/")).request_timeout(Duration::from_millis(300)));
     let started = Instant::now();
-    let outcomes = sink
-        .publish(&[message("slow", 1)], &PublishContext::default())
-        .await
-        .unwrap();
+    let outcomes = publish(&sink, &[message("slow", 1)]).await;
     let f = failure(&outcomes[0]);
     assert_eq!((f.class, f.retryable), (FailureClass::Timeout, true), "{f}");
     assert!(f.message.starts_with("request timed out"), "{f}");
@@ -507,10 +462,7 @@ async fn connection_errors_are_retryable_and_do_not_leak_the_url() {
     let sink = common::sink(config(format!(
         "http://user:pw@127.0.0.1:{port}/T000/secret-token"
     )));
-    let outcomes = sink
-        .publish(&[message("gone", 1)], &PublishContext::default())
-        .await
-        .unwrap();
+    let outcomes = publish(&sink, &[message("gone", 1)]).await;
     let f = failure(&outcomes[0]);
     assert_eq!(
         (f.class, f.retryable),
@@ -527,9 +479,7 @@ async fn url_credentials_are_sent_as_basic_auth() {
     let server = TestServer::start().await;
     let url = format!("http://user:pa%20ss@{}/", server.addr);
     let sink = common::sink(config(url));
-    sink.publish(&[message("auth", 1)], &PublishContext::default())
-        .await
-        .unwrap();
+    publish(&sink, &[message("auth", 1)]).await;
     // base64("user:pa ss")
     assert_eq!(
         server.requests()[0].header("authorization"),
@@ -543,10 +493,7 @@ async fn requests_in_flight_are_limited_per_route() {
     let sink = common::sink(config(server.url("/")).max_in_flight(3));
     let batch: Vec<Message> = (0..12).map(|n| message("c", n)).collect();
     let started = Instant::now();
-    let outcomes = sink
-        .publish(&batch, &PublishContext::default())
-        .await
-        .unwrap();
+    let outcomes = publish(&sink, &batch).await;
     assert!(outcomes.iter().all(Outcome::is_published));
     assert_eq!(server.max_in_flight(), 3);
     // 12 requests, 3 at a time, 150 ms each: at least 4 rounds.
@@ -578,9 +525,8 @@ async fn messages_sharing_a_partition_key_go_in_batch_order() {
         })
         .collect();
     assert!(
-        sink.publish(&batch, &PublishContext::default())
+        publish(&sink, &batch)
             .await
-            .unwrap()
             .iter()
             .all(Outcome::is_published)
     );
@@ -618,12 +564,7 @@ async fn a_route_config_deserializes_and_builds() {
     assert_eq!(config.max_in_flight, 2);
     assert_eq!(config.method, "POST", "defaults fill the rest");
     let sink = config.build().unwrap();
-    assert!(
-        sink.publish(&[message("orders", 1)], &PublishContext::default())
-            .await
-            .unwrap()[0]
-            .is_published()
-    );
+    assert!(publish(&sink, &[message("orders", 1)]).await[0].is_published());
     let r = &server.requests()[0];
     assert!(r.header(headers::WEBHOOK_SIGNATURE).is_some());
     assert_eq!(r.header("authorization"), Some("Bearer t"));
@@ -751,10 +692,7 @@ async fn a_key_with_a_dot_is_signed_percent_encoded() {
     let sink = common::sink(config(server.url("/hook")).secret(SECRET));
     let mut message = message("t", 1);
     message.idempotency_key = "order.42.paid".into();
-    let outcomes = sink
-        .publish(&[message], &PublishContext::default())
-        .await
-        .unwrap();
+    let outcomes = publish(&sink, &[message]).await;
     assert!(outcomes[0].is_published(), "{outcomes:?}");
     let request = &server.requests()[0];
     assert_eq!(request.header("webhook-id"), Some("order%2E42%2Epaid"));

@@ -14,9 +14,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{Canary, Reply, TestServer, message};
+use common::{Canary, Reply, TestServer, message, publish};
 use outbox_engine::layers::{CircuitConfig, CircuitState, SinkExt};
-use outbox_engine::{BoxFuture, FailureClass, Outcome, PublishContext, Sink};
+use outbox_engine::{BoxFuture, FailureClass, Outcome};
 use outbox_sink_http::HttpSinkConfig;
 use outbox_sink_http::ssrf::{Lookup, SsrfPolicy, SystemLookup};
 
@@ -148,10 +148,7 @@ async fn refusal(config: HttpSinkConfig) -> String {
         }
         Ok(sink) => sink,
     };
-    let outcomes = sink
-        .publish(&[message("t", 1)], &PublishContext::default())
-        .await
-        .unwrap();
+    let outcomes = publish(&sink, &[message("t", 1)]).await;
     match &outcomes[..] {
         [Outcome::Failed(f)] => {
             assert_eq!(
@@ -240,10 +237,7 @@ async fn blocked_address_forms_never_reach_the_canary() {
         .ssrf(SsrfPolicy::disabled())
         .build()
         .unwrap();
-    let _ = open
-        .publish(&[message("t", 1)], &PublishContext::default())
-        .await
-        .unwrap();
+    let _ = publish(&open, &[message("t", 1)]).await;
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert!(canary.connections() >= 1);
 }
@@ -279,12 +273,7 @@ async fn connections_go_to_the_checked_address_and_each_new_one_is_checked_again
 
     // The name exists only in the fake resolver, so arriving at the server proves the
     // connection used the checked answer.
-    assert!(
-        sink.publish(&[message("t", 1)], &PublishContext::default())
-            .await
-            .unwrap()[0]
-            .is_published()
-    );
+    assert!(publish(&sink, &[message("t", 1)]).await[0].is_published());
     let first = &server.requests()[0];
     assert_eq!(
         first.header("host"),
@@ -293,10 +282,7 @@ async fn connections_go_to_the_checked_address_and_each_new_one_is_checked_again
 
     // The name now "rebinds" to a blocked address: the next connection is refused.
     dns.set("hooks.example", &["127.0.0.9"]);
-    let outcomes = sink
-        .publish(&[message("t", 2)], &PublishContext::default())
-        .await
-        .unwrap();
+    let outcomes = publish(&sink, &[message("t", 2)]).await;
     match &outcomes[..] {
         [Outcome::Failed(f)] => {
             assert_eq!((f.class, f.retryable), (FailureClass::Config, false), "{f}");
@@ -331,13 +317,7 @@ async fn allow_lists_apply_per_route() {
         .allow("127.0.0.1/32")
         .build()
         .unwrap();
-    assert!(
-        internal
-            .publish(&[message("internal", 1)], &PublishContext::default())
-            .await
-            .unwrap()[0]
-            .is_published()
-    );
+    assert!(publish(&internal, &[message("internal", 1)]).await[0].is_published());
     // Another route to the same address without the entry is refused when it is built.
     let err = HttpSinkConfig::new(&url).build().unwrap_err();
     assert_eq!(err.setting(), "url", "{err}");
@@ -356,15 +336,9 @@ async fn allow_lists_apply_per_route() {
             .build()
             .unwrap()
     };
-    let named = route("db.internal")
-        .publish(&[message("named", 2)], &PublishContext::default())
-        .await
-        .unwrap();
+    let named = publish(&route("db.internal"), &[message("named", 2)]).await;
     assert!(named[0].is_published(), "{named:?}");
-    let other = route("db.elsewhere")
-        .publish(&[message("other", 3)], &PublishContext::default())
-        .await
-        .unwrap();
+    let other = publish(&route("db.elsewhere"), &[message("other", 3)]).await;
     assert!(
         matches!(&other[0], Outcome::Failed(f) if f.message.contains("db.elsewhere")),
         "{other:?}"

@@ -222,38 +222,24 @@ mod tests {
             (f.class, f.retryable, f.deferred)
         };
         use FailureClass as C;
-        assert_eq!(
-            class(Code::MessageSizeTooLarge),
-            (C::TooLarge, false, false)
-        );
-        assert_eq!(
-            class(Code::UnknownTopicOrPartition),
-            (C::Rejected, false, false)
-        );
-        assert_eq!(class(Code::UnknownTopic), (C::Rejected, false, false));
-        assert_eq!(
-            class(Code::TopicAuthorizationFailed),
-            (C::Config, true, false)
-        );
-        assert_eq!(class(Code::MessageTimedOut), (C::Timeout, true, false));
-        assert_eq!(
-            class(Code::BrokerTransportFailure),
-            (C::Connection, true, false)
-        );
-        assert_eq!(
-            class(Code::NotEnoughReplicas),
-            (C::Unavailable, true, false)
-        );
-        assert_eq!(class(Code::QueueFull), (C::Unavailable, true, true));
-        assert_eq!(
-            class(Code::ThrottlingQuotaExceeded),
-            (C::RateLimited, true, false)
-        );
-        assert_eq!(class(Code::Fatal), (C::Unavailable, true, false));
-        assert_eq!(
-            class(Code::OutOfOrderSequenceNumber),
-            (C::Unavailable, true, false)
-        );
+        for (code, expected) in [
+            (Code::MessageSizeTooLarge, (C::TooLarge, false, false)),
+            (Code::UnknownTopicOrPartition, (C::Rejected, false, false)),
+            (Code::UnknownTopic, (C::Rejected, false, false)),
+            (Code::TopicAuthorizationFailed, (C::Config, true, false)),
+            (Code::MessageTimedOut, (C::Timeout, true, false)),
+            (Code::BrokerTransportFailure, (C::Connection, true, false)),
+            (Code::NotEnoughReplicas, (C::Unavailable, true, false)),
+            (Code::QueueFull, (C::Unavailable, true, true)),
+            (Code::ThrottlingQuotaExceeded, (C::RateLimited, true, false)),
+            (Code::Fatal, (C::Unavailable, true, false)),
+            (
+                Code::OutOfOrderSequenceNumber,
+                (C::Unavailable, true, false),
+            ),
+        ] {
+            assert_eq!(class(code), expected, "{code:?}");
+        }
         assert!(classify(&KafkaError::Canceled).retryable);
     }
 

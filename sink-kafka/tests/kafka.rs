@@ -11,14 +11,14 @@ use chrono::Utc;
 use outbox_engine::testkit::{BinaryPayloads, Delivered, SinkHarness, sink_suite};
 use outbox_engine::{
     DeadHead, DeadLetterFilter, DeadLetters, FailureClass, MemoryStore, MessageOrder, NewMessage,
-    Outcome, PublishContext, Relay, Sink, Status,
+    Outcome, PublishContext, Relay, Status,
 };
 use outbox_sink_kafka::client::consumer::{Consumer, StreamConsumer};
 use outbox_sink_kafka::client::{ClientConfig, Message as _};
 use outbox_sink_kafka::{KafkaSink, KafkaSinkConfig, KafkaSinkError, Unkeyed, read_record};
 
 mod common;
-use common::{Kafka, Reader, delivered, key, sink, url};
+use common::{Kafka, Reader, delivered, key, publish, sink, url};
 
 // ---------------------------------------------------------------------------------------
 // Conformance suite
@@ -71,10 +71,7 @@ async fn a_consumer_group_reads_every_record_with_exact_key_headers_and_payload(
     let sink = sink(KafkaSinkConfig::new(url()).topic(topic.clone())).await;
     let full = sink_suite::full_message(BinaryPayloads::Exact);
     let bare = sink_suite::bare_message();
-    let outcomes = sink
-        .publish(&[full.clone(), bare.clone()], &PublishContext::default())
-        .await
-        .unwrap();
+    let outcomes = publish(&sink, &[full.clone(), bare.clone()]).await;
     let receipts: Vec<String> = outcomes
         .iter()
         .map(|o| match o {
@@ -172,10 +169,7 @@ async fn unkeyed_messages_can_be_keyed_by_their_id() {
             m
         })
         .collect::<Vec<_>>();
-    let outcomes = sink
-        .publish(&batch, &PublishContext::default())
-        .await
-        .unwrap();
+    let outcomes = publish(&sink, &batch).await;
     assert!(outcomes.iter().all(Outcome::is_published), "{outcomes:?}");
     let mut reader = kafka.reader(&topic);
     for record in reader.read(6, Duration::from_secs(20)).await {
@@ -210,10 +204,7 @@ async fn a_redelivered_message_is_a_duplicate_in_the_consumers_inbox() {
         .into_message(Utc::now());
     // The relay re-sends after a lost acknowledgement: the same message twice.
     for _ in 0..2 {
-        let outcomes = sink
-            .publish(std::slice::from_ref(&message), &PublishContext::default())
-            .await
-            .unwrap();
+        let outcomes = publish(&sink, std::slice::from_ref(&message)).await;
         assert!(outcomes[0].is_published(), "{outcomes:?}");
     }
     let mut reader = kafka.reader(&topic);
@@ -486,10 +477,7 @@ async fn a_message_for_a_missing_topic_fails_alone() {
                 .into_message(Utc::now())
         })
         .collect();
-    let outcomes = sink
-        .publish(&batch, &PublishContext::default())
-        .await
-        .unwrap();
+    let outcomes = publish(&sink, &batch).await;
     for (i, outcome) in outcomes.iter().enumerate() {
         if i == 2 {
             let Outcome::Failed(failure) = outcome else {
@@ -528,10 +516,7 @@ async fn refused_before_sending_reserved_headers_and_unrenderable_or_illegal_top
         build(NewMessage::builder("e", "t")),
         build(NewMessage::builder("e", "t").partition_key("has space")),
     ];
-    let outcomes = sink
-        .publish(&batch, &PublishContext::default())
-        .await
-        .unwrap();
+    let outcomes = publish(&sink, &batch).await;
     assert!(outcomes[0].is_published(), "{:?}", outcomes[0]);
     let classes: Vec<_> = outcomes[1..]
         .iter()

@@ -10,7 +10,7 @@ use outbox_sink_redis::client as redis;
 use outbox_sink_redis::{RedisSink, RedisSinkConfig};
 
 mod common;
-use common::{OwnRedis, reader, xrange};
+use common::{OwnRedis, publish, reader, xrange};
 
 const MIB: usize = 1024 * 1024;
 
@@ -51,10 +51,7 @@ async fn a_message_over_the_servers_bulk_limit_fails_alone() {
             message(vec![7; 2 * MIB]),
             message(b"small two".to_vec()),
         ];
-        let outcomes = sink
-            .publish(&batch, &outbox_engine::PublishContext::default())
-            .await
-            .unwrap();
+        let outcomes = publish(&sink, &batch).await;
         assert!(
             outcomes[0].is_published(),
             "dedupe={dedupe}: {:?}",

@@ -8,14 +8,14 @@ use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use outbox_engine::{
-    FailureClass, MemoryStore, MessageId, NewMessage, Outcome, Relay, RetryPolicy, Sink, Status,
+    FailureClass, MemoryStore, MessageId, NewMessage, Outcome, Relay, RetryPolicy, Status,
     StoreStats,
 };
 use outbox_sink_redis::client as redis;
 use outbox_sink_redis::{RedisSink, RedisSinkConfig};
 
 mod common;
-use common::{OwnRedis, eventually, reader, xrange};
+use common::{OwnRedis, eventually, publish, reader, xrange};
 
 const MESSAGES: usize = 1_500;
 
@@ -198,10 +198,7 @@ async fn a_full_redis_fails_retryably_and_recovers_when_memory_frees() {
                     .into_message(Utc::now())
             })
             .collect();
-        let outcomes = sink
-            .publish(&batch, &outbox_engine::PublishContext::default())
-            .await
-            .unwrap();
+        let outcomes = publish(&sink, &batch).await;
         for (message, outcome) in batch.into_iter().zip(outcomes) {
             match outcome {
                 Outcome::Published { .. } => published.push(message),
@@ -225,10 +222,7 @@ async fn a_full_redis_fails_retryably_and_recovers_when_memory_frees() {
         .query_async(&mut conn)
         .await
         .unwrap();
-    let outcomes = sink
-        .publish(&refused, &outbox_engine::PublishContext::default())
-        .await
-        .unwrap();
+    let outcomes = publish(&sink, &refused).await;
     assert!(outcomes.iter().all(Outcome::is_published), "{outcomes:?}");
     let entries = xrange(&mut conn, "full").await;
     assert_eq!(entries.len(), published.len() + refused.len());
@@ -305,10 +299,7 @@ async fn a_wait_that_is_not_met_fails_retryably_and_the_resend_is_not_duplicated
     // hit, so retrying here is what the relay would do.
     let mut acknowledged = false;
     for _ in 0..5 {
-        let outcomes = sink
-            .publish(&batch[..2], &outbox_engine::PublishContext::default())
-            .await
-            .unwrap();
+        let outcomes = publish(&sink, &batch[..2]).await;
         if outcomes.iter().all(Outcome::is_published) {
             acknowledged = true;
             break;
@@ -324,10 +315,7 @@ async fn a_wait_that_is_not_met_fails_retryably_and_the_resend_is_not_duplicated
         async move { info_field(&mut conn, "replication", "connected_slaves").await == "0" }
     })
     .await;
-    let outcomes = sink
-        .publish(&batch[2..], &outbox_engine::PublishContext::default())
-        .await
-        .unwrap();
+    let outcomes = publish(&sink, &batch[2..]).await;
     for outcome in &outcomes {
         match outcome {
             Outcome::Failed(f) => {
@@ -350,10 +338,7 @@ async fn a_wait_that_is_not_met_fails_retryably_and_the_resend_is_not_duplicated
     synced(replica.url()).await;
     let mut outcomes = Vec::new();
     for _ in 0..5 {
-        outcomes = sink
-            .publish(&batch[2..], &outbox_engine::PublishContext::default())
-            .await
-            .unwrap();
+        outcomes = publish(&sink, &batch[2..]).await;
         if outcomes.iter().all(Outcome::is_published) {
             break;
         }
@@ -403,13 +388,7 @@ async fn passwords_and_acl_permissions() {
             .unwrap()
             .into_message(Utc::now())
     };
-    assert!(
-        admin
-            .publish(&[message()], &outbox_engine::PublishContext::default())
-            .await
-            .unwrap()[0]
-            .is_published()
-    );
+    assert!(publish(&admin, &[message()]).await[0].is_published());
 
     // An ACL user that may not append: every message fails retryably (route-wide, an
     // operator's fix), never dead-lettered and never published.
@@ -433,13 +412,7 @@ async fn passwords_and_acl_permissions() {
         )
         .await
         .expect("the user may connect");
-        let outcomes = limited
-            .publish(
-                &[message(), message()],
-                &outbox_engine::PublishContext::default(),
-            )
-            .await
-            .unwrap();
+        let outcomes = publish(&limited, &[message(), message()]).await;
         for outcome in outcomes {
             match outcome {
                 Outcome::Failed(f) => {
@@ -481,13 +454,7 @@ async fn tls_with_a_private_ca_and_a_client_certificate() {
         .build()
         .unwrap()
         .into_message(Utc::now());
-    let outcomes = sink
-        .publish(
-            std::slice::from_ref(&message),
-            &outbox_engine::PublishContext::default(),
-        )
-        .await
-        .unwrap();
+    let outcomes = publish(&sink, std::slice::from_ref(&message)).await;
     assert!(outcomes[0].is_published(), "{outcomes:?}");
 
     let certificates = TlsCertificates {
@@ -549,13 +516,7 @@ async fn a_dead_server_fails_what_was_sent_retryably_and_keeps_permanent_refusal
             .unwrap()
             .into_message(Utc::now())
     };
-    let outcomes = sink
-        .publish(
-            &[message(1_000), message(10)],
-            &outbox_engine::PublishContext::default(),
-        )
-        .await
-        .unwrap();
+    let outcomes = publish(&sink, &[message(1_000), message(10)]).await;
     match &outcomes[..] {
         [Outcome::Failed(large), Outcome::Failed(down)] => {
             assert_eq!(
@@ -574,12 +535,7 @@ async fn a_dead_server_fails_what_was_sent_retryably_and_keeps_permanent_refusal
     server.restart().await;
     let mut published = false;
     for _ in 0..50 {
-        if sink
-            .publish(&[message(10)], &outbox_engine::PublishContext::default())
-            .await
-            .unwrap()[0]
-            .is_published()
-        {
+        if publish(&sink, &[message(10)]).await[0].is_published() {
             published = true;
             break;
         }

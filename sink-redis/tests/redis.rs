@@ -10,7 +10,7 @@ use chrono::Utc;
 use outbox_engine::testkit::{Delivered, SinkHarness, sink_suite};
 use outbox_engine::{
     ClaimRequest, FailureClass, ManualClock, MemoryStore, Message, NewMessage, Outcome, Relay,
-    RetryPolicy, Sink, Status, Store,
+    RetryPolicy, Status, Store,
 };
 use outbox_sink_redis::client::{self as redis, Value, aio::MultiplexedConnection};
 use outbox_sink_redis::{
@@ -18,7 +18,7 @@ use outbox_sink_redis::{
 };
 
 mod common;
-use common::{Entry, del, fresh_name, reader, sink, url, xlen, xrange};
+use common::{Entry, del, fresh_name, publish, reader, sink, url, xlen, xrange};
 
 // ---------------------------------------------------------------------------------------
 // Conformance suite
@@ -351,12 +351,7 @@ async fn republishing_inside_the_window_adds_nothing_and_after_it_appends_again(
     .await;
     let batch = claimed("orders", 5);
 
-    let first = receipts(
-        &sink
-            .publish(&batch, &outbox_engine::PublishContext::default())
-            .await
-            .unwrap(),
-    );
+    let first = receipts(&publish(&sink, &batch).await);
     assert_eq!(xlen(&mut conn, &stream).await, 5);
     let entries = xrange(&mut conn, &stream).await;
     assert_eq!(
@@ -366,24 +361,14 @@ async fn republishing_inside_the_window_adds_nothing_and_after_it_appends_again(
     );
 
     // The relay crashed after the append and before marking: the same batch again.
-    let again = receipts(
-        &sink
-            .publish(&batch, &outbox_engine::PublishContext::default())
-            .await
-            .unwrap(),
-    );
+    let again = receipts(&publish(&sink, &batch).await);
     assert_eq!(again, first, "a duplicate answers with the first entry id");
     assert_eq!(xlen(&mut conn, &stream).await, 5, "no second entry");
 
     // A batch mixing a re-sent message with a new one appends only the new one.
     let mut mixed = vec![batch[2].clone()];
     mixed.extend(claimed("orders", 1));
-    let mixed_receipts = receipts(
-        &sink
-            .publish(&mixed, &outbox_engine::PublishContext::default())
-            .await
-            .unwrap(),
-    );
+    let mixed_receipts = receipts(&publish(&sink, &mixed).await);
     assert_eq!(mixed_receipts[0], first[2]);
     assert_eq!(xlen(&mut conn, &stream).await, 6);
 
@@ -405,20 +390,10 @@ async fn republishing_inside_the_window_adds_nothing_and_after_it_appends_again(
     )
     .await;
     let later = claimed("orders", 5);
-    let before = receipts(
-        &short_sink
-            .publish(&later, &outbox_engine::PublishContext::default())
-            .await
-            .unwrap(),
-    );
+    let before = receipts(&publish(&short_sink, &later).await);
     assert_eq!(xlen(&mut conn, &stream).await, 11);
     tokio::time::sleep(short + Duration::from_millis(300)).await;
-    let after = receipts(
-        &short_sink
-            .publish(&later, &outbox_engine::PublishContext::default())
-            .await
-            .unwrap(),
-    );
+    let after = receipts(&publish(&short_sink, &later).await);
     assert_eq!(
         xlen(&mut conn, &stream).await,
         16,
@@ -473,10 +448,7 @@ async fn a_relay_crash_between_append_and_mark_does_not_duplicate() {
         .await
         .unwrap();
     assert_eq!(claim.messages.len(), 20);
-    let outcomes = sink
-        .publish(&claim.messages, &outbox_engine::PublishContext::default())
-        .await
-        .unwrap();
+    let outcomes = publish(&sink, &claim.messages).await;
     assert!(outcomes.iter().all(Outcome::is_published));
     assert_eq!(xlen(&mut conn, &stream).await, 20);
 
@@ -585,10 +557,7 @@ async fn wait_zero_replicas_runs_in_the_same_round_trip_and_publishes() {
         )
         .await;
         let batch = claimed("orders", 10);
-        let outcomes = sink
-            .publish(&batch, &outbox_engine::PublishContext::default())
-            .await
-            .unwrap();
+        let outcomes = publish(&sink, &batch).await;
         let ids = receipts(&outcomes);
         let entries = xrange(&mut conn, &stream).await;
         assert_eq!(
@@ -597,15 +566,7 @@ async fn wait_zero_replicas_runs_in_the_same_round_trip_and_publishes() {
         );
         if dedupe.is_some() {
             // A duplicate under durability is still acknowledged with the first id.
-            assert_eq!(
-                receipts(
-                    &sink
-                        .publish(&batch, &outbox_engine::PublishContext::default())
-                        .await
-                        .unwrap()
-                ),
-                ids
-            );
+            assert_eq!(receipts(&publish(&sink, &batch).await), ids);
             assert_eq!(xlen(&mut conn, &stream).await, 10);
         }
         del(&mut conn, &[stream]).await;
@@ -652,10 +613,7 @@ async fn per_message_failures_are_classified_and_hold_up_nothing() {
             m(Some("good"), 2_000), // over max_payload_bytes
             m(Some("good"), 20),
         ];
-        let outcomes = sink
-            .publish(&batch, &outbox_engine::PublishContext::default())
-            .await
-            .unwrap();
+        let outcomes = publish(&sink, &batch).await;
         assert_eq!(outcomes.len(), 5);
         assert!(outcomes[0].is_published() && outcomes[4].is_published());
         let failure = |o: &Outcome| match o {
@@ -688,10 +646,7 @@ async fn per_message_failures_are_classified_and_hold_up_nothing() {
             // No dedupe key was left for the message whose append failed, so it is
             // appended once the key is fixed.
             del(&mut conn, std::slice::from_ref(&taken)).await;
-            let retry = sink
-                .publish(&batch[2..3], &outbox_engine::PublishContext::default())
-                .await
-                .unwrap();
+            let retry = publish(&sink, &batch[2..3]).await;
             assert!(retry[0].is_published(), "{retry:?}");
             assert_eq!(xlen(&mut conn, &taken).await, 1);
         }
@@ -706,24 +661,14 @@ async fn a_flushed_script_cache_is_reloaded_without_losing_or_duplicating() {
     let stream = fresh_name("noscript");
     let sink = sink(RedisSinkConfig::new(url.clone()).stream(stream.clone())).await;
     let batch = claimed("orders", 8);
-    let first = receipts(
-        &sink
-            .publish(&batch[..4], &outbox_engine::PublishContext::default())
-            .await
-            .unwrap(),
-    );
+    let first = receipts(&publish(&sink, &batch[..4]).await);
     let _: () = redis::cmd("SCRIPT")
         .arg("FLUSH")
         .query_async(&mut conn)
         .await
         .unwrap();
     // Half re-sent, half new, after the flush.
-    let outcomes = receipts(
-        &sink
-            .publish(&batch, &outbox_engine::PublishContext::default())
-            .await
-            .unwrap(),
-    );
+    let outcomes = receipts(&publish(&sink, &batch).await);
     assert_eq!(&outcomes[..4], &first[..]);
     assert_eq!(xlen(&mut conn, &stream).await, 8);
     del(&mut conn, &[stream]).await;

@@ -269,46 +269,38 @@ mod tests {
     #[test]
     fn the_table_holds() {
         use FailureClass as C;
-        assert_eq!(
-            class("BatchRequestTooLong", 400),
-            (true, C::TooLarge, false)
-        );
-        assert_eq!(
-            class("AWS.SimpleQueueService.BatchRequestTooLong", 400),
-            (true, C::TooLarge, false)
-        );
-        assert_eq!(
-            class("InvalidParameterValue", 400),
-            (true, C::Rejected, false)
-        );
-        assert_eq!(class("MissingParameter", 400), (true, C::Rejected, false));
-        assert_eq!(
-            class("AWS.SimpleQueueService.NonExistentQueue", 400),
-            (false, C::Config, true)
-        );
-        assert_eq!(class("QueueDoesNotExist", 400), (false, C::Config, true));
-        assert_eq!(class("InvalidClientTokenId", 403), (false, C::Config, true));
-        assert_eq!(class("KmsAccessDenied", 400), (false, C::Config, true));
-        assert_eq!(class("KmsThrottled", 400), (false, C::RateLimited, true));
-        assert_eq!(
-            class("KMS.ThrottlingException", 400),
-            (false, C::RateLimited, true)
-        );
-        assert_eq!(
-            class("KMS.DisabledException", 400),
-            (false, C::Config, true)
-        );
-        assert_eq!(
-            class("ThrottlingException", 400),
-            (false, C::RateLimited, true)
-        );
-        assert_eq!(
-            class("BatchEntryIdsNotDistinct", 400),
-            (false, C::Other, true)
-        );
-        assert_eq!(class("InternalError", 500), (false, C::Unavailable, true));
-        assert_eq!(class("SomethingNew", 503), (false, C::Unavailable, true));
-        assert_eq!(class("SomethingNew", 400), (false, C::Other, true));
+        for (code, status, expected) in [
+            ("BatchRequestTooLong", 400, (true, C::TooLarge, false)),
+            (
+                "AWS.SimpleQueueService.BatchRequestTooLong",
+                400,
+                (true, C::TooLarge, false),
+            ),
+            ("InvalidParameterValue", 400, (true, C::Rejected, false)),
+            ("MissingParameter", 400, (true, C::Rejected, false)),
+            (
+                "AWS.SimpleQueueService.NonExistentQueue",
+                400,
+                (false, C::Config, true),
+            ),
+            ("QueueDoesNotExist", 400, (false, C::Config, true)),
+            ("InvalidClientTokenId", 403, (false, C::Config, true)),
+            ("KmsAccessDenied", 400, (false, C::Config, true)),
+            ("KmsThrottled", 400, (false, C::RateLimited, true)),
+            (
+                "KMS.ThrottlingException",
+                400,
+                (false, C::RateLimited, true),
+            ),
+            ("KMS.DisabledException", 400, (false, C::Config, true)),
+            ("ThrottlingException", 400, (false, C::RateLimited, true)),
+            ("BatchEntryIdsNotDistinct", 400, (false, C::Other, true)),
+            ("InternalError", 500, (false, C::Unavailable, true)),
+            ("SomethingNew", 503, (false, C::Unavailable, true)),
+            ("SomethingNew", 400, (false, C::Other, true)),
+        ] {
+            assert_eq!(class(code, status), expected, "{code} ({status})");
+        }
     }
 
     #[test]

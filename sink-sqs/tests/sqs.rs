@@ -13,13 +13,15 @@ use chrono::Utc;
 use outbox_engine::testkit::{BinaryPayloads, Delivered, SinkHarness, sink_suite};
 use outbox_engine::{
     DeadHead, FailureClass, MemoryStore, Message, MessageOrder, NewMessage, Outcome,
-    PublishContext, Relay, Sink, Status,
+    PublishContext, Relay, Status,
 };
 use outbox_sink_sqs::client as aws_sdk_sqs;
 use outbox_sink_sqs::{Binary, SqsSink, SqsSinkConfig, SqsSinkError, read_message, sqs_id};
 
 mod common;
-use common::{Fault, FaultProxy, Reader, Sqs, config, config_via, delivered, sink, system};
+use common::{
+    Fault, FaultProxy, Reader, Sqs, config, config_via, delivered, publish, sink, system,
+};
 
 // ---------------------------------------------------------------------------------------
 // Conformance suite
@@ -105,10 +107,7 @@ async fn a_consumer_reads_every_message_with_exact_body_and_attributes() {
         }
         let bare = sink_suite::bare_message();
         let batch = [full.clone(), crowded.clone(), bare.clone()];
-        let outcomes = sink
-            .publish(&batch, &PublishContext::default())
-            .await
-            .unwrap();
+        let outcomes = publish(&sink, &batch).await;
         let receipts: Vec<String> = outcomes
             .iter()
             .map(|o| match o {
@@ -201,10 +200,7 @@ async fn a_redelivered_message_is_a_duplicate_in_the_consumers_inbox() {
     let sink = sink(config(&queue)).await;
     let message = sink_suite::full_message(BinaryPayloads::Refused);
     for _ in 0..2 {
-        let outcomes = sink
-            .publish(std::slice::from_ref(&message), &PublishContext::default())
-            .await
-            .unwrap();
+        let outcomes = publish(&sink, std::slice::from_ref(&message)).await;
         assert!(outcomes[0].is_published(), "{outcomes:?}");
     }
     let mut reader = sqs.reader(&queue);
@@ -265,10 +261,7 @@ async fn a_partly_failed_batch_marks_the_successes_dead_letters_sender_faults_an
     let batch: Vec<Message> = (0..10)
         .map(|n| marked(n, faults(n)).into_message(Utc::now()))
         .collect();
-    let outcomes = sink
-        .publish(&batch, &PublishContext::default())
-        .await
-        .unwrap();
+    let outcomes = publish(&sink, &batch).await;
     for (n, outcome) in outcomes.iter().enumerate() {
         match (faults(n), outcome) {
             (None, Outcome::Published { receipt: Some(_) }) => {}
@@ -360,10 +353,7 @@ async fn an_entry_the_answer_leaves_out_or_names_twice_is_retried_not_marked() {
     let batch: Vec<Message> = (0..5)
         .map(|n| marked(n, faults(n)).into_message(Utc::now()))
         .collect();
-    let outcomes = sink
-        .publish(&batch, &PublishContext::default())
-        .await
-        .unwrap();
+    let outcomes = publish(&sink, &batch).await;
     for (n, outcome) in outcomes.iter().enumerate() {
         match faults(n) {
             None => assert!(outcome.is_published(), "{n}: {outcome:?}"),
@@ -387,10 +377,7 @@ async fn a_request_refused_whole_because_of_one_entry_is_split_until_that_entry_
     let batch: Vec<Message> = (0..10)
         .map(|n| marked(n, (n == 6).then_some(Fault::PoisonRequest)).into_message(Utc::now()))
         .collect();
-    let outcomes = sink
-        .publish(&batch, &PublishContext::default())
-        .await
-        .unwrap();
+    let outcomes = publish(&sink, &batch).await;
     for (n, outcome) in outcomes.iter().enumerate() {
         if n == 6 {
             let Outcome::Failed(f) = outcome else {
@@ -447,10 +434,7 @@ async fn what_aws_would_refuse_is_refused_or_reshaped_by_the_sink_before_sending
         reserved,
         binary,
     ];
-    let outcomes = sink
-        .publish(&batch, &PublishContext::default())
-        .await
-        .unwrap();
+    let outcomes = publish(&sink, &batch).await;
     assert!(outcomes[0].is_published(), "{:?}", outcomes[0]);
     for (n, outcome) in outcomes.iter().enumerate().skip(1) {
         let Outcome::Failed(f) = outcome else {
@@ -494,10 +478,7 @@ async fn sizes_follow_the_queues_maximum_and_batches_stay_under_the_request_limi
             .unwrap()
             .into_message(Utc::now())
     };
-    let outcomes = sink_small
-        .publish(&[message(100), message(3000)], &PublishContext::default())
-        .await
-        .unwrap();
+    let outcomes = publish(&sink_small, &[message(100), message(3000)]).await;
     assert!(outcomes[0].is_published(), "{:?}", outcomes[0]);
     let Outcome::Failed(f) = &outcomes[1] else {
         panic!("{:?}", outcomes[1])
@@ -508,10 +489,7 @@ async fn sizes_follow_the_queues_maximum_and_batches_stay_under_the_request_limi
     // Ten messages of 300 KB: SQS refuses a request over 1 MiB, so the sink sends several.
     let (_big, proxy, sink_big) = behind_a_proxy(&sqs, "big").await;
     let batch: Vec<Message> = (0..10).map(|_| message(300_000)).collect();
-    let outcomes = sink_big
-        .publish(&batch, &PublishContext::default())
-        .await
-        .unwrap();
+    let outcomes = publish(&sink_big, &batch).await;
     assert!(outcomes.iter().all(Outcome::is_published), "{outcomes:?}");
     let batches = proxy.state.lock().unwrap().batches.clone();
     assert!(

@@ -9,6 +9,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use outbox_engine::testkit::Delivered;
+use outbox_engine::{Message, Outcome, PublishContext, Sink};
 use outbox_sink_redis::client::{self as redis, Value, aio::MultiplexedConnection};
 use outbox_sink_redis::{RedisSink, RedisSinkConfig, RedisSinkError};
 use outbox_test_support::ChildGuard;
@@ -150,6 +151,13 @@ pub async fn xrange(conn: &mut MultiplexedConnection, stream: &str) -> Vec<Entry
         Value::Array(entries) => entries.iter().map(entry).collect(),
         other => panic!("unexpected XRANGE reply {other:?}"),
     }
+}
+
+/// Publishes `batch` with the default context: one outcome per message.
+pub async fn publish(sink: &impl Sink, batch: &[Message]) -> Vec<Outcome> {
+    sink.publish(batch, &PublishContext::default())
+        .await
+        .expect("publish")
 }
 
 pub async fn xlen(conn: &mut MultiplexedConnection, stream: &str) -> usize {
