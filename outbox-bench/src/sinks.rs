@@ -58,6 +58,45 @@ impl<S: Sink> ReportingSink for Counting<S> {
     }
 }
 
+/// The rates of a sink scenario's rounds: the raw client loop's, and the relay's draining
+/// PostgreSQL and the in-memory store into the sink.
+#[derive(Default)]
+pub(crate) struct SinkRounds {
+    pub(crate) raw: Vec<f64>,
+    pub(crate) relay: Vec<f64>,
+    pub(crate) memory: Vec<f64>,
+}
+
+impl SinkRounds {
+    /// The medians of the raw loop, the relay from PostgreSQL and the relay from memory.
+    fn medians(&self) -> (f64, f64, f64) {
+        (median(&self.raw), median(&self.relay), median(&self.memory))
+    }
+
+    /// The table's row: raw, relay from PostgreSQL, its ratio to raw, relay from memory,
+    /// its ratio to raw.
+    pub(crate) fn row(&self) -> Vec<String> {
+        let (raw, relay, memory) = self.medians();
+        vec![
+            format!("{raw:.0}"),
+            format!("{relay:.0}"),
+            format!("{:.2}", relay / raw),
+            format!("{memory:.0}"),
+            format!("{:.2}", memory / raw),
+        ]
+    }
+
+    /// The figures for `n` messages per measurement: medians, ratios, and every round.
+    pub(crate) fn json(&self, n: usize) -> serde_json::Value {
+        let (raw, relay, memory) = self.medians();
+        serde_json::json!({
+            "messages": n, "raw": raw, "relay_postgres": relay, "relay_postgres_over_raw": relay / raw,
+            "relay_memory": memory, "relay_memory_over_raw": memory / raw,
+            "raw_rounds": self.raw, "relay_postgres_rounds": self.relay, "relay_memory_rounds": self.memory,
+        })
+    }
+}
+
 pub(crate) async fn amqp(bench: &Bench, scale: Scale, report: &mut Report) -> Result<(), BoxError> {
     let url = std::env::var("OUTBOX_TEST_AMQP_URL")
         .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/outbox-test".to_owned());
@@ -75,36 +114,29 @@ pub(crate) async fn amqp(bench: &Bench, scale: Scale, report: &mut Report) -> Re
         )
         .await?;
 
-    let (mut relay_rates, mut memory_rates, mut raw_rates) = (Vec::new(), Vec::new(), Vec::new());
+    let mut rounds = SinkRounds::default();
     let purge = || channel.queue_purge(queue.as_str().into(), QueuePurgeOptions::default());
     for _ in 0..scale.rounds.max(2) {
-        raw_rates.push(raw(&connection, &queue, n).await?);
+        rounds.raw.push(raw(&connection, &queue, n).await?);
         purge().await?;
-        relay_rates.push(relay(bench, &url, &queue, n, false).await?);
+        rounds
+            .relay
+            .push(relay(bench, &url, &queue, n, false).await?);
         purge().await?;
-        memory_rates.push(relay(bench, &url, &queue, n, true).await?);
+        rounds
+            .memory
+            .push(relay(bench, &url, &queue, n, true).await?);
         purge().await?;
     }
     channel
         .queue_delete(queue.as_str().into(), Default::default())
         .await?;
-    let (relay, memory, raw) = (
-        median(&relay_rates),
-        median(&memory_rates),
-        median(&raw_rates),
-    );
     report.section(
         "amqp",
-        &format!("{n} persistent messages to one durable RabbitMQ queue with publisher confirms and `mandatory`, batch {BATCH}, {PUBLISHERS} concurrent publishers, messages/s (median of {} interleaved rounds). Relay = a backlog drained by the relay through `AmqpSink`, from PostgreSQL (delete on publish) or from the in-memory store; raw = a lapin loop publishing the same prebuilt messages, each batch pipelined on its channel and then its confirms awaited. RabbitMQ, PostgreSQL and the benchmark share the machine's cores.", relay_rates.len()),
+        &format!("{n} persistent messages to one durable RabbitMQ queue with publisher confirms and `mandatory`, batch {BATCH}, {PUBLISHERS} concurrent publishers, messages/s (median of {} interleaved rounds). Relay = a backlog drained by the relay through `AmqpSink`, from PostgreSQL (delete on publish) or from the in-memory store; raw = a lapin loop publishing the same prebuilt messages, each batch pipelined on its channel and then its confirms awaited. RabbitMQ, PostgreSQL and the benchmark share the machine's cores.", rounds.relay.len()),
         &["raw lapin loop", "relay, PostgreSQL store", "relay / raw", "relay, in-memory store", "relay / raw"],
-        vec![vec![
-            format!("{raw:.0}"),
-            format!("{relay:.0}"),
-            format!("{:.2}", relay / raw),
-            format!("{memory:.0}"),
-            format!("{:.2}", memory / raw),
-        ]],
-        serde_json::json!({ "messages": n, "raw": raw, "relay_postgres": relay, "relay_postgres_over_raw": relay / raw, "relay_memory": memory, "relay_memory_over_raw": memory / raw, "raw_rounds": raw_rates, "relay_postgres_rounds": relay_rates, "relay_memory_rounds": memory_rates }),
+        vec![rounds.row()],
+        rounds.json(n),
     );
     Ok(())
 }

@@ -12,9 +12,9 @@ use outbox_sink_sqs::client::{Client, Config};
 use outbox_sink_sqs::{SqsSink, SqsSinkConfig};
 
 use crate::Scale;
-use crate::report::{Report, median};
+use crate::report::Report;
 use crate::setup::{Bench, BoxError, SharedBatches};
-use crate::sinks::{BATCH, PUBLISHERS, drain_rate};
+use crate::sinks::{BATCH, PUBLISHERS, SinkRounds, drain_rate};
 
 /// Messages per measurement: moto takes a few hundred a second.
 const MESSAGES: usize = 2_000;
@@ -34,12 +34,12 @@ pub(crate) async fn run(bench: &Bench, scale: Scale, report: &mut Report) -> Res
         format!("cannot reach SQS at {endpoint} ({e}); run scripts/services.sh or set OUTBOX_TEST_SQS_ENDPOINT")
     })?;
     let n = MESSAGES;
-    let (mut raw_rates, mut relay_rates, mut memory_rates) = (Vec::new(), Vec::new(), Vec::new());
+    let mut rounds = SinkRounds::default();
     for _ in 0..scale.rounds.max(2) {
         let queue = fresh_queue(&client).await?;
-        raw_rates.push(raw_throughput(&client, &queue, n).await?);
+        rounds.raw.push(raw_throughput(&client, &queue, n).await?);
         delete_queue(&client, &queue).await?;
-        for (in_memory, rates) in [(false, &mut relay_rates), (true, &mut memory_rates)] {
+        for (in_memory, rates) in [(false, &mut rounds.relay), (true, &mut rounds.memory)] {
             let queue = fresh_queue(&client).await?;
             let path = queue
                 .splitn(4, '/')
@@ -53,30 +53,15 @@ pub(crate) async fn run(bench: &Bench, scale: Scale, report: &mut Report) -> Res
             delete_queue(&client, &queue).await?;
         }
     }
-    let (raw, relay, memory) = (
-        median(&raw_rates),
-        median(&relay_rates),
-        median(&memory_rates),
-    );
     report.section(
         "sqs",
         &format!(
             "{n} messages to a fresh standard queue on moto_server (in memory) per measurement, batch {BATCH} split into requests of 10 sent at once, {PUBLISHERS} concurrent publishers, messages/s (median of {} interleaved rounds). Relay = `SqsSink` fed by the relay from PostgreSQL (delete on publish) or the in-memory store; raw = the SDK's `SendMessageBatch` with the same bodies and attributes in the same requests. moto, PostgreSQL and the benchmark share the machine's cores; moto is the bottleneck.",
-            relay_rates.len()
+            rounds.relay.len()
         ),
         &["raw msg/s", "relay msg/s (PostgreSQL)", "relay / raw", "relay msg/s (in-memory)", "relay / raw"],
-        vec![vec![
-            format!("{raw:.0}"),
-            format!("{relay:.0}"),
-            format!("{:.2}", relay / raw),
-            format!("{memory:.0}"),
-            format!("{:.2}", memory / raw),
-        ]],
-        serde_json::json!({
-            "messages": n, "raw": raw, "relay_postgres": relay, "relay_postgres_over_raw": relay / raw,
-            "relay_memory": memory, "relay_memory_over_raw": memory / raw,
-            "raw_rounds": raw_rates, "relay_postgres_rounds": relay_rates, "relay_memory_rounds": memory_rates,
-        }),
+        vec![rounds.row()],
+        rounds.json(n),
     );
     Ok(())
 }

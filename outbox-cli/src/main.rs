@@ -101,27 +101,22 @@ enum DeadAction {
         json: bool,
     },
     /// Make matching dead letters pending again.
-    Replay {
-        #[command(flatten)]
-        filter: FilterArgs,
-        /// Count what would be replayed, change nothing.
-        #[arg(long)]
-        dry_run: bool,
-        /// Replay every dead letter (required when no filter is given).
-        #[arg(long)]
-        all: bool,
-    },
+    Replay(ChangeArgs),
     /// Delete matching dead letters.
-    Discard {
-        #[command(flatten)]
-        filter: FilterArgs,
-        /// Count what would be deleted, change nothing.
-        #[arg(long)]
-        dry_run: bool,
-        /// Delete every dead letter (required when no filter is given).
-        #[arg(long)]
-        all: bool,
-    },
+    Discard(ChangeArgs),
+}
+
+/// Which dead letters a replay or a discard changes.
+#[derive(Debug, Args)]
+struct ChangeArgs {
+    #[command(flatten)]
+    filter: FilterArgs,
+    /// Count the matching dead letters, change nothing.
+    #[arg(long)]
+    dry_run: bool,
+    /// Change every dead letter (required when no filter is given).
+    #[arg(long)]
+    all: bool,
 }
 
 #[derive(Debug, Args)]
@@ -384,20 +379,29 @@ async fn status(store: &AnyStore, json: bool) -> Result<()> {
     Ok(())
 }
 
-/// How many dead letters `filter` matches, as a dry run prints it.
-async fn count_dead(store: &AnyStore, filter: &DeadLetterFilter) -> Result<String> {
-    let n = store.count_dead(filter).await.map_err(|e| e.to_string())?;
-    Ok(format!("{n} dead letter(s)"))
-}
-
-/// Refuses a change to every dead letter unless `--all` asked for it.
-fn check_scope(verb: &str, filter: &FilterArgs, all: bool) -> Result<()> {
-    if filter.is_empty() && !all {
-        return Err(format!(
-            "refusing to {verb} every dead letter: give a filter (--destination, --event-type, --id, --error-contains, --since, --until) or --all; --dry-run counts them first"
-        ));
+impl ChangeArgs {
+    /// Runs `change` (`verb`) on the matching dead letters and returns how many it changed;
+    /// `None` after a dry run, which prints how many it would change. Refuses a change to
+    /// every dead letter unless `--all` asked for it.
+    async fn apply<E: std::fmt::Display>(
+        &self,
+        store: &AnyStore,
+        verb: &str,
+        change: impl AsyncFnOnce(&DeadLetterFilter) -> Result<u64, E>,
+    ) -> Result<Option<u64>> {
+        let filter = self.filter.filter();
+        if self.dry_run {
+            let n = store.count_dead(&filter).await.map_err(|e| e.to_string())?;
+            println!("would {verb} {n} dead letter(s)");
+            return Ok(None);
+        }
+        if self.filter.is_empty() && !self.all {
+            return Err(format!(
+                "refusing to {verb} every dead letter: give a filter (--destination, --event-type, --id, --error-contains, --since, --until) or --all; --dry-run counts them first"
+            ));
+        }
+        change(&filter).await.map(Some).map_err(|e| e.to_string())
     }
-    Ok(())
 }
 
 async fn dead(store: &AnyStore, action: &DeadAction) -> Result<()> {
@@ -435,20 +439,9 @@ async fn dead(store: &AnyStore, action: &DeadAction) -> Result<()> {
                 eprintln!("{} dead letter(s)", letters.len());
             }
         }
-        DeadAction::Replay {
-            filter: args,
-            dry_run,
-            all,
-        } => {
-            let filter = args.filter();
-            if *dry_run {
-                println!("would replay {}", count_dead(store, &filter).await?);
-            } else {
-                check_scope("replay", args, *all)?;
-                let n = store
-                    .replay_dead(&filter)
-                    .await
-                    .map_err(|e| e.to_string())?;
+        DeadAction::Replay(change) => {
+            let replay = async |filter: &DeadLetterFilter| store.replay_dead(filter).await;
+            if let Some(n) = change.apply(store, "replay", replay).await? {
                 if n > 0 && store.notify().await.is_err() {
                     eprintln!(
                         "warning: could not wake relays; they pick the rows up at their next poll"
@@ -457,20 +450,9 @@ async fn dead(store: &AnyStore, action: &DeadAction) -> Result<()> {
                 println!("replayed {n} dead letter(s)");
             }
         }
-        DeadAction::Discard {
-            filter: args,
-            dry_run,
-            all,
-        } => {
-            let filter = args.filter();
-            if *dry_run {
-                println!("would discard {}", count_dead(store, &filter).await?);
-            } else {
-                check_scope("discard", args, *all)?;
-                let n = store
-                    .discard_dead(&filter)
-                    .await
-                    .map_err(|e| e.to_string())?;
+        DeadAction::Discard(change) => {
+            let discard = async |filter: &DeadLetterFilter| store.discard_dead(filter).await;
+            if let Some(n) = change.apply(store, "discard", discard).await? {
                 println!("discarded {n} dead letter(s)");
             }
         }
