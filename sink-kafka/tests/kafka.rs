@@ -10,8 +10,8 @@ use std::time::Duration;
 use chrono::Utc;
 use outbox_engine::testkit::{BinaryPayloads, Delivered, SinkHarness, sink_suite};
 use outbox_engine::{
-    DeadHead, DeadLetterFilter, DeadLetters, FailureClass, MemoryStore, MessageOrder, NewMessage,
-    Outcome, PublishContext, Relay, Status,
+    DeadHead, DeadLetterFilter, DeadLetters, FailureClass, MemoryStore, MessageId, MessageOrder,
+    NewMessage, Outcome, PublishContext, Relay, Status,
 };
 use outbox_sink_kafka::client::consumer::{Consumer, StreamConsumer};
 use outbox_sink_kafka::client::{ClientConfig, Message as _};
@@ -343,7 +343,7 @@ async fn per_key_offsets_follow_commit_order_across_two_relays() {
 
 /// Key `K`'s first message is too large for the producer (`message.max.bytes`), its
 /// second and third and two other keys' messages are fine, all in one claim.
-fn enqueue_with_a_bad_head(store: &MemoryStore) -> outbox_engine::MessageId {
+fn enqueue_with_a_bad_head(store: &MemoryStore) -> MessageId {
     let message = |key: &str, n: u64, size: usize| {
         NewMessage::builder("orders", "order.changed")
             .json(&serde_json::json!({ "n": n, "pad": "x".repeat(size) }))
@@ -365,29 +365,46 @@ fn enqueue_with_a_bad_head(store: &MemoryStore) -> outbox_engine::MessageId {
     head_id
 }
 
-/// A sink whose producer refuses records over 4,000 bytes (librdkafka's own
-/// `MessageSizeTooLarge`), so the head from [`enqueue_with_a_bad_head`] fails.
-async fn producer_refusing_the_head(topic: &str) -> KafkaSink {
-    sink(
+/// On a fresh three-partition topic named after `name`: enqueues the rows of
+/// [`enqueue_with_a_bad_head`] and runs a per-key relay (`owner`, `dead`) whose producer
+/// refuses records over 4,000 bytes (librdkafka's own `MessageSizeTooLarge`) until
+/// `published` rows are published and K's head is dead. Returns the broker, the topic,
+/// the store and the head's id.
+async fn run_into_the_bad_head(
+    name: &str,
+    owner: &str,
+    dead: DeadHead,
+    published: usize,
+    what: &str,
+) -> (Kafka, String, MemoryStore, MessageId) {
+    let kafka = Kafka::connect().await;
+    let topic = kafka.topic(name, 3).await;
+    let store = MemoryStore::new();
+    let head = enqueue_with_a_bad_head(&store);
+    let small = sink(
         KafkaSinkConfig::new(url())
-            .topic(topic)
+            .topic(topic.clone())
             .property("message.max.bytes", "4000"),
     )
-    .await
+    .await;
+    let relay = per_key_relay(&store, small, owner, dead);
+    run_until(vec![relay], what, || async {
+        store.ids_with_status(Status::Published).len() == published
+            && store.row(head).unwrap().row.status() == Status::Dead
+    })
+    .await;
+    (kafka, topic, store, head)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_head_holds_its_key_until_replayed_then_the_key_arrives_in_order() {
-    let kafka = Kafka::connect().await;
-    let topic = kafka.topic("halt", 3).await;
-    let store = MemoryStore::new();
-    let head = enqueue_with_a_bad_head(&store);
-    let small = producer_refusing_the_head(&topic).await;
-    let relay = per_key_relay(&store, small, "relay-small", DeadHead::Halt);
-    run_until(vec![relay], "A and B published, K's head dead", || async {
-        store.ids_with_status(Status::Published).len() == 2
-            && store.row(head).unwrap().row.status() == Status::Dead
-    })
+    let (kafka, topic, store, head) = run_into_the_bad_head(
+        "halt",
+        "relay-small",
+        DeadHead::Halt,
+        2,
+        "A and B published, K's head dead",
+    )
     .await;
     let dead = store.row(head).unwrap();
     let error = dead.row.last_error.clone().unwrap_or_default();
@@ -427,19 +444,12 @@ async fn a_failed_head_holds_its_key_until_replayed_then_the_key_arrives_in_orde
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_dead_head_skip_the_rest_of_the_key_goes_on_without_it() {
-    let kafka = Kafka::connect().await;
-    let topic = kafka.topic("skip", 3).await;
-    let store = MemoryStore::new();
-    let head = enqueue_with_a_bad_head(&store);
-    let small = producer_refusing_the_head(&topic).await;
-    let relay = per_key_relay(&store, small, "relay-skip", DeadHead::Skip);
-    run_until(
-        vec![relay],
+    let (kafka, topic, _store, _head) = run_into_the_bad_head(
+        "skip",
+        "relay-skip",
+        DeadHead::Skip,
+        4,
         "four rows published, K's head dead",
-        || async {
-            store.ids_with_status(Status::Published).len() == 4
-                && store.row(head).unwrap().row.status() == Status::Dead
-        },
     )
     .await;
     let mut reader = kafka.reader(&topic);

@@ -15,7 +15,7 @@ use outbox_sink_redis::client as redis;
 use outbox_sink_redis::{RedisSink, RedisSinkConfig};
 
 mod common;
-use common::{OwnRedis, eventually, publish, reader, xrange};
+use common::{OwnRedis, eventually, publish, reader, server_info, xrange};
 
 const MESSAGES: usize = 1_500;
 
@@ -233,24 +233,6 @@ async fn a_full_redis_fails_retryably_and_recovers_when_memory_frees() {
     }
 }
 
-async fn info_field(
-    conn: &mut redis::aio::MultiplexedConnection,
-    section: &str,
-    field: &str,
-) -> String {
-    let info: String = redis::cmd("INFO")
-        .arg(section)
-        .query_async(conn)
-        .await
-        .unwrap();
-    info.lines()
-        .find_map(|l| {
-            l.strip_prefix(&format!("{field}:"))
-                .map(|v| v.trim().to_owned())
-        })
-        .unwrap_or_default()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wait_that_is_not_met_fails_retryably_and_the_resend_is_not_duplicated() {
     let primary = OwnRedis::start(&["--repl-diskless-sync-delay", "0"]).await;
@@ -263,7 +245,7 @@ async fn a_wait_that_is_not_met_fails_retryably_and_the_resend_is_not_duplicated
             let url = url.clone();
             async move {
                 let mut c = reader(&url).await;
-                info_field(&mut c, "replication", "master_link_status").await == "up"
+                server_info(&mut c, "replication", "master_link_status").await == "up"
             }
         })
         .await;
@@ -312,7 +294,7 @@ async fn a_wait_that_is_not_met_fails_retryably_and_the_resend_is_not_duplicated
     replica.kill();
     eventually(Duration::from_secs(20), "the primary notices", || {
         let mut conn = conn.clone();
-        async move { info_field(&mut conn, "replication", "connected_slaves").await == "0" }
+        async move { server_info(&mut conn, "replication", "connected_slaves").await == "0" }
     })
     .await;
     let outcomes = publish(&sink, &batch[2..]).await;

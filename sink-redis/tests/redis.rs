@@ -18,7 +18,7 @@ use outbox_sink_redis::{
 };
 
 mod common;
-use common::{Entry, del, fresh_name, publish, reader, sink, url, xlen, xrange};
+use common::{Entry, del, fresh_name, publish, reader, server_info, sink, url, xlen, xrange};
 
 // ---------------------------------------------------------------------------------------
 // Conformance suite
@@ -175,14 +175,7 @@ fn assert_entry_matches(entry: &Entry, m: &NewMessage) {
     assert_eq!(entry.text("tenant_id").as_deref(), m.tenant_id());
     assert_eq!(entry.text("aggregate_type").as_deref(), m.aggregate_type());
     assert_eq!(entry.text("aggregate_id").as_deref(), m.aggregate_id());
-    let headers: Vec<(String, String)> = entry
-        .fields
-        .iter()
-        .filter_map(|(n, v)| {
-            n.strip_prefix("h:")
-                .map(|h| (h.to_owned(), String::from_utf8(v.clone()).unwrap()))
-        })
-        .collect();
+    let headers: Vec<(String, String)> = entry.headers().collect();
     let want: Vec<(String, String)> = m
         .headers()
         .iter()
@@ -472,19 +465,6 @@ async fn a_relay_crash_between_append_and_mark_does_not_duplicate() {
 // ---------------------------------------------------------------------------------------
 // Durability
 // ---------------------------------------------------------------------------------------
-
-async fn server_info(conn: &mut MultiplexedConnection, section: &str, field: &str) -> String {
-    let info: String = redis::cmd("INFO")
-        .arg(section)
-        .query_async(conn)
-        .await
-        .unwrap();
-    info.lines()
-        .find_map(|l| l.strip_prefix(&format!("{field}:")).map(str::to_owned))
-        .unwrap_or_default()
-        .trim()
-        .to_owned()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waitaof_that_the_server_cannot_honour_fails_the_route_at_start() {

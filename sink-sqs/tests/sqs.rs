@@ -51,37 +51,36 @@ impl SinkHarness for Harness {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn conformance_suite_on_a_standard_queue_with_base64_bodies() {
+/// The conformance suite, each check on a fresh queue (FIFO or standard) with the sink
+/// `configure` sets up, held to what it does with binary payloads.
+async fn run_suite(
+    fifo: bool,
+    configure: fn(SqsSinkConfig) -> SqsSinkConfig,
+    binary: BinaryPayloads,
+) {
     sink_suite::run_all(|| async {
         let sqs = Sqs::connect().await;
-        let queue = sqs.queue("suite", false).await;
-        let sink = sink(config(&queue).binary(Binary::Base64)).await;
-        assert!(!sink.is_fifo());
+        let queue = sqs.queue("suite", fifo).await;
+        let sink = sink(configure(config(&queue))).await;
+        assert_eq!(sink.is_fifo(), fifo);
         Harness {
             sink,
             reader: tokio::sync::Mutex::new(sqs.reader(&queue)),
-            binary: BinaryPayloads::Exact,
+            binary,
         }
     })
     .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conformance_suite_on_a_standard_queue_with_base64_bodies() {
+    run_suite(false, |c| c.binary(Binary::Base64), BinaryPayloads::Exact).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conformance_suite_on_a_fifo_queue() {
-    sink_suite::run_all(|| async {
-        let sqs = Sqs::connect().await;
-        let queue = sqs.queue("suite", true).await;
-        let sink = sink(config(&queue)).await;
-        assert!(sink.is_fifo());
-        Harness {
-            sink,
-            reader: tokio::sync::Mutex::new(sqs.reader(&queue)),
-            // SQS carries text; without `binary = "base64"` the sink refuses bytes.
-            binary: BinaryPayloads::Refused,
-        }
-    })
-    .await;
+    // SQS carries text; without `binary = "base64"` the sink refuses bytes.
+    run_suite(true, |c| c, BinaryPayloads::Refused).await;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -246,6 +245,26 @@ fn marked(n: usize, fault: Option<Fault>) -> NewMessage {
         .unwrap()
 }
 
+/// Publishes messages `0..n` through `sink`, each [`marked`] with its fault from `faults`.
+async fn publish_marked(
+    sink: &SqsSink,
+    n: usize,
+    faults: impl Fn(usize) -> Option<Fault>,
+) -> Vec<Outcome> {
+    let batch: Vec<Message> = (0..n)
+        .map(|i| marked(i, faults(i)).into_message(Utc::now()))
+        .collect();
+    publish(sink, &batch).await
+}
+
+/// How many messages `queue` holds, read by a fresh consumer.
+async fn queued(sqs: &Sqs, queue: &str) -> usize {
+    sqs.reader(queue)
+        .drain(Duration::from_millis(500))
+        .await
+        .len()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partly_failed_batch_marks_the_successes_dead_letters_sender_faults_and_retries_the_rest()
 {
@@ -258,10 +277,7 @@ async fn a_partly_failed_batch_marks_the_successes_dead_letters_sender_faults_an
         4 | 5 => Some(Fault::ServerOnce),
         _ => None,
     };
-    let batch: Vec<Message> = (0..10)
-        .map(|n| marked(n, faults(n)).into_message(Utc::now()))
-        .collect();
-    let outcomes = publish(&sink, &batch).await;
+    let outcomes = publish_marked(&sink, 10, faults).await;
     for (n, outcome) in outcomes.iter().enumerate() {
         match (faults(n), outcome) {
             (None, Outcome::Published { receipt: Some(_) }) => {}
@@ -350,10 +366,7 @@ async fn an_entry_the_answer_leaves_out_or_names_twice_is_retried_not_marked() {
         3 => Some(Fault::Doubled),
         _ => None,
     };
-    let batch: Vec<Message> = (0..5)
-        .map(|n| marked(n, faults(n)).into_message(Utc::now()))
-        .collect();
-    let outcomes = publish(&sink, &batch).await;
+    let outcomes = publish_marked(&sink, 5, faults).await;
     for (n, outcome) in outcomes.iter().enumerate() {
         match faults(n) {
             None => assert!(outcome.is_published(), "{n}: {outcome:?}"),
@@ -366,18 +379,14 @@ async fn an_entry_the_answer_leaves_out_or_names_twice_is_retried_not_marked() {
         }
     }
     // SQS took all five: the retries of 1 and 3 will be duplicates, never losses.
-    let mut reader = sqs.reader(&queue);
-    assert_eq!(reader.drain(Duration::from_millis(500)).await.len(), 5);
+    assert_eq!(queued(&sqs, &queue).await, 5);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_refused_whole_because_of_one_entry_is_split_until_that_entry_fails_alone() {
     let sqs = Sqs::connect().await;
     let (queue, proxy, sink) = behind_a_proxy(&sqs, "split").await;
-    let batch: Vec<Message> = (0..10)
-        .map(|n| marked(n, (n == 6).then_some(Fault::PoisonRequest)).into_message(Utc::now()))
-        .collect();
-    let outcomes = publish(&sink, &batch).await;
+    let outcomes = publish_marked(&sink, 10, |n| (n == 6).then_some(Fault::PoisonRequest)).await;
     for (n, outcome) in outcomes.iter().enumerate() {
         if n == 6 {
             let Outcome::Failed(f) = outcome else {
@@ -391,8 +400,7 @@ async fn a_request_refused_whole_because_of_one_entry_is_split_until_that_entry_
     let batches = proxy.state.lock().unwrap().batches.clone();
     assert_eq!(batches[0], 10);
     assert!(batches.len() <= 1 + 2 * 4, "halving: {batches:?}");
-    let mut reader = sqs.reader(&queue);
-    assert_eq!(reader.drain(Duration::from_millis(500)).await.len(), 9);
+    assert_eq!(queued(&sqs, &queue).await, 9);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -83,17 +83,17 @@ impl Entry {
             .map(|v| String::from_utf8(v.to_vec()).expect("UTF-8 field"))
     }
 
+    /// The message's headers in the default layout (`h:` fields), in field order.
+    pub fn headers(&self) -> impl Iterator<Item = (String, String)> + '_ {
+        self.fields.iter().filter_map(|(name, value)| {
+            name.strip_prefix("h:")
+                .map(|h| (h.to_owned(), String::from_utf8(value.clone()).unwrap()))
+        })
+    }
+
     /// Decodes the default layout (`h:` header fields) to what the suite compares.
     pub fn delivered(&self) -> Delivered {
-        let headers = self
-            .fields
-            .iter()
-            .filter_map(|(name, value)| {
-                name.strip_prefix("h:")
-                    .map(|h| (h.to_owned(), String::from_utf8(value.clone()).unwrap()))
-            })
-            .collect();
-        self.delivered_with(headers, "payload")
+        self.delivered_with(self.headers().collect(), "payload")
     }
 
     /// Decodes the JSON header layout (`headers` field) with the payload in `payload_field`.
@@ -151,6 +151,21 @@ pub async fn xrange(conn: &mut MultiplexedConnection, stream: &str) -> Vec<Entry
         Value::Array(entries) => entries.iter().map(entry).collect(),
         other => panic!("unexpected XRANGE reply {other:?}"),
     }
+}
+
+/// A field of the server's `INFO section` answer, trimmed (empty when absent).
+pub async fn server_info(conn: &mut MultiplexedConnection, section: &str, field: &str) -> String {
+    let info: String = redis::cmd("INFO")
+        .arg(section)
+        .query_async(conn)
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|l| {
+            l.strip_prefix(&format!("{field}:"))
+                .map(|v| v.trim().to_owned())
+        })
+        .unwrap_or_default()
 }
 
 /// Publishes `batch` with the default context: one outcome per message.
