@@ -366,16 +366,14 @@ fn enqueue_with_a_bad_head(store: &MemoryStore) -> MessageId {
 }
 
 /// On a fresh three-partition topic named after `name`: enqueues the rows of
-/// [`enqueue_with_a_bad_head`] and runs a per-key relay (`owner`, `dead`) whose producer
-/// refuses records over 4,000 bytes (librdkafka's own `MessageSizeTooLarge`) until
-/// `published` rows are published and K's head is dead. Returns the broker, the topic,
-/// the store and the head's id.
+/// [`enqueue_with_a_bad_head`] and runs a per-key relay with `dead` whose producer refuses
+/// records over 4,000 bytes (librdkafka's own `MessageSizeTooLarge`) until `published`
+/// rows are published and K's head is dead. Returns the broker, the topic, the store and
+/// the head's id.
 async fn run_into_the_bad_head(
     name: &str,
-    owner: &str,
     dead: DeadHead,
     published: usize,
-    what: &str,
 ) -> (Kafka, String, MemoryStore, MessageId) {
     let kafka = Kafka::connect().await;
     let topic = kafka.topic(name, 3).await;
@@ -387,8 +385,9 @@ async fn run_into_the_bad_head(
             .property("message.max.bytes", "4000"),
     )
     .await;
-    let relay = per_key_relay(&store, small, owner, dead);
-    run_until(vec![relay], what, || async {
+    let relay = per_key_relay(&store, small, &format!("relay-{name}"), dead);
+    let what = format!("{published} rows published, K's head dead");
+    run_until(vec![relay], &what, || async {
         store.ids_with_status(Status::Published).len() == published
             && store.row(head).unwrap().row.status() == Status::Dead
     })
@@ -398,14 +397,7 @@ async fn run_into_the_bad_head(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_head_holds_its_key_until_replayed_then_the_key_arrives_in_order() {
-    let (kafka, topic, store, head) = run_into_the_bad_head(
-        "halt",
-        "relay-small",
-        DeadHead::Halt,
-        2,
-        "A and B published, K's head dead",
-    )
-    .await;
+    let (kafka, topic, store, head) = run_into_the_bad_head("halt", DeadHead::Halt, 2).await;
     let dead = store.row(head).unwrap();
     let error = dead.row.last_error.clone().unwrap_or_default();
     assert!(error.contains("MessageSizeTooLarge"), "{error}");
@@ -444,14 +436,7 @@ async fn a_failed_head_holds_its_key_until_replayed_then_the_key_arrives_in_orde
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_dead_head_skip_the_rest_of_the_key_goes_on_without_it() {
-    let (kafka, topic, _store, _head) = run_into_the_bad_head(
-        "skip",
-        "relay-skip",
-        DeadHead::Skip,
-        4,
-        "four rows published, K's head dead",
-    )
-    .await;
+    let (kafka, topic, _, _) = run_into_the_bad_head("skip", DeadHead::Skip, 4).await;
     let mut reader = kafka.reader(&topic);
     let got = ns_per_key(reader.read(4, Duration::from_secs(20)).await);
     assert_eq!(
