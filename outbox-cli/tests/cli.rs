@@ -3,9 +3,13 @@
 use std::process::{Command, Output};
 use std::time::Duration;
 
+use outbox::NewMessage;
 use outbox::TableNames;
 use outbox::postgres::PgOutbox;
-use outbox::{ClaimRequest, Completion, NewMessage, Store};
+
+mod common;
+
+use common::Fate;
 
 const URL_VAR: &str = "OUTBOX_TEST_POSTGRES_URL";
 const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
@@ -53,26 +57,11 @@ async fn seed(outbox: &PgOutbox, specs: &[(&str, &str, Option<&str>)]) -> Vec<ou
         .iter()
         .map(|(d, e, _)| NewMessage::builder(*d, *e).json(&1).build().unwrap())
         .collect();
-    let mut tx = outbox.pool().begin().await.unwrap();
-    outbox.enqueue_all(&mut tx, &messages).await.unwrap();
-    tx.commit().await.unwrap();
-    let claim = outbox
-        .claim(&ClaimRequest::new("seed", 1000, Duration::from_secs(60)))
-        .await
-        .unwrap();
-    let deaths: Vec<Completion> = messages
+    let fates: Vec<Fate<'_>> = specs
         .iter()
-        .zip(specs)
-        .filter_map(|(m, (_, _, why))| why.map(|why| Completion::dead(m.id(), why)))
+        .map(|(_, _, why)| why.map_or(Fate::Pending, Fate::Dead))
         .collect();
-    outbox.complete(claim.lease.token, &deaths).await.unwrap();
-    let alive: Vec<_> = messages
-        .iter()
-        .zip(specs)
-        .filter(|(_, s)| s.2.is_none())
-        .map(|(m, _)| m.id())
-        .collect();
-    outbox.release(claim.lease.token, &alive).await.unwrap();
+    common::settle(outbox, &messages, &fates).await;
     messages.iter().map(NewMessage::id).collect()
 }
 
@@ -232,32 +221,16 @@ async fn dead_letter_replay_by_filter_moves_exactly_the_matching_rows() {
 fn bad_configuration_gives_one_line_errors_and_a_failure_code() {
     let dir = tempfile::tempdir().unwrap();
     let dir = dir.path();
-    let bad_toml = dir.join("bad.toml");
-    std::fs::write(&bad_toml, "[store\nurl = 1\n").unwrap();
-    let bad_duration = dir.join("duration.toml");
-    std::fs::write(
-        &bad_duration,
-        "[store]\nurl = \"sqlite::memory:\"\n[relay]\nlease = \"soon\"\n",
-    )
-    .unwrap();
-    let bad_route = dir.join("route.toml");
-    std::fs::write(
-        &bad_route,
-        "[store]\nurl = \"sqlite::memory:\"\n[routes.x]\nurl = \"gopher://example.com\"\n",
-    )
-    .unwrap();
-    let bad_route_name = dir.join("route-name.toml");
-    std::fs::write(
-        &bad_route_name,
-        "[store]\nurl = \"sqlite::memory:\"\n[routes.\"bad name!\"]\nurl = \"https://hooks.example.com/x\"\n",
-    )
-    .unwrap();
-    let loopback_route = dir.join("loopback.toml");
-    std::fs::write(
-        &loopback_route,
-        "[store]\nurl = \"sqlite::memory:\"\n[routes.hooks]\nurl = \"http://127.0.0.1:9/hook\"\n",
-    )
-    .unwrap();
+    // `--config <a file named name holding text> <command>`.
+    let config = |name: &str, text: &str, command: &str| -> Vec<String> {
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        vec![
+            "--config".into(),
+            path.display().to_string(),
+            command.into(),
+        ]
+    };
     let cases: Vec<(Vec<String>, &str)> = vec![
         (
             vec![
@@ -286,19 +259,19 @@ fn bad_configuration_gives_one_line_errors_and_a_failure_code() {
             "`outbox migrate`",
         ),
         (
-            vec![
-                "--config".into(),
-                loopback_route.display().to_string(),
-                "relay".into(),
-            ],
+            config(
+                "loopback.toml",
+                "[store]\nurl = \"sqlite::memory:\"\n[routes.hooks]\nurl = \"http://127.0.0.1:9/hook\"\n",
+                "relay",
+            ),
             r#"route "hooks": invalid url: SSRF guard refused 127.0.0.1 (loopback); if this endpoint is meant to be internal, allow it for this route: `allow = ["127.0.0.1"]`"#,
         ),
         (
-            vec![
-                "--config".into(),
-                bad_route_name.display().to_string(),
-                "relay".into(),
-            ],
+            config(
+                "route-name.toml",
+                "[store]\nurl = \"sqlite::memory:\"\n[routes.\"bad name!\"]\nurl = \"https://hooks.example.com/x\"\n",
+                "relay",
+            ),
             r#"routes."bad name!": invalid route name: character ' ' not allowed (use A-Z a-z 0-9 _ - . : /)"#,
         ),
         (
@@ -309,28 +282,21 @@ fn bad_configuration_gives_one_line_errors_and_a_failure_code() {
             ],
             "cannot read",
         ),
+        (config("bad.toml", "[store\nurl = 1\n", "status"), "TOML"),
         (
-            vec![
-                "--config".into(),
-                bad_toml.display().to_string(),
-                "status".into(),
-            ],
-            "TOML",
-        ),
-        (
-            vec![
-                "--config".into(),
-                bad_duration.display().to_string(),
-                "status".into(),
-            ],
+            config(
+                "duration.toml",
+                "[store]\nurl = \"sqlite::memory:\"\n[relay]\nlease = \"soon\"\n",
+                "status",
+            ),
             "relay.lease: not a duration",
         ),
         (
-            vec![
-                "--config".into(),
-                bad_route.display().to_string(),
-                "relay".into(),
-            ],
+            config(
+                "route.toml",
+                "[store]\nurl = \"sqlite::memory:\"\n[routes.x]\nurl = \"gopher://example.com\"\n",
+                "relay",
+            ),
             "unsupported sink URL",
         ),
         (
@@ -490,51 +456,11 @@ async fn the_printed_schema_applies_with_the_database_clients() {
 async fn purge_deletes_in_batches_and_prints_one_line() {
     let (outbox, table) = outbox_table().await;
     outbox.migrate().await.unwrap();
-    let messages: Vec<NewMessage> = (0..2500)
-        .map(|n| {
-            NewMessage::builder("sms", "order.paid")
-                .json(&n)
-                .build()
-                .unwrap()
-        })
-        .collect();
-    let mut tx = outbox.pool().begin().await.unwrap();
-    outbox.enqueue_all(&mut tx, &messages).await.unwrap();
-    outbox
-        .enqueue_all(
-            &mut tx,
-            &[NewMessage::builder("sms", "kept").json(&0).build().unwrap()],
-        )
-        .await
-        .unwrap();
-    tx.commit().await.unwrap();
-    let claim = outbox
-        .claim(&ClaimRequest::new("seed", 2500, Duration::from_secs(60)))
-        .await
-        .unwrap();
-    let published: Vec<Completion> = claim
-        .messages
-        .iter()
-        .filter(|m| m.event_type == "order.paid")
-        .map(|m| Completion::published(m.id))
-        .collect();
-    assert_eq!(published.len(), 2500);
-    outbox
-        .complete(claim.lease.token, &published)
-        .await
-        .unwrap();
-    outbox
-        .release(
-            claim.lease.token,
-            &claim
-                .messages
-                .iter()
-                .filter(|m| m.event_type == "kept")
-                .map(|m| m.id)
-                .collect::<Vec<_>>(),
-        )
-        .await
-        .unwrap();
+    let mut messages: Vec<NewMessage> = outbox::testkit::numbered("sms", "order.paid", 2500);
+    let mut fates = vec![Fate::Published; messages.len()];
+    messages.push(NewMessage::builder("sms", "kept").json(&0).build().unwrap());
+    fates.push(Fate::Pending);
+    common::settle(&outbox, &messages, &fates).await;
 
     let out = outbox_cmd(&[
         "--store",

@@ -12,7 +12,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use outbox::postgres::PgOutbox;
-use outbox::{ClaimRequest, Completion, NewMessage, Store, TableNames};
+use outbox::{NewMessage, TableNames};
 use outbox_test_support::{ChildGuard, no_server, output_within, server_url, wait_for, wait_until};
 
 mod common;
@@ -51,7 +51,7 @@ async fn setup() -> Setup {
     store.migrate().await.unwrap();
 
     let mut messages = Vec::new();
-    let mut reasons = Vec::new();
+    let mut fates = Vec::new();
     for (destination, reason, n) in DEAD {
         for i in 0..*n {
             let payload = if *destination == "email" && i == 0 {
@@ -65,26 +65,13 @@ async fn setup() -> Setup {
                     .build()
                     .unwrap(),
             );
-            reasons.push(*reason);
+            fates.push(common::Fate::Dead(reason));
         }
     }
     let script_id = messages[DEAD[..4].iter().map(|d| d.2).sum::<usize>()]
         .id()
         .to_string();
-    let mut tx = pool.begin().await.unwrap();
-    store.enqueue_all(&mut tx, &messages).await.unwrap();
-    tx.commit().await.unwrap();
-    let claim = store
-        .claim(&ClaimRequest::new("test", 100, Duration::from_secs(60)))
-        .await
-        .unwrap();
-    assert_eq!(claim.messages.len(), 100);
-    let deaths: Vec<_> = messages
-        .iter()
-        .zip(&reasons)
-        .map(|(m, reason)| Completion::dead(m.id(), *reason))
-        .collect();
-    store.complete(claim.lease.token, &deaths).await.unwrap();
+    common::settle(&store, &messages, &fates).await;
 
     let dir = tempfile::tempdir().unwrap();
     let addr = {
@@ -364,14 +351,7 @@ async fn the_relay_serves_its_rate_and_latency_on_the_dashboard() {
         setup.pool.clone(),
         TableNames::default().outbox(&setup.table).unwrap(),
     );
-    let messages: Vec<_> = (0..300)
-        .map(|i| {
-            NewMessage::builder("billing", "invoice.paid")
-                .json(&i)
-                .build()
-                .unwrap()
-        })
-        .collect();
+    let messages: Vec<_> = outbox::testkit::numbered("billing", "invoice.paid", 300);
     let mut tx = setup.pool.begin().await.unwrap();
     store.enqueue_all(&mut tx, &messages).await.unwrap();
     tx.commit().await.unwrap();

@@ -64,14 +64,7 @@ async fn one_relay_binary_publishes_to_http_then_redis_by_config_only() {
     let enqueue = |n: usize| {
         let (outbox, pool) = (outbox.clone(), pool.clone());
         async move {
-            let messages: Vec<NewMessage> = (0..n)
-                .map(|i| {
-                    NewMessage::builder("events", "invoice.paid")
-                        .json(&i)
-                        .build()
-                        .unwrap()
-                })
-                .collect();
+            let messages: Vec<NewMessage> = outbox::testkit::numbered("events", "invoice.paid", n);
             let mut tx = pool.begin().await.unwrap();
             outbox.enqueue_all(&mut tx, &messages).await.unwrap();
             tx.commit().await.unwrap();
@@ -96,15 +89,16 @@ async fn one_relay_binary_publishes_to_http_then_redis_by_config_only() {
         "[store]\nurl = \"{pg_url}\"\ntable = \"{table}\"\n\n[relay]\npoll_interval = \"100ms\"\n\n[metrics]\nlisten = \"{metrics_addr}\"\n\n"
     );
     let stream = format!("swap-{table}");
+    // The configuration with `route` as the settings of the `events` route; then 5
+    // messages committed and the relay started. Returns the messages' ids and the relay.
+    let relay_to = async |route: String| {
+        std::fs::write(&config, format!("{common}[routes.events]\n{route}")).unwrap();
+        let ids = enqueue(5).await;
+        (ids, start_relay(&config))
+    };
 
     // 1. HTTP.
-    std::fs::write(
-        &config,
-        format!("{common}[routes.events]\nurl = \"{hook}\"\nallow = [\"127.0.0.1/32\"]\n"),
-    )
-    .unwrap();
-    let first = enqueue(5).await;
-    let relay = start_relay(&config);
+    let (first, relay) = relay_to(format!("url = \"{hook}\"\nallow = [\"127.0.0.1/32\"]\n")).await;
     wait_until("5 HTTP deliveries", LIMIT, || async {
         got.lock().unwrap().len() >= 5
     })
@@ -142,13 +136,7 @@ async fn one_relay_binary_publishes_to_http_then_redis_by_config_only() {
     assert_eq!(http_ids, expected, "HTTP received exactly the first batch");
 
     // 2. The same binary, only the route's settings changed: Redis Streams.
-    std::fs::write(
-        &config,
-        format!("{common}[routes.events]\nurl = \"{redis_url}\"\nstream = \"{stream}\"\n"),
-    )
-    .unwrap();
-    let second = enqueue(5).await;
-    let relay = start_relay(&config);
+    let (second, relay) = relay_to(format!("url = \"{redis_url}\"\nstream = \"{stream}\"\n")).await;
     let client = redis::Client::open(redis_url.as_str()).unwrap();
     let mut redis = client
         .get_multiplexed_async_connection()

@@ -1,7 +1,11 @@
-//! Shared by the CLI tests: the consumers (from the battery crate) and a tiny HTTP client.
+//! Shared by the CLI tests: the consumers (from the battery crate), a tiny HTTP client, and
+//! rows left published, dead or pending.
 #![allow(dead_code, unused_imports, unreachable_pub)]
 
 use std::time::Duration;
+
+use outbox::postgres::PgOutbox;
+use outbox::{ClaimRequest, Completion, NewMessage, Store};
 
 pub use outbox_battery::consumers::{
     Received, amqp_consumer, delete_amqp_queue, kafka_consumer, recording_receiver, sqs_consumer,
@@ -30,5 +34,51 @@ pub async fn http(addr: &str, request: &str) -> String {
     match tokio::time::timeout(Duration::from_secs(5), exchange).await {
         Ok(Ok(response)) => response,
         _ => String::new(),
+    }
+}
+
+/// Where [`settle`] leaves a message.
+#[derive(Debug, Clone, Copy)]
+pub enum Fate<'a> {
+    Published,
+    /// Dead, for this reason.
+    Dead(&'a str),
+    /// Claimed, then released: pending again.
+    Pending,
+}
+
+/// Commits `messages` in one transaction, claims them all, and leaves each as its fate
+/// (`fates[i]` for `messages[i]`) says.
+pub async fn settle(outbox: &PgOutbox, messages: &[NewMessage], fates: &[Fate<'_>]) {
+    assert_eq!(messages.len(), fates.len(), "one fate per message");
+    let mut tx = outbox.pool().begin().await.unwrap();
+    outbox.enqueue_all(&mut tx, messages).await.unwrap();
+    tx.commit().await.unwrap();
+    let claim = outbox
+        .claim(&ClaimRequest::new(
+            "seed",
+            messages.len(),
+            Duration::from_secs(60),
+        ))
+        .await
+        .unwrap();
+    assert_eq!(
+        claim.messages.len(),
+        messages.len(),
+        "every message claimed"
+    );
+    let (mut finished, mut pending) = (Vec::new(), Vec::new());
+    for (message, fate) in messages.iter().zip(fates) {
+        match fate {
+            Fate::Published => finished.push(Completion::published(message.id())),
+            Fate::Dead(reason) => finished.push(Completion::dead(message.id(), *reason)),
+            Fate::Pending => pending.push(message.id()),
+        }
+    }
+    if !finished.is_empty() {
+        outbox.complete(claim.lease.token, &finished).await.unwrap();
+    }
+    if !pending.is_empty() {
+        outbox.release(claim.lease.token, &pending).await.unwrap();
     }
 }
