@@ -1,13 +1,15 @@
 //! The handlers: read the store, check the form, and hand the figures to `pages`.
 
+use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Extension;
 use axum::body::Bytes;
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{FromRequest, FromRequestParts, Path, Request, State};
 use axum::http::StatusCode;
+use axum::http::request::Parts;
 use axum::response::{IntoResponse, Redirect, Response};
 use outbox_engine::{
     Backend, DeadLetterFilter, DeadLetters, FindMessages, Store, StoreError, StoreErrorKind,
@@ -50,53 +52,57 @@ fn store_error(error: &StoreError) -> Response {
     )
 }
 
-fn bad_request(reason: &str) -> Response {
-    pages::problem(StatusCode::BAD_REQUEST, reason)
+fn bad_request(reason: String) -> Response {
+    pages::problem(StatusCode::BAD_REQUEST, &reason)
 }
 
-pub(crate) async fn overview(
-    State(shared): AppState,
-    Extension(base): Extension<Base>,
-) -> Response {
-    match within(shared.store.gauges(GAUGE_LIMIT)).await {
-        Ok(gauges) => {
-            let capabilities = shared.store.capabilities();
-            pages::overview(&base, &capabilities, gauges.as_ref(), shared.relay.as_ref())
-                .into_response()
-        }
-        Err(error) => store_error(&error),
+/// A page, or the page that answers instead (a bad request, a store error).
+type Page = Result<Response, Response>;
+
+/// `query`'s answer, or the store's error page when it failed or [`STORE_DEADLINE`] passed.
+async fn read<T>(query: impl Future<Output = Result<T, StoreError>>) -> Result<T, Response> {
+    within(query).await.map_err(|error| store_error(&error))
+}
+
+/// The query string's parameters.
+impl<S: Send + Sync> FromRequestParts<S> for Params {
+    type Rejection = Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Infallible> {
+        Ok(Params::parse(
+            parts.uri.query().unwrap_or_default().as_bytes(),
+        ))
     }
+}
+
+pub(crate) async fn overview(State(shared): AppState, Extension(base): Extension<Base>) -> Page {
+    let gauges = read(shared.store.gauges(GAUGE_LIMIT)).await?;
+    let capabilities = shared.store.capabilities();
+    Ok(
+        pages::overview(&base, &capabilities, gauges.as_ref(), shared.relay.as_ref())
+            .into_response(),
+    )
 }
 
 pub(crate) async fn dead_letters(
     State(shared): AppState,
     Extension(base): Extension<Base>,
-    RawQuery(query): RawQuery,
-) -> Response {
-    let params = Params::parse(query.unwrap_or_default().as_bytes());
-    let filter = match ListFilter::from_params(&params) {
-        Ok(filter) => filter,
-        Err(reason) => return bad_request(&reason),
-    };
+    params: Params,
+) -> Page {
+    let filter = ListFilter::from_params(&params).map_err(bad_request)?;
     let mut page_filter = filter.to_filter();
     if let Some(after) = params.one("after") {
-        match message_id(after) {
-            Ok(id) => page_filter = page_filter.after_id(id),
-            Err(reason) => return bad_request(&reason),
-        }
+        page_filter = page_filter.after_id(message_id(after).map_err(bad_request)?);
     }
-    let count = match within(shared.store.count_dead(&filter.to_filter())).await {
-        Ok(count) => count,
-        Err(error) => return store_error(&error),
-    };
-    let letters = match within(shared.store.list_dead(&page_filter, PAGE)).await {
-        Ok(letters) => letters,
-        Err(error) => return store_error(&error),
-    };
+    let count = read(shared.store.count_dead(&filter.to_filter())).await?;
+    let letters = read(shared.store.list_dead(&page_filter, PAGE)).await?;
     let done = ["replayed", "discarded"]
         .into_iter()
         .find_map(|verb| Some((verb, params.one(verb)?.parse::<u64>().ok()?)));
-    pages::dead_letters(&base, &filter, count, &letters, done, &shared.access.csrf).into_response()
+    Ok(
+        pages::dead_letters(&base, &filter, count, &letters, done, &shared.access.csrf)
+            .into_response(),
+    )
 }
 
 /// What a form asks: the change, and either the selected ids or the list's filter.
@@ -130,54 +136,47 @@ fn review(params: &Params) -> Result<Review, String> {
     })
 }
 
-/// The change a posted form asks for, once its CSRF token checks out; otherwise the
-/// status and reason to answer with.
-fn checked(shared: &Shared, body: &Bytes) -> Result<Review, (StatusCode, String)> {
-    let params = Params::parse(body);
-    if !params
-        .one("csrf")
-        .is_some_and(|token| shared.access.csrf_matches(token))
-    {
-        return Err((
-            StatusCode::FORBIDDEN,
-            "the form is stale or forged (no valid CSRF token): reload the page and try again"
-                .to_owned(),
-        ));
+/// The change a posted form asks for, once its CSRF token checks out.
+pub(crate) struct Checked(Review);
+
+impl FromRequest<Arc<Shared>> for Checked {
+    type Rejection = Response;
+
+    async fn from_request(request: Request, shared: &Arc<Shared>) -> Result<Self, Response> {
+        let body = Bytes::from_request(request, shared)
+            .await
+            .map_err(IntoResponse::into_response)?;
+        let params = Params::parse(&body);
+        if !params
+            .one("csrf")
+            .is_some_and(|token| shared.access.csrf_matches(token))
+        {
+            return Err(pages::problem(
+                StatusCode::FORBIDDEN,
+                "the form is stale or forged (no valid CSRF token): reload the page and try again",
+            ));
+        }
+        review(&params).map(Checked).map_err(bad_request)
     }
-    review(&params).map_err(|reason| (StatusCode::BAD_REQUEST, reason))
 }
 
 pub(crate) async fn review_page(
     State(shared): AppState,
     Extension(base): Extension<Base>,
-    body: Bytes,
-) -> Response {
-    let review = match checked(&shared, &body) {
-        Ok(review) => review,
-        Err((status, reason)) => return pages::problem(status, &reason),
-    };
-    match within(shared.store.count_dead(&review.filter)).await {
-        Ok(count) => pages::confirm(&base, &review, count, &shared.access.csrf).into_response(),
-        Err(error) => store_error(&error),
-    }
+    Checked(review): Checked,
+) -> Page {
+    let count = read(shared.store.count_dead(&review.filter)).await?;
+    Ok(pages::confirm(&base, &review, count, &shared.access.csrf).into_response())
 }
 
 pub(crate) async fn apply(
     State(shared): AppState,
     Extension(base): Extension<Base>,
-    body: Bytes,
-) -> Response {
-    let review = match checked(&shared, &body) {
-        Ok(review) => review,
-        Err((status, reason)) => return pages::problem(status, &reason),
-    };
-    let done = match review.change {
-        Change::Replay => within(shared.store.replay_dead(&review.filter)).await,
-        Change::Discard => within(shared.store.discard_dead(&review.filter)).await,
-    };
-    let count = match done {
-        Ok(count) => count,
-        Err(error) => return store_error(&error),
+    Checked(review): Checked,
+) -> Page {
+    let count = match review.change {
+        Change::Replay => read(shared.store.replay_dead(&review.filter)).await?,
+        Change::Discard => read(shared.store.discard_dead(&review.filter)).await?,
     };
     if review.change == Change::Replay {
         // Wake listening relays; without wakeups they find the rows at their next poll.
@@ -188,7 +187,7 @@ pub(crate) async fn apply(
         Change::Discard => "discarded",
     };
     let query = review.list.query(&[(verb, count.to_string())]);
-    Redirect::to(&format!("{}/dead?{query}", base.0)).into_response()
+    Ok(Redirect::to(&format!("{}/dead?{query}", base.0)).into_response())
 }
 
 pub(crate) async fn message(
@@ -196,33 +195,26 @@ pub(crate) async fn message(
     Extension(base): Extension<Base>,
     Extension(Authorized(authorized)): Extension<Authorized>,
     Path(id): Path<String>,
-) -> Response {
-    if let Err(reason) = message_id(&id) {
-        return bad_request(&reason);
-    }
-    match within(shared.store.find_messages(&id, 1)).await {
-        Ok(found) => match found.first() {
-            Some(found) => {
-                pages::message(&base, found, authorized, &shared.access.csrf).into_response()
-            }
-            None => pages::problem(StatusCode::NOT_FOUND, "no message has this id"),
-        },
-        Err(error) => store_error(&error),
-    }
+) -> Page {
+    message_id(&id).map_err(bad_request)?;
+    let found = read(shared.store.find_messages(&id, 1)).await?;
+    Ok(match found.first() {
+        Some(found) => {
+            pages::message(&base, found, authorized, &shared.access.csrf).into_response()
+        }
+        None => pages::problem(StatusCode::NOT_FOUND, "no message has this id"),
+    })
 }
 
 pub(crate) async fn lookup(
     State(shared): AppState,
     Extension(base): Extension<Base>,
-    RawQuery(query): RawQuery,
-) -> Response {
-    let params = Params::parse(query.unwrap_or_default().as_bytes());
+    params: Params,
+) -> Page {
     let key = params.one("q").unwrap_or_default().to_owned();
     if key.is_empty() {
-        return pages::lookup(&base, &key, &[]).into_response();
+        return Ok(pages::lookup(&base, &key, &[]).into_response());
     }
-    match within(shared.store.find_messages(&key, LOOKUP_LIMIT)).await {
-        Ok(found) => pages::lookup(&base, &key, &found).into_response(),
-        Err(error) => store_error(&error),
-    }
+    let found = read(shared.store.find_messages(&key, LOOKUP_LIMIT)).await?;
+    Ok(pages::lookup(&base, &key, &found).into_response())
 }
