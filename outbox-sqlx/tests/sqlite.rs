@@ -110,9 +110,8 @@ impl SqliteHarness {
 /// ([`sqlx_tests!`]).
 async fn harness(mode: PublishedRows) -> SqliteHarness {
     let db = TestDb::new().await;
-    let mut h = SqliteHarness::with_mode(db.pool.clone(), mode).await;
-    h._db = Some(db);
-    h
+    let h = SqliteHarness::with_mode(db.pool.clone(), mode).await;
+    SqliteHarness { _db: Some(db), ..h }
 }
 
 impl StoreHarness for SqliteHarness {
