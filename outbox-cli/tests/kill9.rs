@@ -75,14 +75,7 @@ async fn kill_loop(sink: &str, route: &str, got: common::Received, per_cycle: us
     outbox.migrate().await.unwrap();
     let mut committed: HashSet<String> = HashSet::new();
     let mut commit_more = async |n: usize| {
-        let messages: Vec<NewMessage> = (0..n)
-            .map(|i| {
-                NewMessage::builder("hooks", "order.paid")
-                    .json(&i)
-                    .build()
-                    .unwrap()
-            })
-            .collect();
+        let messages: Vec<NewMessage> = outbox::testkit::numbered("hooks", "order.paid", n);
         for chunk in messages.chunks(1_000) {
             let mut tx = pool.begin().await.unwrap();
             outbox.enqueue_all(&mut tx, chunk).await.unwrap();

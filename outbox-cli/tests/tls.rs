@@ -25,14 +25,7 @@ async fn the_relay_binary_publishes_to_an_amqps_route() {
     let table = format!("tls_{:016x}", fastrand::u64(..));
     let outbox = PgOutbox::with_names(pool.clone(), TableNames::default().outbox(&table).unwrap());
     outbox.migrate().await.unwrap();
-    let messages: Vec<NewMessage> = (0..50)
-        .map(|i| {
-            NewMessage::builder("ledger", "invoice.paid")
-                .json(&i)
-                .build()
-                .unwrap()
-        })
-        .collect();
+    let messages: Vec<NewMessage> = outbox::testkit::numbered("ledger", "invoice.paid", 50);
     let mut tx = pool.begin().await.unwrap();
     outbox.enqueue_all(&mut tx, &messages).await.unwrap();
     tx.commit().await.unwrap();

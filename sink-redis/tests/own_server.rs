@@ -268,14 +268,9 @@ async fn a_wait_that_is_not_met_fails_retryably_and_the_resend_is_not_duplicated
     )
     .await
     .expect("one replica is connected");
-    let batch: Vec<_> = (0..5)
-        .map(|n| {
-            NewMessage::builder("events", "e")
-                .json(&n)
-                .build()
-                .unwrap()
-                .into_message(Utc::now())
-        })
+    let batch: Vec<_> = outbox_engine::testkit::numbered("events", "e", 5)
+        .into_iter()
+        .map(|m| m.into_message(Utc::now()))
         .collect();
     // A starved test machine can miss even a generous wait; a re-send is then a dedupe
     // hit, so retrying here is what the relay would do.

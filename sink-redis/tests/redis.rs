@@ -306,14 +306,9 @@ async fn consumer_group_reads_every_message_exactly_as_enqueued() {
 // ---------------------------------------------------------------------------------------
 
 fn claimed(destination: &str, n: usize) -> Vec<Message> {
-    (0..n)
-        .map(|i| {
-            NewMessage::builder(destination, "dedupe.test")
-                .json(&i)
-                .build()
-                .unwrap()
-                .into_message(Utc::now())
-        })
+    outbox_engine::testkit::numbered(destination, "dedupe.test", n)
+        .into_iter()
+        .map(|m| m.into_message(Utc::now()))
         .collect()
 }
 
@@ -424,14 +419,7 @@ async fn a_relay_crash_between_append_and_mark_does_not_duplicate() {
     let sink = sink(RedisSinkConfig::new(url.clone()).stream(stream.clone())).await;
     let clock = ManualClock::new();
     let store = MemoryStore::with_clock(clock.clone());
-    let messages: Vec<NewMessage> = (0..20)
-        .map(|i| {
-            NewMessage::builder("orders", "order.paid")
-                .json(&i)
-                .build()
-                .unwrap()
-        })
-        .collect();
+    let messages: Vec<NewMessage> = outbox_engine::testkit::numbered("orders", "order.paid", 20);
     store.enqueue_all(messages).unwrap();
 
     // A relay claims, publishes... and dies before completing.
