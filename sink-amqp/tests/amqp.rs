@@ -16,7 +16,8 @@ use outbox_engine::{
 use outbox_sink_amqp::{AmqpSink, AmqpSinkConfig, AmqpSinkError, read_delivery};
 
 mod common;
-use common::{Broker, delivered, header, publish, sink, url};
+use common::{Broker, delivered, header, sink, url};
+use outbox_engine::testkit::publish;
 
 // ---------------------------------------------------------------------------------------
 // Conformance suite

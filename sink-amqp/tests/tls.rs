@@ -9,7 +9,8 @@ use outbox_sink_amqp::{AmqpSink, AmqpSinkConfig, AmqpSinkError};
 use outbox_test_support::TlsTerminator;
 
 mod common;
-use common::{Broker, delivered, publish, url};
+use common::{Broker, delivered, url};
+use outbox_engine::testkit::publish;
 
 /// The test broker's URL, as `amqps://` through `terminator`.
 fn tls_url(terminator: &TlsTerminator) -> String {

@@ -5,8 +5,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Reply, TestServer, config, message, publish};
+use common::{Reply, TestServer, config, message};
 use outbox_engine::layers::{CircuitBreaker, CircuitConfig, CircuitState, RateLimit, SinkExt};
+use outbox_engine::testkit::publish;
 use outbox_engine::{Failure, FailureClass, Message, Outcome, PublishContext, Sink};
 use outbox_sink_http::HttpSink;
 

@@ -2,8 +2,9 @@
 
 mod common;
 
-use common::{Recorded, SECRET, TestServer, publish};
+use common::{Recorded, SECRET, TestServer};
 use outbox_engine::Headers;
+use outbox_engine::testkit::publish;
 use outbox_engine::testkit::{Delivered, SinkHarness, sink_suite};
 use outbox_engine::webhooks::{Secret, Verifier, idempotency_key};
 use outbox_sink_http::{HttpSink, headers};

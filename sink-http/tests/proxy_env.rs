@@ -8,7 +8,8 @@
 
 mod common;
 
-use common::{Canary, TestServer, message, publish};
+use common::{Canary, TestServer, message};
+use outbox_engine::testkit::publish;
 
 async fn child(url: String) {
     let sink = common::sink(common::config(url));

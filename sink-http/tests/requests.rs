@@ -6,8 +6,9 @@ use std::time::Duration;
 
 use chrono::Utc;
 use common::config;
-use common::{Canary, OLD_SECRET, Reply, SECRET, TestServer, message, publish};
+use common::{Canary, OLD_SECRET, Reply, SECRET, TestServer, message};
 use outbox_engine::layers::{CircuitConfig, SinkExt};
+use outbox_engine::testkit::publish;
 use outbox_engine::webhooks::{Secret, Verifier, idempotency_key};
 use outbox_engine::{
     Failure, FailureClass, Message, MessageId, NewMessage, Outcome, PublishContext, Sink,

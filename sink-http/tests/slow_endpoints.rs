@@ -72,7 +72,7 @@ async fn a_5xx_whose_body_trickles_fails_without_waiting_for_the_body() {
         trickling_server("HTTP/1.1 503 Service Unavailable\r\ncontent-length: 100\r\n\r\n").await;
     let sink = common::sink(common::config(format!("{url}/hook")));
     let started = Instant::now();
-    let outcomes = common::publish(&sink, &[common::message("t", 1)]).await;
+    let outcomes = outbox_engine::testkit::publish(&sink, &[common::message("t", 1)]).await;
     let Outcome::Failed(failure) = &outcomes[0] else {
         panic!("a 503 is a failure: {:?}", outcomes[0]);
     };

@@ -14,8 +14,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{Canary, Reply, TestServer, message, publish};
+use common::{Canary, Reply, TestServer, message};
 use outbox_engine::layers::{CircuitConfig, CircuitState, SinkExt};
+use outbox_engine::testkit::publish;
 use outbox_engine::{BoxFuture, FailureClass, Outcome};
 use outbox_sink_http::HttpSinkConfig;
 use outbox_sink_http::ssrf::{Lookup, SsrfPolicy, SystemLookup};

@@ -18,7 +18,8 @@ use outbox_sink_kafka::client::{ClientConfig, Message as _};
 use outbox_sink_kafka::{KafkaSink, KafkaSinkConfig, KafkaSinkError, Unkeyed, read_record};
 
 mod common;
-use common::{Kafka, Reader, delivered, key, publish, sink, url};
+use common::{Kafka, Reader, delivered, key, sink, url};
+use outbox_engine::testkit::publish;
 
 // ---------------------------------------------------------------------------------------
 // Conformance suite

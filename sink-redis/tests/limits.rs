@@ -10,7 +10,8 @@ use outbox_sink_redis::client as redis;
 use outbox_sink_redis::{RedisSink, RedisSinkConfig};
 
 mod common;
-use common::{OwnRedis, publish, reader, xrange};
+use common::{OwnRedis, reader, xrange};
+use outbox_engine::testkit::publish;
 
 const MIB: usize = 1024 * 1024;
 

@@ -15,7 +15,8 @@ use outbox_sink_redis::client as redis;
 use outbox_sink_redis::{RedisSink, RedisSinkConfig};
 
 mod common;
-use common::{OwnRedis, eventually, publish, reader, server_info, xrange};
+use common::{OwnRedis, eventually, reader, server_info, xrange};
+use outbox_engine::testkit::publish;
 
 const MESSAGES: usize = 1_500;
 

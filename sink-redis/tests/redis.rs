@@ -18,7 +18,8 @@ use outbox_sink_redis::{
 };
 
 mod common;
-use common::{Entry, del, fresh_name, publish, reader, server_info, sink, url, xlen, xrange};
+use common::{Entry, del, fresh_name, reader, server_info, sink, url, xlen, xrange};
+use outbox_engine::testkit::publish;
 
 // ---------------------------------------------------------------------------------------
 // Conformance suite

@@ -19,9 +19,8 @@ use outbox_sink_sqs::client as aws_sdk_sqs;
 use outbox_sink_sqs::{Binary, SqsSink, SqsSinkConfig, SqsSinkError, read_message, sqs_id};
 
 mod common;
-use common::{
-    Fault, FaultProxy, Reader, Sqs, config, config_via, delivered, publish, sink, system,
-};
+use common::{Fault, FaultProxy, Reader, Sqs, config, config_via, delivered, sink, system};
+use outbox_engine::testkit::publish;
 
 // ---------------------------------------------------------------------------------------
 // Conformance suite

@@ -8,7 +8,8 @@
 //!   in-memory one with transactions for consumers' tests.
 //! - [`RecordingSink`] acknowledges and records everything; [`FlakySink`] fails on
 //!   purpose, retryably or permanently, and can be slow; [`drain`] publishes what is due
-//!   for one destination into a fresh recording sink; [`numbered`] makes test messages.
+//!   for one destination into a fresh recording sink; [`numbered`] makes test messages and
+//!   [`publish`] sends a batch with the default deadline.
 //! - [`ManualClock`](crate::ManualClock) moves time only when told.
 
 /// Runs each named check on a fresh harness from `factory`, announcing it first with
@@ -32,6 +33,18 @@ pub use inbox_suite::{InboxHarness, MemoryInboxHarness};
 pub use sink_suite::{BinaryPayloads, Delivered, SinkHarness};
 pub use sinks::{FlakySink, FlakyStats, RecordingSink};
 pub use store_suite::{MemoryHarness, StoreHarness};
+
+/// Publishes `batch` through `sink` with the default deadline and returns one outcome per
+/// message.
+///
+/// # Panics
+///
+/// If the sink fails the whole batch: this is for tests.
+pub async fn publish(sink: &impl crate::Sink, batch: &[crate::Message]) -> Vec<crate::Outcome> {
+    sink.publish(batch, &crate::PublishContext::default())
+        .await
+        .expect("the sink answers per message")
+}
 
 /// `n` messages to `destination` of type `event_type` whose JSON payloads count from 0.
 ///

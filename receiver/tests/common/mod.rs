@@ -1,7 +1,6 @@
 //! What the receiver tests share: secrets, and the real HTTP sink that sends to them.
 #![allow(dead_code, unreachable_pub)]
 
-use outbox_engine::{Message, Outcome, PublishContext, Sink};
 use outbox_sink_http::{HttpSink, HttpSinkConfig};
 
 pub const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
@@ -11,11 +10,4 @@ pub const OLD_SECRET: &str = "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD";
 /// allowed), as `configure` sets it up.
 pub fn sink(url: String, configure: impl FnOnce(HttpSinkConfig) -> HttpSinkConfig) -> HttpSink {
     HttpSink::new(configure(HttpSinkConfig::new(url).allow("127.0.0.1/32"))).expect("valid sink")
-}
-
-/// Publishes `batch` with the default context: one outcome per message.
-pub async fn publish(sink: &impl Sink, batch: &[Message]) -> Vec<Outcome> {
-    sink.publish(batch, &PublishContext::default())
-        .await
-        .expect("publish")
 }

@@ -12,7 +12,6 @@ use lapin::options::{
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
 use outbox_engine::testkit::Delivered;
-use outbox_engine::{Message, Outcome, PublishContext, Sink};
 use outbox_sink_amqp::client as lapin;
 use outbox_sink_amqp::{AmqpSink, AmqpSinkConfig, AmqpSinkError, read_delivery};
 use outbox_test_support::{no_server, output_within, server_url};
@@ -151,13 +150,6 @@ pub fn delivered(delivery: &lapin::message::Delivery) -> Delivered {
         payload: received.payload,
         headers: received.headers,
     }
-}
-
-/// Publishes `batch` with the default context: one outcome per message.
-pub async fn publish(sink: &impl Sink, batch: &[Message]) -> Vec<Outcome> {
-    sink.publish(batch, &PublishContext::default())
-        .await
-        .expect("publish")
 }
 
 /// A header of a delivery as text.

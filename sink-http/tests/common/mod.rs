@@ -13,7 +13,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use chrono::Utc;
-use outbox_engine::{Message, NewMessage, Outcome, PublishContext, Sink};
+use outbox_engine::{Message, NewMessage};
 use outbox_sink_http::{HttpSink, HttpSinkConfig};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
@@ -237,13 +237,6 @@ pub fn message(dest: &str, n: u64) -> Message {
         .build()
         .unwrap()
         .into_message(Utc::now())
-}
-
-/// Publishes `batch` with the default context: one outcome per message.
-pub async fn publish(sink: &impl Sink, batch: &[Message]) -> Vec<Outcome> {
-    sink.publish(batch, &PublishContext::default())
-        .await
-        .expect("publish")
 }
 
 pub const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";

@@ -8,7 +8,6 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use outbox_engine::testkit::Delivered;
-use outbox_engine::{Message, Outcome, PublishContext, Sink};
 use outbox_sink_kafka::client as rdkafka;
 use outbox_sink_kafka::{KafkaSink, KafkaSinkConfig, read_record};
 use outbox_test_support::{ChildGuard, no_server, server_url};
@@ -188,13 +187,6 @@ pub fn delivered(record: &OwnedMessage) -> Delivered {
         payload: received.payload,
         headers: received.headers,
     }
-}
-
-/// Publishes `batch` with the default context: one outcome per message.
-pub async fn publish(sink: &impl Sink, batch: &[Message]) -> Vec<Outcome> {
-    sink.publish(batch, &PublishContext::default())
-        .await
-        .expect("publish")
 }
 
 /// The record's key as text.

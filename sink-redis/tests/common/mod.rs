@@ -9,7 +9,6 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use outbox_engine::testkit::Delivered;
-use outbox_engine::{Message, Outcome, PublishContext, Sink};
 use outbox_sink_redis::client::{self as redis, Value, aio::MultiplexedConnection};
 use outbox_sink_redis::{RedisSink, RedisSinkConfig, RedisSinkError};
 use outbox_test_support::ChildGuard;
@@ -166,13 +165,6 @@ pub async fn server_info(conn: &mut MultiplexedConnection, section: &str, field:
                 .map(|v| v.trim().to_owned())
         })
         .unwrap_or_default()
-}
-
-/// Publishes `batch` with the default context: one outcome per message.
-pub async fn publish(sink: &impl Sink, batch: &[Message]) -> Vec<Outcome> {
-    sink.publish(batch, &PublishContext::default())
-        .await
-        .expect("publish")
 }
 
 pub async fn xlen(conn: &mut MultiplexedConnection, stream: &str) -> usize {

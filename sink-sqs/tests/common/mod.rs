@@ -15,7 +15,6 @@ use aws_sdk_sqs::Client;
 use aws_sdk_sqs::config::{BehaviorVersion, Credentials, Region};
 use aws_sdk_sqs::types::{Message, MessageSystemAttributeName, QueueAttributeName};
 use outbox_engine::testkit::Delivered;
-use outbox_engine::{Outcome, PublishContext, Sink};
 use outbox_sink_sqs::client as aws_sdk_sqs;
 use outbox_sink_sqs::{SqsSink, SqsSinkConfig, read_message};
 use outbox_test_support::{ChildGuard, no_server, server_url};
@@ -251,13 +250,6 @@ pub fn delivered(message: &Message) -> Delivered {
         payload: received.payload,
         headers: received.headers,
     }
-}
-
-/// Publishes `batch` with the default context: one outcome per message.
-pub async fn publish(sink: &impl Sink, batch: &[outbox_engine::Message]) -> Vec<Outcome> {
-    sink.publish(batch, &PublishContext::default())
-        .await
-        .expect("publish")
 }
 
 /// A system attribute of a received message.
