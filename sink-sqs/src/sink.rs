@@ -38,7 +38,7 @@ const MAX_REQUESTS_IN_FLIGHT: usize = 10;
 /// (`MaximumMessageSize`, `FifoQueue`), so a misconfigured route fails at start-up
 /// instead of at the first batch. Clones share one client.
 ///
-/// Each [`publish`](Sink::publish) lays every message out (body and attributes, see the
+/// Each [`publish`](outbox_engine::Sink::publish) lays every message out (body and attributes, see the
 /// crate docs), refuses those SQS would refuse, and sends the rest in requests of at most
 /// [`MAX_BATCH_ENTRIES`] entries and [`MAX_BATCH_BYTES`], in batch order (one request at a
 /// time on a FIFO queue, up to 10 at once on a standard queue). A message is published only
