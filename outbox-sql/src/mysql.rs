@@ -14,7 +14,8 @@
 //!
 //! The claim is `claim_select` then `claim_lease` for the selected ids, in one
 //! transaction; the selected rows are returned with `attempts + 1` (an ordered claim
-//! checks its candidates with `heads` in between; see below). A completion is
+//! finds its candidates in up to five statements and checks them with `heads` in between;
+//! see below). A completion is
 //! `lock_leased` (the rows it returns are the ones still held, the others are stale),
 //! then `publish` / `delete_published` / `release` for the held ids and one `retry` or
 //! `dead` per held row, in one transaction.
@@ -24,7 +25,12 @@
 //! | `next_seq` | partition_key, count ≥ 1, count → the connection's `LAST_INSERT_ID()` (the OK packet's last insert id) is the number of the last of `count` new rows of that key |
 //! | `insert` | id, destination, event_type, aggregate_type?, aggregate_id?, partition_key?, tenant_id?, idempotency_key, payload, content_type, headers JSON, available_at? (UTC), delay ms (used when available_at is NULL), seq? (from `next_seq`; NULL without a partition key) |
 //! | [`Statements::insert_batch`] | the fourteen above, per row |
-//! | [`Statements::claim_select`], [`Statements::claim_select_ordered`] | destinations… (when filtered), limit → [`MESSAGE_COLUMNS`], `waited_ms` (from the insert, by the server's clock) |
+//! | [`Statements::claim_select`] | destinations… (when filtered), limit → [`MESSAGE_COLUMNS`], `waited_ms` (from the insert, by the server's clock) |
+//! | `window_end` | offset → `available_at`, `id` |
+//! | [`Statements::claim_select_ordered`] | destinations…, (with a window: end `available_at`, end `available_at`, end id), limit → as `claim_select` |
+//! | [`Statements::claim_heads`] | destinations… once per holding status, limit → id, `available_at` |
+//! | [`Statements::claim_unkeyed`] | destinations…, limit → id, `available_at` |
+//! | [`Statements::claim_candidates`] | ids… → as `claim_select` |
 //! | [`Statements::heads`] | ids… → the ids no earlier row of their key holds back |
 //! | [`Statements::claim_lease`] | owner, token, lease ms, lease ms, ids… |
 //! | [`Statements::lock_leased`] | ids…, token → the ids still held |
@@ -67,20 +73,28 @@
 //! An ordered claim (`claim_select_ordered`) takes a keyed row only if no row of its key
 //! and destination with a lower `seq` is pending or leased (or dead, under `halt`): its
 //! `seq` is at most the lowest `seq` of its key and destination in each of those states,
-//! each found by one dive into the `(partition_key, status, seq)` index, so the check
-//! costs the same however long the key's history or backlog. Those subqueries are plain consistent reads: the
-//! statement's `FOR UPDATE SKIP LOCKED` applies to the outer rows only, so a head another
-//! relay is claiming right now is skipped but still seen by the subqueries (checked on
-//! MariaDB 10.11; MySQL documents that a locking clause does not reach nested
-//! subqueries). The outer rows are locking reads of their newest committed versions,
-//! while InnoDB keeps one read view for the whole statement, opened at its first
-//! consistent read; so a row committed after that view opened can pass the check while
-//! its predecessor, committed just before it, is not in the view. The candidates with a
-//! key are therefore checked again with [`Statements::heads`], a new statement (a new
-//! view, at `READ COMMITTED`) run once the candidates are locked, and only the rows it
-//! returns are leased.
+//! each found by one dive into the head index `(head_key, destination, status, seq)`
+//! (`head_key` is the partition key of unfinished rows, NULL once published), so the check
+//! costs the same however long the key's history or backlog. Those subqueries are plain
+//! consistent reads: the statement's `FOR UPDATE SKIP LOCKED` applies to the outer rows
+//! only, so a head another relay is claiming right now is skipped but still seen by the
+//! subqueries (checked on MariaDB 10.11; MySQL documents that a locking clause does not
+//! reach nested subqueries). The outer rows are locking reads of their newest committed
+//! versions, while InnoDB keeps one read view for the whole statement, opened at its
+//! first consistent read; so a row committed after that view opened can pass the check
+//! while its predecessor, committed just before it, is not in the view. The candidates
+//! with a key are therefore checked again with [`Statements::heads`], a new statement (a
+//! new view, at `READ COMMITTED`) run once the candidates are locked, and only the rows
+//! it returns are leased.
+//!
+//! The walk tests only a window of due rows, four times the batch (decision 0034):
+//! `window_end` finds where it ends, and when more rows are due than that, the walk stops
+//! there. If it found fewer rows than the batch, [`Statements::claim_heads`] reads the
+//! due heads of every pair, [`Statements::claim_unkeyed`] the earliest unkeyed due rows,
+//! and [`Statements::claim_candidates`] locks the earliest of those, so a backlog waiting behind held-back
+//! heads is never read row by row.
 
-use crate::{Dialect, KEY_IDLE, Shared, TableNames};
+use crate::{Dialect, Shared, TableNames};
 
 /// Migration files of the outbox table.
 pub const OUTBOX_MIGRATIONS: &[(&str, &str)] = &[
@@ -90,6 +104,7 @@ pub const OUTBOX_MIGRATIONS: &[(&str, &str)] = &[
         include_str!("../sql/mysql/002_ordering.sql"),
     ),
     ("004_writers", include_str!("../sql/mysql/004_writers.sql")),
+    ("006_heads", include_str!("../sql/mysql/006_heads.sql")),
 ];
 /// Migration files of the inbox table.
 pub const INBOX_MIGRATIONS: &[(&str, &str)] =
@@ -132,9 +147,15 @@ pub struct DeadFilterShape {
 pub struct Statements {
     outbox: String,
     due_index: String,
+    head_index: String,
+    unkeyed_index: String,
     /// The lowest `seq` of `d`'s key among pending, leased and dead rows.
     lowest_seq: [String; 3],
     insert_head: String,
+    /// The end of an ordered claim's window: `(offset)` → `available_at`, `id` of the due
+    /// row that many rows into due order, or no row when fewer are due. Reads the due
+    /// index only (finished rows have no `available_at`).
+    pub window_end: String,
     /// Takes the migration lock: `(name, timeout s)` → 1 when held.
     pub migration_lock: String,
     /// Releases the migration lock: `(name)`.
@@ -172,6 +193,15 @@ pub struct Statements {
 const NOW: &str = "UTC_TIMESTAMP(6)";
 const LEASE_CLEARED: &str = "lease_owner = NULL, lease_token = NULL, lease_until = NULL";
 
+/// `AND <prefix>destination IN (?, …)` for `destinations` values, or nothing.
+fn destination_filter(prefix: &str, destinations: usize) -> String {
+    if destinations == 0 {
+        String::new()
+    } else {
+        format!("AND {prefix}destination IN ({}) ", list(destinations))
+    }
+}
+
 fn list(n: usize) -> String {
     let mut s = String::with_capacity(n * 3);
     for i in 0..n {
@@ -194,8 +224,13 @@ impl Statements {
         Self {
             outbox: r("{outbox}"),
             due_index: r("{outbox_due_idx}"),
+            head_index: r("{outbox_trg:head_idx}"),
+            unkeyed_index: r("{outbox_trg:unkeyed_idx}"),
             lowest_seq: ["pending", "leased", "dead"].map(|status| r(&key_seq(status, "ASC"))),
             insert_head: r(INSERT_HEAD),
+            window_end: r(
+                "SELECT available_at, id FROM {outbox} FORCE INDEX ({outbox_due_idx}) WHERE available_at <= {now} ORDER BY available_at, id LIMIT 1 OFFSET ?",
+            ),
             migration_lock: "SELECT GET_LOCK(?, ?) AS locked".to_owned(),
             migration_unlock: "SELECT RELEASE_LOCK(?)".to_owned(),
             check_outbox: r(&format!(
@@ -277,19 +312,89 @@ impl Statements {
 
     /// As [`claim_select`](Self::claim_select), but only rows without a partition key
     /// and keyed rows no earlier row of their key holds back (pending or leased, or dead
-    /// when `halt`). Check the keyed candidates again with [`heads`](Self::heads) before
-    /// leasing them (see the [module documentation](self#per-key-ordering)).
-    pub fn claim_select_ordered(&self, destinations: usize, halt: bool) -> String {
-        self.select_due(destinations, &format!("AND {} ", self.head_condition(halt)))
+    /// when `halt`). With `window`, only rows up to the window's end (from
+    /// [`window_end`](Self::window_end)) are tested, so a claim whose earliest rows all wait
+    /// behind held-back heads stops there; [`claim_heads`](Self::claim_heads) then finds
+    /// the heads the window did not hold. Check the keyed candidates again with
+    /// [`heads`](Self::heads) before leasing them (see the
+    /// [module documentation](self#per-key-ordering)).
+    pub fn claim_select_ordered(&self, destinations: usize, halt: bool, window: bool) -> String {
+        let window = if window {
+            "AND (d.available_at < ? OR (d.available_at = ? AND d.id <= ?)) "
+        } else {
+            ""
+        };
+        self.select_due(
+            destinations,
+            &format!("{window}AND {} ", self.head_condition(halt)),
+        )
     }
 
-    /// `d` has no key, or no row of its key and destination with a lower `seq` holds the key back: `d.seq`
-    /// is at most the lowest `seq` of the key in each holding status (pending, leased, and
-    /// dead when `halt`). Each lowest `seq` is one dive into the key index, `(partition_key,
-    /// status, seq)`, by `ORDER BY seq LIMIT 1`; a `NOT EXISTS (… p.seq < d.seq)` would
-    /// make MySQL read every entry of the key with that status (a dependent subquery uses
-    /// `ref` access, without a range on `seq`), and with `status IN (…)`, every entry of
-    /// the key.
+    /// The due heads of the (key, destination) pairs that have unfinished rows, earliest
+    /// first, at most `limit` (id and `available_at` of each): with
+    /// [`claim_unkeyed`](Self::claim_unkeyed), the rows an ordered claim locks with
+    /// [`claim_candidates`](Self::claim_candidates) when its window held fewer heads than
+    /// it wants. A plain read, whose cost grows with the pairs, not with the rows waiting
+    /// behind their heads: the lowest `seq` of each pair in each holding status comes from
+    /// a loose scan of the head index (one probe per pair), a window function keeps each
+    /// pair's lowest, and the join back to its row binds every column of the index (the
+    /// join order is fixed: taken the other way round, it scans the table).
+    pub fn claim_heads(&self, destinations: usize, halt: bool) -> String {
+        let statuses: &[&str] = if halt {
+            &["pending", "leased", "dead"]
+        } else {
+            &["pending", "leased"]
+        };
+        let lowest: Vec<String> = statuses
+            .iter()
+            .map(|status| {
+                format!(
+                    "(SELECT head_key, destination, status, MIN(seq) AS seq FROM {} FORCE INDEX ({}) WHERE status = '{status}' {}GROUP BY head_key, destination, status LIMIT {BARRIER})",
+                    self.outbox,
+                    self.head_index,
+                    destination_filter("", destinations)
+                )
+            })
+            .collect();
+        format!(
+            "SELECT x.id, x.available_at FROM (SELECT s.head_key, s.destination, s.status, s.seq, ROW_NUMBER() OVER (PARTITION BY s.head_key, s.destination ORDER BY s.seq) AS n FROM ({}) AS s) AS h STRAIGHT_JOIN {outbox} AS x FORCE INDEX ({head}) ON x.head_key = h.head_key AND x.destination = h.destination AND x.status = h.status AND x.seq = h.seq WHERE h.n = 1 AND h.status IN ('pending', 'leased') AND x.available_at <= {NOW} ORDER BY x.available_at, x.id LIMIT ?",
+            lowest.join(" UNION ALL "),
+            outbox = self.outbox,
+            head = self.head_index,
+        )
+    }
+
+    /// The earliest due rows without a partition key, at most `limit` (id and
+    /// `available_at` of each), from their own index: a backlog of keyed rows waiting
+    /// behind their heads cannot hide them.
+    pub fn claim_unkeyed(&self, destinations: usize) -> String {
+        format!(
+            "SELECT u.id, u.available_at FROM {} AS u FORCE INDEX ({}) WHERE u.partition_key IS NULL AND u.available_at <= {NOW} {}ORDER BY u.available_at, u.id LIMIT ?",
+            self.outbox,
+            self.unkeyed_index,
+            destination_filter("u.", destinations)
+        )
+    }
+
+    /// Locks the rows of `ids` that are still due, skipping rows other transactions hold:
+    /// `(ids…)` → [`MESSAGE_COLUMNS`], `waited_ms`. The primary key is forced: ordered
+    /// by the due index, MySQL would scan it for the ids.
+    pub fn claim_candidates(&self, ids: usize) -> String {
+        format!(
+            "SELECT {}, CAST(TIMESTAMPDIFF(MICROSECOND, d.created_at, {NOW}) DIV 1000 AS SIGNED) AS waited_ms FROM {} AS d FORCE INDEX (PRIMARY) WHERE d.id IN ({}) AND d.status IN ('pending', 'leased') AND d.available_at <= {NOW} FOR UPDATE SKIP LOCKED",
+            qualified_columns(),
+            self.outbox,
+            list(ids)
+        )
+    }
+
+    /// `d` has no key, or no row of its key and destination with a lower `seq` holds the
+    /// key back: `d.seq` is at most the lowest `seq` of the key in each holding status
+    /// (pending, leased, and dead when `halt`). Each lowest `seq` is one dive into the head
+    /// index, `(head_key, destination, status, seq)`, by `ORDER BY seq LIMIT 1`; a `NOT
+    /// EXISTS (… p.seq < d.seq)` would make MySQL read every entry of the key with that
+    /// status (a dependent subquery uses `ref` access, without a range on `seq`), and with
+    /// `status IN (…)`, every entry of the key.
     fn head_condition(&self, halt: bool) -> String {
         let holding = if halt { 3 } else { 2 };
         let checks: Vec<String> = self.lowest_seq[..holding]
@@ -300,11 +405,7 @@ impl Statements {
     }
 
     fn select_due(&self, destinations: usize, ordering: &str) -> String {
-        let filter = if destinations == 0 {
-            String::new()
-        } else {
-            format!("AND d.destination IN ({}) ", list(destinations))
-        };
+        let filter = destination_filter("d.", destinations);
         format!(
             "SELECT {}, CAST(TIMESTAMPDIFF(MICROSECOND, d.created_at, {NOW}) DIV 1000 AS SIGNED) AS waited_ms FROM {} AS d FORCE INDEX ({}) WHERE d.status IN ('pending', 'leased') AND d.available_at <= {NOW} {filter}{ordering}ORDER BY d.available_at, d.id LIMIT ? FOR UPDATE SKIP LOCKED",
             qualified_columns(),
@@ -563,9 +664,9 @@ fn qualified_columns() -> String {
 }
 
 /// The `seq` of one end of a key's rows in one status: `{status}` and `{order}` are filled
-/// in. The key index is forced: with few rows in a status, the optimizer would rather
+/// in. The head index is forced: with few rows in a status, the optimizer would rather
 /// read that status off the `(status, published_at)` index and sort.
-const KEY_SEQ: &str = "(SELECT p.seq FROM {outbox} AS p FORCE INDEX ({outbox_key_idx}) WHERE p.partition_key = d.partition_key AND p.destination = d.destination AND p.status = '{status}' ORDER BY p.seq {order} LIMIT 1)";
+const KEY_SEQ: &str = "(SELECT p.seq FROM {outbox} AS p FORCE INDEX ({outbox_trg:head_idx}) WHERE p.head_key = d.partition_key AND p.destination = d.destination AND p.status = '{status}' ORDER BY p.seq {order} LIMIT 1)";
 
 // A dead row halts its key when the key's highest pending or leased `seq` is above it
 // (one dive into the key index per status, as in `head_condition`).
@@ -580,6 +681,16 @@ fn key_seq(status: &str, order: &str) -> String {
         .replace("{status}", status)
         .replace("{order}", order)
 }
+
+/// A `LIMIT` no result reaches, which keeps the optimizer from pushing conditions into a
+/// derived table: pushed into a loose index scan, the `head_key IS NOT NULL` it infers
+/// from the join turns it into a range scan of every unfinished row. (The NULL pairs, of
+/// unkeyed and published rows, find no row in that join.)
+const BARRIER: &str = "18446744073709551615";
+
+/// No row of the key of counter row `k` is pending, leased or dead: one probe of the head
+/// index, whose `head_key` is NULL on published rows.
+const KEY_IDLE: &str = "NOT EXISTS (SELECT 1 FROM {outbox} AS o FORCE INDEX ({outbox_trg:head_idx}) WHERE o.head_key = k.partition_key)";
 
 const NEXT_SEQ: &str = "INSERT INTO {outbox_keys} (partition_key, last_seq) VALUES (?, LAST_INSERT_ID(?)) ON DUPLICATE KEY UPDATE last_seq = LAST_INSERT_ID(last_seq + ?)";
 
@@ -626,11 +737,17 @@ mod tests {
         assert_eq!(count(&sql.insert_batch(3)), 42);
         assert_eq!(count(&sql.claim_select(0)), 1);
         assert_eq!(count(&sql.claim_select(2)), 3);
+        assert_eq!(count(&sql.window_end), 1);
         for halt in [false, true] {
-            assert_eq!(count(&sql.claim_select_ordered(0, halt)), 1);
-            assert_eq!(count(&sql.claim_select_ordered(2, halt)), 3);
+            assert_eq!(count(&sql.claim_select_ordered(0, halt, false)), 1);
+            assert_eq!(count(&sql.claim_select_ordered(2, halt, true)), 6);
             assert_eq!(count(&sql.heads(4, halt)), 4);
         }
+        assert_eq!(count(&sql.claim_heads(0, false)), 1);
+        assert_eq!(count(&sql.claim_heads(2, false)), 5);
+        assert_eq!(count(&sql.claim_heads(2, true)), 7);
+        assert_eq!(count(&sql.claim_unkeyed(2)), 3);
+        assert_eq!(count(&sql.claim_candidates(3)), 3);
         assert_eq!(count(&sql.shared.halted_keys), 0);
         assert_eq!(count(&sql.claim_lease(3)), 7);
         assert_eq!(count(&sql.lock_leased(3)), 4);

@@ -9,7 +9,8 @@ use outbox_engine::{
     MessageOrder, PublishedRows, StoreError, StoreErrorKind,
 };
 use outbox_sql::mysql::{MAX_ERROR_BYTES, MAX_OWNER_CHARS, Statements};
-use sqlx::mysql::{MySql, MySqlConnection};
+use sqlx::Row;
+use sqlx::mysql::{MySql, MySqlConnection, MySqlRow};
 
 use super::{ID_CHUNK, MySqlOutbox, bind_ids, clip_bytes, clip_chars, interval_ms, padded};
 use crate::common::{lease, limit};
@@ -30,20 +31,26 @@ impl RelayDialect for MySql {
             MessageOrder::PerKey(policy) => Some(policy == DeadHead::Halt),
             _ => None,
         };
-        let select = match halt {
-            Some(halt) => sql.claim_select_ordered(destinations.len(), halt),
-            None => sql.claim_select(destinations.len()),
-        };
         let mut tx = store.begin().await?;
-        let mut query = sqlx::query(&select);
-        for d in destinations {
-            query = query.bind(d.as_str());
-        }
-        let rows = query
-            .bind(limit(request.batch_size))
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(classify)?;
+        let rows = match halt {
+            Some(halt) => {
+                store
+                    .lock_ordered(&mut tx, destinations, request.batch_size, halt)
+                    .await?
+            }
+            None => {
+                let select = sql.claim_select(destinations.len());
+                let mut query = sqlx::query(&select);
+                for d in destinations {
+                    query = query.bind(d.as_str());
+                }
+                query
+                    .bind(limit(request.batch_size))
+                    .fetch_all(&mut *tx)
+                    .await
+                    .map_err(classify)?
+            }
+        };
         if rows.is_empty() {
             tx.commit().await.map_err(classify)?;
             return Ok(Claim::new(lease, Vec::new()));
@@ -221,6 +228,103 @@ impl MySqlOutbox {
             held.extend(rows::ids::<MySql>(&rows)?);
         }
         Ok(held)
+    }
+
+    /// Locks the rows an ordered claim may lease, at most `batch`: the heads in a window
+    /// of due rows (four times the batch), and when that window is full but held fewer,
+    /// the due heads of every pair and the earliest unkeyed rows (decision 0034).
+    async fn lock_ordered(
+        &self,
+        tx: &mut MySqlConnection,
+        destinations: &[String],
+        batch: usize,
+        halt: bool,
+    ) -> Result<Vec<MySqlRow>, StoreError> {
+        let sql = &self.sql;
+        let window = batch.saturating_mul(4);
+        // Ids are `ascii_bin` text, which the driver reports as binary: read them unchecked.
+        let text = |row: &MySqlRow, column| row.try_get_unchecked::<String, _>(column);
+        let end = sqlx::query(&sql.window_end)
+            .bind(limit(window - 1))
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(classify)?
+            .map(|row| {
+                Ok::<_, sqlx::Error>((row.try_get::<chrono::NaiveDateTime, _>(0)?, text(&row, 1)?))
+            })
+            .transpose()
+            .map_err(classify)?;
+        let select = sql.claim_select_ordered(destinations.len(), halt, end.is_some());
+        let mut query = sqlx::query(&select);
+        for d in destinations {
+            query = query.bind(d.as_str());
+        }
+        if let Some((at, id)) = &end {
+            query = query.bind(at).bind(at).bind(id.as_str());
+        }
+        let mut rows = query
+            .bind(limit(batch))
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(classify)?;
+        if end.is_none() || rows.len() >= batch {
+            // Either every due row was tested, or the window held enough heads.
+            return Ok(rows);
+        }
+        // The heads past the window and the unkeyed rows: two statements, since MariaDB
+        // loses the loose index scan when one `UNION` holds both; and prepared afresh each
+        // time, since it also loses it when it executes a kept prepared statement again.
+        let mut found = Vec::new();
+        for (statement, filters) in [
+            (
+                sql.claim_heads(destinations.len(), halt),
+                if halt { 3 } else { 2 },
+            ),
+            (sql.claim_unkeyed(destinations.len()), 1),
+        ] {
+            let mut query = sqlx::query(&statement).persistent(false);
+            for d in std::iter::repeat_n(destinations, filters).flatten() {
+                query = query.bind(d.as_str());
+            }
+            let rows = query
+                .bind(limit(batch))
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(classify)?;
+            for row in &rows {
+                let due: chrono::NaiveDateTime = row.try_get(1).map_err(classify)?;
+                found.push((due, text(row, 0).map_err(classify)?));
+            }
+        }
+        // The earliest first, without the rows the walk locked (a transaction's own locks
+        // are not skipped), as many as the batch still wants.
+        found.sort();
+        let mut seen: HashSet<String> = rows
+            .iter()
+            .map(|row| text(row, 0))
+            .collect::<Result<_, _>>()
+            .map_err(classify)?;
+        let candidates: Vec<String> = found
+            .into_iter()
+            .map(|(_, id)| id)
+            .filter(|id| seen.insert(id.clone()))
+            .take(batch - rows.len())
+            .collect();
+        for chunk in candidates.chunks(ID_CHUNK) {
+            let n = padded(chunk.len());
+            let lock = sql.claim_candidates(n);
+            let mut query = sqlx::query(&lock);
+            // Padded with the chunk's last id, as every list statement is.
+            for id in chunk
+                .iter()
+                .chain(std::iter::repeat(&chunk[chunk.len() - 1]))
+                .take(n)
+            {
+                query = query.bind(id.as_str());
+            }
+            rows.extend(query.fetch_all(&mut *tx).await.map_err(classify)?);
+        }
+        Ok(rows)
     }
 
     /// Drops the keyed candidates of an ordered claim that a fresh read shows are not the
