@@ -1085,7 +1085,9 @@ async fn a_head_committed_during_the_claim_scan_still_holds_its_key() {
         .await
         .unwrap();
     }
-    let request = ClaimRequest::new("r", 10, Duration::from_secs(30)).ordering(per_key(false));
+    // A batch whose window (four times it) spans the whole blocked range, so the walk
+    // crosses all of it before it reaches R.
+    let request = ClaimRequest::new("r", 1 << 16, Duration::from_secs(30)).ordering(per_key(false));
     let started = std::time::Instant::now();
     assert!(h.outbox.claim(&request).await.unwrap().messages.is_empty());
     let scan = started.elapsed();

@@ -231,8 +231,7 @@ async fn parent() {
 fn main() {
     relay_process::main(
         "OUTBOX_ORDER_CHILD",
-        "per_key_order_under_stress",
         child,
-        parent,
+        vec![("per_key_order_under_stress", || Box::pin(parent()))],
     );
 }

@@ -8,7 +8,7 @@
 //!   once its parent is gone, even if the parent was killed before its guards could run.
 //! - [`wait_until`] / [`wait_for`]: wait for state reached asynchronously, with a deadline
 //!   and a message that says what was awaited.
-//! - [`run_single_test`]: the `main` of a `harness = false` test file, with libtest's
+//! - [`run_single_test`], [`run_tests`]: the `main` of a `harness = false` test file, with libtest's
 //!   command line (`--list`, filters, `--skip`, `--exact`), so any runner sees the test.
 //! - [`server_url`] / [`no_server`]: where the test servers are, and a loud failure when
 //!   one is missing.
@@ -197,12 +197,22 @@ where
 /// libtest's arguments (so `--list`, name filters, `--skip` and `--exact` work for cargo
 /// test and nextest alike), runs `test` if selected, and exits with libtest's status.
 pub fn run_single_test(name: &str, test: impl FnOnce() + Send + 'static) -> ! {
+    run_tests(vec![(name.to_owned(), Box::new(test))])
+}
+
+/// [`run_single_test`] for a file that holds several tests, each a name and its body.
+pub fn run_tests(tests: Vec<(String, Box<dyn FnOnce() + Send>)>) -> ! {
     let args = libtest_mimic::Arguments::from_args();
-    let trial = libtest_mimic::Trial::test(name, move || {
-        test();
-        Ok(())
-    });
-    libtest_mimic::run(&args, vec![trial]).exit()
+    let trials = tests
+        .into_iter()
+        .map(|(name, test)| {
+            libtest_mimic::Trial::test(name, move || {
+                test();
+                Ok(())
+            })
+        })
+        .collect();
+    libtest_mimic::run(&args, trials).exit()
 }
 
 /// A server URL from the environment variable `var`, or the default that

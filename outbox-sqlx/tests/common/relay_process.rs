@@ -3,6 +3,7 @@
 //! file that re-runs itself as those children.
 
 use std::future::Future;
+use std::pin::Pin;
 
 use outbox_engine::{Failure, FailureClass};
 use sqlx::PgPool;
@@ -46,27 +47,34 @@ pub async fn drop_tables(pool: &PgPool, tables: &[&str]) {
         .expect("drop the tables");
 }
 
+/// A test of a file run by [`main`]: its name, and the body the parent process runs.
+pub type Test = (&'static str, fn() -> Pin<Box<dyn Future<Output = ()>>>);
+
 /// The `main` of a test file that re-runs itself as child processes: with `child_var`
-/// set, runs `child` on its value until the parent is gone; otherwise runs `parent` as
-/// the test `name`. Both on a runtime with two worker threads.
-pub fn main<C, P>(
-    child_var: &str,
-    name: &str,
-    child: impl FnOnce(String) -> C,
-    parent: impl FnOnce() -> P + Send + 'static,
-) where
+/// set, runs `child` on its value until the parent is gone; otherwise runs the selected
+/// `tests` as the parent. Each on a runtime with two worker threads.
+pub fn main<C>(child_var: &str, child: impl FnOnce(String) -> C, tests: Vec<Test>)
+where
     C: Future<Output = ()>,
-    P: Future<Output = ()>,
 {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = || {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap()
+    };
     if let Ok(value) = std::env::var(child_var) {
         outbox_test_support::exit_with_parent();
-        runtime.block_on(child(value));
+        runtime().block_on(child(value));
         return;
     }
-    outbox_test_support::run_single_test(name, move || runtime.block_on(parent()));
+    let tests = tests
+        .into_iter()
+        .map(|(name, parent)| {
+            let run: Box<dyn FnOnce() + Send> = Box::new(move || runtime().block_on(parent()));
+            (name.to_owned(), run)
+        })
+        .collect();
+    outbox_test_support::run_tests(tests);
 }
