@@ -14,11 +14,10 @@
 //!
 //! The claim is `claim_select` then `claim_lease` for the selected ids, in one
 //! transaction; the selected rows are returned with `attempts + 1` (an ordered claim
-//! finds its candidates in up to five statements and checks them with `heads` in between;
-//! see below). A completion is
-//! `lock_leased` (the rows it returns are the ones still held, the others are stale),
-//! then `publish` / `delete_published` / `release` for the held ids and one `retry` or
-//! `dead` per held row, in one transaction.
+//! finds its candidates in up to five statements and checks them with `heads` in
+//! between; see below). A completion is `lock_leased` (the rows it returns are the ones
+//! still held, the others are stale), then `publish` / `delete_published` / `release`
+//! for the held ids and one `retry` or `dead` per held row, in one transaction.
 //!
 //! | statement | parameters (`?`, in order) |
 //! |---|---|
@@ -91,8 +90,8 @@
 //! `window_end` finds where it ends, and when more rows are due than that, the walk stops
 //! there. If it found fewer rows than the batch, [`Statements::claim_heads`] reads the
 //! due heads of every pair, [`Statements::claim_unkeyed`] the earliest unkeyed due rows,
-//! and [`Statements::claim_candidates`] locks the earliest of those, so a backlog waiting behind held-back
-//! heads is never read row by row.
+//! and [`Statements::claim_candidates`] locks the earliest of those, so a backlog waiting
+//! behind held-back heads is never read row by row.
 
 use crate::{Dialect, Shared, TableNames};
 
