@@ -8,8 +8,9 @@
 //!   once its parent is gone, even if the parent was killed before its guards could run.
 //! - [`wait_until`] / [`wait_for`]: wait for state reached asynchronously, with a deadline
 //!   and a message that says what was awaited.
-//! - [`run_single_test`], [`run_tests`]: the `main` of a `harness = false` test file, with libtest's
-//!   command line (`--list`, filters, `--skip`, `--exact`), so any runner sees the test.
+//! - [`run_single_test`], [`run_tests`]: the `main` of a `harness = false` test file,
+//!   with libtest's command line (`--list`, filters, `--skip`, `--exact`), so any runner
+//!   sees its tests.
 //! - [`server_url`] / [`no_server`]: where the test servers are, and a loud failure when
 //!   one is missing.
 //! - [`make_certificates`]: a private CA with server and client certificates, for TLS tests;

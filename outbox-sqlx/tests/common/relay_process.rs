@@ -1,6 +1,6 @@
-//! Relays in child processes on PostgreSQL (the crash and ordering stress tests): the
-//! server's pool, the table a test sink records deliveries in, and the `main` of a test
-//! file that re-runs itself as those children.
+//! Relays in child processes: the `main` of a test file that re-runs itself as those
+//! children (the crash and ordering stress tests), and for the PostgreSQL-only ordering
+//! stress test the server's pool and the table a test sink records deliveries in.
 
 use std::future::Future;
 use std::pin::Pin;
