@@ -10,8 +10,8 @@
 //! | `claim_filtered` | as `claim`, 5 destinations text[] |
 //! | [`Statements::claim_ordered`] | as `claim` / `claim_filtered` |
 //! | `halted_keys` | none → destination, halted |
-//! | `complete` | 1 token, 2 ids uuid[], 3 statuses text[], 4 delays ms bigint[], 5 errors text[] → returns applied ids |
-//! | `delete_published` | 1 token, 2 ids uuid[] → returns deleted ids |
+//! | `complete` | 1 token, 2 ids uuid[], 3 statuses text[], 4 delays ms bigint[], 5 errors text[] → no row if each id's row changed, else `id`, `applied` for each id |
+//! | `delete_published` | 1 token, 2 ids uuid[] → no row if each id's row changed, else `id`, `applied` for each id |
 //! | `release` | 1 token, 2 ids uuid[] → returns released ids |
 //! | `stats` | none → destination, pending, leased, dead, published, oldest created_at |
 //! | `gauges_unfinished`, `gauges_dead` | 1 limit |
@@ -125,10 +125,10 @@ impl Statements {
             claim: r(&claim("")),
             claim_filtered: r(&claim(&only_destinations("d"))),
             claim_ordered: claims_ordered(&r, false),
-            complete: r(COMPLETE),
-            delete_published: r(
+            complete: r(&report_stale(COMPLETE)),
+            delete_published: r(&report_stale(
                 "DELETE FROM {outbox} WHERE id = ANY($2) AND status = 'leased' AND lease_token = $1 RETURNING id",
-            ),
+            )),
             release: r(RELEASE),
             rotate_prepare: r("SELECT {outbox_fn:rotate_prepare}($1, $2) AS moved"),
             rotate: r("SELECT {outbox_fn:rotate}($1, $2) AS emptied"),
@@ -202,6 +202,22 @@ impl Statements {
             None => &self.claim,
         }
     }
+}
+
+/// Runs `fenced`, a statement that changes the leased rows of the ids in `$2` and returns
+/// the `id` of each row it changed, and reports in the fewest rows: none when it changed
+/// one row for each id asked for (the usual case), and otherwise each id asked for with
+/// `applied`, whether its row changed. A completion then sends nothing back but the
+/// rare lease conflict.
+fn report_stale(fenced: &str) -> String {
+    format!(
+        "WITH done AS (
+{fenced}
+)
+SELECT r.id, r.id IN (SELECT done.id FROM done) AS applied
+FROM unnest($2::uuid[]) AS r(id)
+WHERE (SELECT count(*) FROM done) < cardinality($2)"
+    )
 }
 
 /// Keeps the rows of table alias `alias` whose destination is in the bound list `$5`.

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use outbox_engine::{
-    Claim, ClaimRequest, Completion, DeadLetterFilter, LeaseToken, Listener, MessageId, NewMessage,
-    PurgeRequest, StoreError,
+    Claim, ClaimRequest, CompleteReport, Completion, DeadLetterFilter, LeaseToken, Listener,
+    MessageId, NewMessage, PurgeRequest, StoreError,
 };
 use outbox_sql::{Migration, Shared, TableNames};
 
@@ -113,13 +113,14 @@ pub trait RelayDialect: SqlDialect {
         request: &ClaimRequest,
     ) -> impl Future<Output = Result<Claim, StoreError>> + Send;
 
-    /// Applies the completions fenced by `token`; returns the ids applied.
+    /// Applies the completions fenced by `token`; reports what was applied and what was
+    /// stale, as [`outbox_sql::values::report`] counts them.
     #[doc(hidden)]
     fn complete(
         store: &SqlOutbox<Self>,
         token: LeaseToken,
         completions: &[Completion],
-    ) -> impl Future<Output = Result<HashSet<MessageId>, StoreError>> + Send;
+    ) -> impl Future<Output = Result<CompleteReport, StoreError>> + Send;
 
     /// Gives rows back, fenced by `token`; returns the ids given back.
     #[doc(hidden)]

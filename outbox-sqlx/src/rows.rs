@@ -5,8 +5,8 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use outbox_engine::{
-    DeadLetter, DestinationGauges, DestinationStats, FoundMessage, Message, MessageId, Rejected,
-    Status, StoreError, StoreErrorKind, Waited, WaitedSince,
+    CompleteReport, Completion, DeadLetter, DestinationGauges, DestinationStats, FoundMessage,
+    Message, MessageId, Rejected, Status, StoreError, StoreErrorKind, Waited, WaitedSince,
 };
 
 use crate::common::{attempts, count, read_headers, undecodable};
@@ -158,6 +158,14 @@ pub(crate) fn ids<DB: SqlDialect>(rows: &[DB::Row]) -> Result<HashSet<MessageId>
         ids.insert(DB::id(row).map_err(schema)?);
     }
     Ok(ids)
+}
+
+/// The report of `completions`, of which the rows of `applied` changed.
+pub(crate) fn completed(
+    completions: &[Completion],
+    applied: &HashSet<MessageId>,
+) -> CompleteReport {
+    outbox_sql::values::report(completions.iter().map(|c| c.id), applied)
 }
 
 /// Runs a statement that returns the ids it changed (`RETURNING id`).

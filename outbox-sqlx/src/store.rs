@@ -195,11 +195,7 @@ where
         if completions.is_empty() {
             return Ok(CompleteReport::default());
         }
-        let applied = DB::complete(self, token, completions).await?;
-        Ok(outbox_sql::values::report(
-            completions.iter().map(|c| c.id),
-            &applied,
-        ))
+        DB::complete(self, token, completions).await
     }
 
     async fn release(

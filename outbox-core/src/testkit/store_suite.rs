@@ -118,6 +118,7 @@ pub async fn run_all<H: StoreHarness>(factory: impl AsyncFn() -> H) {
         scheduled_rows_wait,
         lapsed_lease_is_reclaimed,
         stale_token_is_fenced,
+        partly_stale_completion_is_reported_per_id,
         retry_respects_available_at,
         completion_is_batched,
         release_does_not_count_an_attempt,
@@ -465,6 +466,41 @@ pub async fn stale_token_is_fenced<H: StoreHarness>(h: &H) {
         "completing twice is fenced too"
     );
     assert_eq!(counts(h, "orders").await, expect(h, (0, 0, 3, 0)));
+}
+
+/// A completion of rows of which another relay reclaimed some applies to the others and
+/// names each stale one; an id given twice counts once, its repeat stale.
+pub async fn partly_stale_completion_is_reported_per_id<H: StoreHarness>(h: &H) {
+    let ids = enqueue_n(h, "orders", 4).await;
+    let store = h.store();
+    let old = store.claim(&request(10)).await.expect("claim");
+    assert_eq!(old.messages.len(), 4);
+    h.advance(LEASE + Duration::from_secs(1)).await;
+    let new = store.claim(&request(2)).await.expect("claim");
+    let reclaimed: Vec<_> = new.messages.iter().map(|m| m.id).collect();
+    assert_eq!(reclaimed, ids[..2], "the oldest lapsed rows are reclaimed");
+
+    // Published and retried rows on both sides, so that a store with one statement per
+    // kind of completion has stale and current rows in each.
+    let retry = |id| Completion::retry(id, Duration::from_secs(60), "suite: retry");
+    let completions = [
+        Completion::published(ids[0]),
+        retry(ids[1]),
+        Completion::published(ids[2]),
+        retry(ids[3]),
+        Completion::published(ids[2]),
+    ];
+    let report = store
+        .complete(old.lease.token, &completions)
+        .await
+        .expect("complete");
+    assert_eq!(report.applied, 2, "the rows the old lease still holds");
+    let mut stale = report.stale.clone();
+    stale.sort();
+    let mut expected = vec![ids[0], ids[1], ids[2]];
+    expected.sort();
+    assert_eq!(stale, expected, "each reclaimed id, and the repeat");
+    assert_eq!(counts(h, "orders").await, expect(h, (1, 2, 1, 0)));
 }
 
 /// A retried row waits for its backoff.

@@ -5,8 +5,8 @@
 use std::collections::HashSet;
 
 use outbox_engine::{
-    Claim, ClaimRequest, CompleteAction, Completion, DeadHead, LeaseToken, Message, MessageId,
-    MessageOrder, PublishedRows, StoreError, StoreErrorKind,
+    Claim, ClaimRequest, CompleteAction, CompleteReport, Completion, DeadHead, LeaseToken, Message,
+    MessageId, MessageOrder, PublishedRows, StoreError, StoreErrorKind,
 };
 use outbox_sql::mysql::{MAX_ERROR_BYTES, MAX_OWNER_CHARS, Statements};
 use sqlx::Row;
@@ -121,13 +121,13 @@ impl RelayDialect for MySql {
         store: &MySqlOutbox,
         token: LeaseToken,
         completions: &[Completion],
-    ) -> Result<HashSet<MessageId>, StoreError> {
+    ) -> Result<CompleteReport, StoreError> {
         let ids = unique(completions.iter().map(|c| c.id));
         let mut tx = store.begin().await?;
         let held = store.lock_leased(&mut tx, token, &ids).await?;
         if held.is_empty() {
             tx.rollback().await.map_err(classify)?;
-            return Ok(held);
+            return Ok(rows::completed(completions, &held));
         }
         let token_text = token.as_uuid().to_string();
         let sql = &store.sql;
@@ -179,7 +179,7 @@ impl RelayDialect for MySql {
             };
         }
         tx.commit().await.map_err(classify)?;
-        Ok(held)
+        Ok(rows::completed(completions, &held))
     }
 
     async fn release(

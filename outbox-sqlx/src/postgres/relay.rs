@@ -3,8 +3,11 @@
 
 use std::collections::HashSet;
 
-use outbox_engine::{Claim, ClaimRequest, Completion, LeaseToken, MessageId, StoreError};
-use sqlx::postgres::Postgres;
+use outbox_engine::{
+    Claim, ClaimRequest, CompleteReport, Completion, LeaseToken, MessageId, StoreError,
+};
+use sqlx::Row;
+use sqlx::postgres::{PgArguments, Postgres};
 use uuid::Uuid;
 
 use super::PgOutbox;
@@ -12,6 +15,25 @@ use crate::common::{completion_parts, lease, limit, millis, split_deleted};
 use crate::dialect::{RelayDialect, SqlDialect};
 use crate::error::classify;
 use crate::rows;
+
+/// Runs a completion statement that reports as `outbox_sql`'s `report_stale` does: `None`
+/// when it changed one row per id it was given, else the ids whose rows it changed.
+async fn fenced<'q>(
+    pool: &sqlx::PgPool,
+    query: sqlx::query::Query<'q, Postgres, PgArguments>,
+) -> Result<Option<HashSet<MessageId>>, StoreError> {
+    let rows = query.fetch_all(pool).await.map_err(classify)?;
+    if rows.is_empty() {
+        return Ok(None);
+    }
+    let mut applied = HashSet::with_capacity(rows.len());
+    for row in &rows {
+        if row.try_get("applied").map_err(classify)? {
+            applied.insert(Postgres::id(row).map_err(rows::schema)?);
+        }
+    }
+    Ok(Some(applied))
+}
 
 impl RelayDialect for Postgres {
     async fn claim(store: &PgOutbox, request: &ClaimRequest) -> Result<Claim, StoreError> {
@@ -47,15 +69,15 @@ impl RelayDialect for Postgres {
         store: &PgOutbox,
         token: LeaseToken,
         completions: &[Completion],
-    ) -> Result<HashSet<MessageId>, StoreError> {
-        let mut applied = HashSet::new();
+    ) -> Result<CompleteReport, StoreError> {
         let (deleted, updated) = split_deleted(store.published, completions);
+        let mut parts = Vec::with_capacity(2);
         if !deleted.is_empty() {
             let ids: Vec<Uuid> = deleted.iter().map(|c| *c.id.as_uuid()).collect();
             let query = sqlx::query(&store.sql.delete_published)
                 .bind(token.as_uuid())
                 .bind(ids);
-            applied.extend(rows::returned_ids(&store.pool, query).await?);
+            parts.push((deleted, fenced(&store.pool, query).await?));
         }
         if !updated.is_empty() {
             let mut ids = Vec::with_capacity(updated.len());
@@ -75,9 +97,24 @@ impl RelayDialect for Postgres {
                 .bind(statuses)
                 .bind(delays)
                 .bind(errors);
-            applied.extend(rows::returned_ids(&store.pool, query).await?);
+            parts.push((updated, fenced(&store.pool, query).await?));
         }
-        Ok(applied)
+        if parts.iter().all(|(_, applied)| applied.is_none()) {
+            // Each statement changed one row per id it was given: every id was distinct
+            // and applied.
+            return Ok(CompleteReport {
+                applied: completions.len(),
+                stale: Vec::new(),
+            });
+        }
+        let mut applied = HashSet::with_capacity(completions.len());
+        for (part, changed) in parts {
+            match changed {
+                Some(changed) => applied.extend(changed),
+                None => applied.extend(part.iter().map(|c| c.id)),
+            }
+        }
+        Ok(rows::completed(completions, &applied))
     }
 
     async fn release(

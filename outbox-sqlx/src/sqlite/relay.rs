@@ -3,7 +3,9 @@
 
 use std::collections::HashSet;
 
-use outbox_engine::{Claim, ClaimRequest, Completion, LeaseToken, MessageId, StoreError};
+use outbox_engine::{
+    Claim, ClaimRequest, CompleteReport, Completion, LeaseToken, MessageId, StoreError,
+};
 use sqlx::Row;
 use sqlx::sqlite::Sqlite;
 
@@ -48,7 +50,7 @@ impl RelayDialect for Sqlite {
         store: &SqliteOutbox,
         token: LeaseToken,
         completions: &[Completion],
-    ) -> Result<HashSet<MessageId>, StoreError> {
+    ) -> Result<CompleteReport, StoreError> {
         let token_text = token.as_uuid().to_string();
         let mut applied = HashSet::new();
         let (deleted, updated) = split_deleted(store.published, completions);
@@ -76,7 +78,7 @@ impl RelayDialect for Sqlite {
                 .bind(serde_json::Value::Array(items).to_string());
             applied.extend(rows::returned_ids(&store.pool, query).await?);
         }
-        Ok(applied)
+        Ok(rows::completed(completions, &applied))
     }
 
     async fn release(
