@@ -225,7 +225,7 @@ impl MySqlOutbox {
 /// Binds `ids`, then repeats the last one up to `n` placeholders (harmless in `IN`).
 fn bind_ids<'q>(
     mut query: Query<'q, MySql, MySqlArguments>,
-    ids: &[MessageId],
+    ids: &[impl ToString],
     n: usize,
 ) -> Query<'q, MySql, MySqlArguments> {
     let last = ids.last().map(ToString::to_string).unwrap_or_default();

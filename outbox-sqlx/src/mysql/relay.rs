@@ -313,15 +313,7 @@ impl MySqlOutbox {
         for chunk in candidates.chunks(ID_CHUNK) {
             let n = padded(chunk.len());
             let lock = sql.claim_candidates(n);
-            let mut query = sqlx::query(&lock);
-            // Padded with the chunk's last id, as every list statement is.
-            for id in chunk
-                .iter()
-                .chain(std::iter::repeat(&chunk[chunk.len() - 1]))
-                .take(n)
-            {
-                query = query.bind(id.as_str());
-            }
+            let query = bind_ids(sqlx::query(&lock), chunk, n);
             rows.extend(query.fetch_all(&mut *tx).await.map_err(classify)?);
         }
         Ok(rows)
