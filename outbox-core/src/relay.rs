@@ -9,7 +9,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use tokio::sync::{Notify, mpsc, watch};
 use tokio::task::JoinSet;
-use tracing::{Instrument, debug, debug_span, info_span, warn};
+use tracing::{Instrument, Span, debug, debug_span, info_span, warn};
 
 use crate::clock::{Clock, SystemClock};
 use crate::error::{ConfigError, MessageError, StoreError, StoreErrorKind};
@@ -338,6 +338,7 @@ impl<S: Store> RelayBuilder<S> {
                 retry: self.retry,
                 clock: self.clock,
                 in_flight: Mutex::default(),
+                overlapped_claims: capabilities.overlapped_claims,
                 health,
             }),
             gauges: self.gauges,
@@ -376,6 +377,8 @@ struct Inner<S> {
     /// Leases held by batches in progress, released on a forced shutdown.
     in_flight: Mutex<HashMap<LeaseToken, HashSet<MessageId>>>,
     health: RelayHealth,
+    /// Whether the store lets a claim run while a completion is written.
+    overlapped_claims: bool,
 }
 
 /// What one batch did.
@@ -535,10 +538,30 @@ impl<S: Store> Inner<S> {
         poll: Duration,
     ) {
         let mut failures = 0u32;
+        // A batch claimed while the previous one's completion was being written.
+        let mut next = None;
         while !*stop.borrow() {
             metrics::gauge!("outbox_relay_heartbeat_seconds").set(unix_seconds(self.clock.now()));
             self.health.beat();
-            let wait = match self.process_batch().await {
+            let claimed = match next.take() {
+                Some(claimed) => claimed,
+                None => self.claim_batch().await,
+            };
+            let result = match claimed {
+                Ok(claimed) => {
+                    // A full batch may have left due rows behind: claim them while this
+                    // batch's completion is written, where the store allows it. Not with
+                    // per-key ordering, where that completion unblocks the next claim.
+                    let overlap = self.overlapped_claims
+                        && self.claim.ordering == MessageOrder::Unordered
+                        && claimed.report.claimed >= self.claim.batch_size;
+                    let (result, following) = self.finish_batch(claimed, overlap).await;
+                    next = following;
+                    result
+                }
+                Err(error) => Err(error),
+            };
+            let wait = match result {
                 Ok(report) => {
                     failures = 0;
                     // A full batch may have left due rows behind. With per-key ordering,
@@ -547,7 +570,7 @@ impl<S: Store> Inner<S> {
                     // claimed): claim again rather than wait for the poll.
                     let unblocked = self.claim.ordering != MessageOrder::Unordered
                         && report.published + report.dead > 0;
-                    if report.claimed >= self.claim.batch_size || unblocked {
+                    if report.claimed >= self.claim.batch_size || unblocked || next.is_some() {
                         continue;
                     }
                     poll
@@ -556,6 +579,10 @@ impl<S: Store> Inner<S> {
                     failures = failures.saturating_add(1);
                     warn!(%error, "claim or completion failed; backing off");
                     metrics::counter!("outbox_store_errors_total").increment(1);
+                    if next.is_some() {
+                        // A batch already claimed goes on at once: its lease is running.
+                        continue;
+                    }
                     (poll * 2u32.saturating_pow(failures.min(5))).min(Duration::from_secs(30))
                 }
             };
@@ -565,9 +592,20 @@ impl<S: Store> Inner<S> {
                 _ = stop.changed() => {}
             }
         }
+        // Claimed just before the stop: publish it within the shutdown grace like any
+        // batch in flight (past the grace, its lease is released).
+        if let Some(Ok(claimed)) = next {
+            let _ = self.finish_batch(claimed, false).await;
+        }
     }
 
     async fn process_batch(&self) -> Result<BatchReport, StoreError> {
+        let claimed = self.claim_batch().await?;
+        self.finish_batch(claimed, false).await.0
+    }
+
+    /// Claims a batch and registers its lease as in flight.
+    async fn claim_batch(&self) -> Result<Claimed, StoreError> {
         let span = debug_span!(
             "outbox_claim",
             batch_size = self.claim.batch_size,
@@ -584,8 +622,8 @@ impl<S: Store> Inner<S> {
         if claimed > 0 {
             metrics::histogram!("outbox_batch_size").record(claimed as f64);
         }
-        let mut report = BatchReport {
-            claimed: claim.messages.len() + claim.rejected.len(),
+        let report = BatchReport {
+            claimed,
             dead: claim.rejected.len(),
             ..BatchReport::default()
         };
@@ -594,13 +632,38 @@ impl<S: Store> Inner<S> {
             warn!(id = %rejected.id, destination, reason = %rejected.reason, "dead-lettered a row that could not be read as a message");
             metrics::counter!("outbox_messages_dead_total", "destination" => destination.to_owned(), "class" => FailureClass::Undecodable.as_str()).increment(1);
         }
+        if !claim.messages.is_empty() {
+            let ids: HashSet<MessageId> = claim.messages.iter().map(|m| m.id).collect();
+            self.lock_in_flight().insert(claim.lease.token, ids);
+        }
+        Ok(Claimed {
+            claim,
+            claimed_at,
+            report,
+        })
+    }
+
+    /// Publishes a claimed batch and records the outcomes. With `overlap`, the next batch
+    /// is claimed while the last completion is written, and returned too.
+    async fn finish_batch(
+        &self,
+        claimed: Claimed,
+        overlap: bool,
+    ) -> (
+        Result<BatchReport, StoreError>,
+        Option<Result<Claimed, StoreError>>,
+    ) {
+        let Claimed {
+            claim,
+            claimed_at,
+            mut report,
+        } = claimed;
         if claim.messages.is_empty() {
-            return Ok(report);
+            return (Ok(report), None);
         }
         let token = claim.lease.token;
-        let ids: HashSet<MessageId> = claim.messages.iter().map(|m| m.id).collect();
-        self.lock_in_flight().insert(token, ids);
-
+        // The next claim belongs to the worker, not to this batch's trace.
+        let worker = Span::current();
         // Each batch is a trace of its own (a root span): under the worker's span, which
         // lives as long as the relay, every batch would join one endless trace. Empty
         // polls open none.
@@ -608,9 +671,10 @@ impl<S: Store> Inner<S> {
             parent: None,
             "outbox_batch",
             owner = %self.claim.owner,
-            claimed,
+            claimed = report.claimed,
             token = %token.as_uuid()
         );
+        let mut following = None;
         let result = async {
             // Outcomes arrive one by one (each sink group reports as its receiver answers)
             // and are completed as they come: while one completion call runs, the next
@@ -618,9 +682,16 @@ impl<S: Store> Inner<S> {
             let mut publication = Publication::start(self, claim.messages);
             let mut result = Ok(());
             while let Some(ready) = publication.next_outcomes().await {
-                if let Err(error) = self
-                    .complete_outcomes(token, claimed_at, &ready, &mut report)
-                    .await
+                let complete = self.complete_outcomes(token, claimed_at, &ready, &mut report);
+                let completed = if overlap && following.is_none() && publication.settled() {
+                    let next = self.claim_batch().instrument(worker.clone());
+                    let (completed, next) = tokio::join!(complete, next);
+                    following = Some(next);
+                    completed
+                } else {
+                    complete.await
+                };
+                if let Err(error) = completed
                     && result.is_ok()
                 {
                     result = Err(error);
@@ -632,7 +703,7 @@ impl<S: Store> Inner<S> {
         .await;
         self.lock_in_flight().remove(&token);
         debug!(?report, "batch done");
-        result.map(|()| report)
+        (result.map(|()| report), following)
     }
 
     /// Decides and records the completion of `ready` messages, fenced by `token`, and
@@ -849,6 +920,14 @@ async fn within<T>(
     })
 }
 
+/// A claimed batch, its lease registered as in flight.
+struct Claimed {
+    claim: crate::store::Claim,
+    claimed_at: tokio::time::Instant,
+    /// What the claim did: rows claimed, unreadable rows dead-lettered.
+    report: BatchReport,
+}
+
 /// A message of a claimed batch with its outcome.
 struct Done {
     batch: Arc<[Message]>,
@@ -876,6 +955,8 @@ struct Publication {
     /// `(group, index, outcome)` as the sinks report them.
     receiver: mpsc::UnboundedReceiver<(usize, usize, Outcome)>,
     verdicts: Vec<Done>,
+    /// Messages without an outcome yet.
+    unsettled: usize,
     timeout: Duration,
 }
 
@@ -939,6 +1020,7 @@ impl Publication {
             task_group: HashMap::new(),
             receiver,
             verdicts,
+            unsettled: 0,
             timeout: relay.publish_timeout,
         };
         // Each group runs as its own task, so a panicking sink fails its own messages, not
@@ -974,6 +1056,7 @@ impl Publication {
                 .instrument(span),
             );
             publication.task_group.insert(handle.id(), group);
+            publication.unsettled += batch.len();
             publication.reported.push(vec![false; batch.len()]);
             publication.groups.push(batch);
         }
@@ -1020,6 +1103,11 @@ impl Publication {
         }
     }
 
+    /// Whether every message has its outcome, handed out by [`next_outcomes`](Self::next_outcomes).
+    fn settled(&self) -> bool {
+        self.unsettled == 0 && self.verdicts.is_empty()
+    }
+
     /// Moves every queued report into `ready`.
     fn take_reported(&mut self, ready: &mut Vec<Done>) {
         while let Ok((group, index, outcome)) = self.receiver.try_recv() {
@@ -1034,6 +1122,7 @@ impl Publication {
             && !*reported
         {
             *reported = true;
+            self.unsettled -= 1;
             ready.push(Done {
                 batch: Arc::clone(&self.groups[group]),
                 index,

@@ -674,7 +674,8 @@ pub async fn purge_all<P: Purge + ?Sized>(
 ///     .wakeups(Wakeups::InProcess);
 /// assert_eq!(
 ///     memory.to_string(),
-///     "memory: published rows delete, per-key ordering yes, gauges yes, wakeups in-process"
+///     "memory: published rows delete, per-key ordering yes, gauges yes, wakeups in-process, \
+///      overlapped claims yes"
 /// );
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
@@ -690,11 +691,16 @@ pub struct Capabilities {
     pub gauges: bool,
     /// Who can wake a relay before its next poll.
     pub wakeups: Wakeups,
+    /// Whether a claim may run while a completion is being written, on another
+    /// connection: the relay then claims its next batch as it completes a full one. Not
+    /// where writers queue behind one another (SQLite), as the two would only wait.
+    pub overlapped_claims: bool,
 }
 
 impl Capabilities {
-    /// A store named `store` that keeps published rows, orders per key, reads gauges and
-    /// has no wakeups; change what differs with the setters.
+    /// A store named `store` that keeps published rows, orders per key, reads gauges, has
+    /// no wakeups and lets a claim overlap a completion; change what differs with the
+    /// setters.
     pub fn new(store: &'static str) -> Self {
         Self {
             store,
@@ -702,6 +708,7 @@ impl Capabilities {
             per_key_ordering: true,
             gauges: true,
             wakeups: Wakeups::Poll,
+            overlapped_claims: true,
         }
     }
 
@@ -732,6 +739,13 @@ impl Capabilities {
         self.wakeups = wakeups;
         self
     }
+
+    /// Sets whether a claim may run while a completion is being written.
+    #[must_use]
+    pub fn overlapped_claims(mut self, supported: bool) -> Self {
+        self.overlapped_claims = supported;
+        self
+    }
 }
 
 impl std::fmt::Display for Capabilities {
@@ -744,11 +758,12 @@ impl std::fmt::Display for Capabilities {
         let yes = |b: bool| if b { "yes" } else { "no" };
         write!(
             f,
-            "{}: published rows {rows}, per-key ordering {}, gauges {}, wakeups {}",
+            "{}: published rows {rows}, per-key ordering {}, gauges {}, wakeups {}, overlapped claims {}",
             self.store,
             yes(self.per_key_ordering),
             yes(self.gauges),
-            self.wakeups
+            self.wakeups,
+            yes(self.overlapped_claims)
         )
     }
 }

@@ -601,6 +601,96 @@ async fn store_errors_do_not_stop_the_relay() {
     assert_eq!(store.stats().await.unwrap().total().published, 20);
 }
 
+/// Counts the claims that start while a completion is being written (each completion
+/// takes 20 ms), declaring overlapped claims as told.
+#[derive(Clone)]
+struct Overlaps {
+    store: MemoryStore,
+    declared: bool,
+    completing: Arc<AtomicUsize>,
+    overlapped: Arc<AtomicUsize>,
+}
+
+impl outbox_engine::Store for Overlaps {
+    fn capabilities(&self) -> outbox_engine::Capabilities {
+        self.store.capabilities().overlapped_claims(self.declared)
+    }
+    async fn claim(
+        &self,
+        r: &outbox_engine::ClaimRequest,
+    ) -> Result<outbox_engine::Claim, outbox_engine::StoreError> {
+        if self.completing.load(AtomicOrdering::SeqCst) > 0 {
+            self.overlapped.fetch_add(1, AtomicOrdering::SeqCst);
+        }
+        self.store.claim(r).await
+    }
+    async fn complete(
+        &self,
+        t: outbox_engine::LeaseToken,
+        c: &[outbox_engine::Completion],
+    ) -> Result<outbox_engine::CompleteReport, outbox_engine::StoreError> {
+        self.completing.fetch_add(1, AtomicOrdering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let report = self.store.complete(t, c).await;
+        self.completing.fetch_sub(1, AtomicOrdering::SeqCst);
+        report
+    }
+    async fn release(
+        &self,
+        t: outbox_engine::LeaseToken,
+        ids: &[outbox_engine::MessageId],
+    ) -> Result<outbox_engine::CompleteReport, outbox_engine::StoreError> {
+        self.store.release(t, ids).await
+    }
+}
+
+/// Drains 20 messages in batches of 5 through one worker; returns how many claims
+/// overlapped a completion.
+async fn overlapped_claims(declared: bool, ordering: outbox_engine::MessageOrder) -> usize {
+    let store = Overlaps {
+        store: MemoryStore::new(),
+        declared,
+        completing: Arc::default(),
+        overlapped: Arc::default(),
+    };
+    for i in 0..20 {
+        let message = NewMessage::builder("orders", "e")
+            .json(&serde_json::json!({ "i": i }))
+            .partition_key(format!("key-{i}"))
+            .build()
+            .unwrap();
+        store.store.enqueue(message).unwrap();
+    }
+    let sink = RecordingSink::new();
+    let relay = Relay::builder(store.clone())
+        .route("orders", sink.clone())
+        .batch_size(5)
+        .ordering(ordering)
+        .poll_interval(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let done = sink.clone();
+    relay
+        .run(async move { assert!(done.wait_for(20, Duration::from_secs(10)).await) })
+        .await;
+    let stats = store.store.stats().await.unwrap().total();
+    assert_eq!((stats.published, stats.pending), (20, 0), "{stats:?}");
+    assert_eq!(sink.messages().len(), 20, "each message published once");
+    store.overlapped.load(AtomicOrdering::SeqCst)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_batch_is_followed_by_a_claim_while_its_completion_is_written() {
+    use outbox_engine::{DeadHead, MessageOrder};
+    // Batches 1 to 4 are full: the claim after each runs alongside its completion.
+    assert_eq!(overlapped_claims(true, MessageOrder::Unordered).await, 4);
+    // Not where the store declares it would only wait, nor with per-key ordering,
+    // where the completion unblocks the next claim.
+    assert_eq!(overlapped_claims(false, MessageOrder::Unordered).await, 0);
+    let per_key = MessageOrder::PerKey(DeadHead::Skip);
+    assert_eq!(overlapped_claims(true, per_key).await, 0);
+}
+
 #[tokio::test]
 async fn a_store_call_that_never_answers_is_given_up_after_the_lease() {
     /// Its first claim and first completion never answer, as on a connection that fell

@@ -143,6 +143,8 @@ where
         Capabilities::new(DB::DIALECT.name())
             .published_rows(self.published)
             .wakeups(wakeups)
+            // SQLite has one writer: a claim would wait for the completion it overlaps.
+            .overlapped_claims(DB::DIALECT != outbox_sql::Dialect::Sqlite)
     }
 
     async fn claim(&self, request: &ClaimRequest) -> Result<Claim, StoreError> {

@@ -131,6 +131,17 @@ pub async fn run_all<H: StoreHarness>(factory: impl AsyncFn() -> H) {
         purge_is_bounded_and_keeps_unfinished,
     );
     let h = factory().await;
+    if h.store().capabilities().overlapped_claims {
+        matrix_line(&h, "claims_overlap_completions", None);
+        claims_overlap_completions(&h).await;
+    } else {
+        matrix_line(
+            &h,
+            "claims_overlap_completions",
+            Some("declares no overlapped claims"),
+        );
+    }
+    let h = factory().await;
     if h.store().capabilities().gauges {
         matrix_line(&h, "gauges_match_the_table", None);
         gauges_match_the_table(&h).await;
@@ -543,6 +554,39 @@ pub async fn completion_is_batched<H: StoreHarness>(h: &H) {
     assert_eq!(dead.len(), 1);
     assert_eq!(dead[0].message.id, ids[3]);
     assert_eq!(dead[0].reason, "400 unknown template");
+}
+
+/// A store that declares overlapped claims claims the next rows while the previous
+/// batch's completion is written, as a relay draining full batches does: each claim gets
+/// the next rows in order, each completion applies in full.
+pub async fn claims_overlap_completions<H: StoreHarness>(h: &H) {
+    let ids = enqueue_n(h, "orders", 12).await;
+    let store = h.store();
+    let three = request(3);
+    let mut batch = claim(h, 3).await;
+    for (n, expected) in ids.chunks(3).enumerate() {
+        let claimed: Vec<_> = batch.messages.iter().map(|m| m.id).collect();
+        assert_eq!(
+            claimed, expected,
+            "batch {n} holds the next rows, oldest first"
+        );
+        let completions: Vec<_> = claimed
+            .iter()
+            .map(|&id| Completion::published(id))
+            .collect();
+        let (report, next) = tokio::join!(
+            store.complete(batch.lease.token, &completions),
+            store.claim(&three)
+        );
+        assert_eq!(
+            report.expect("complete").applied,
+            3,
+            "batch {n} completed in full"
+        );
+        batch = next.expect("claim");
+    }
+    assert!(batch.messages.is_empty(), "nothing left to claim");
+    assert_eq!(counts(h, "orders").await, expect(h, (0, 0, 12, 0)));
 }
 
 /// Released rows are claimable at once and the release does not count as an attempt.
