@@ -88,7 +88,7 @@ pub fn read_headers(message: &mut Message, json: &str, strict: bool) -> Result<(
 }
 
 /// The reason a claimed row that cannot be read as a message is dead-lettered with.
-pub fn undecodable(column: impl std::fmt::Display, problem: impl std::fmt::Display) -> String {
+pub fn undecodable(column: &str, problem: impl std::fmt::Display) -> String {
     format!("undecodable row: column {column}: {problem}")
 }
 

@@ -48,27 +48,27 @@ pub trait SqlDialect: sqlx::Database + sealed::Sealed {
 
     /// A text column, `None` if NULL.
     #[doc(hidden)]
-    fn text(row: &Self::Row, column: impl Into<Column>) -> Result<Option<String>, sqlx::Error>;
+    fn text(row: &Self::Row, column: &str) -> Result<Option<String>, sqlx::Error>;
 
     /// A count (a `COUNT(*)` or `SUM`).
     #[doc(hidden)]
-    fn count(row: &Self::Row, column: impl Into<Column>) -> Result<i64, sqlx::Error>;
+    fn count(row: &Self::Row, column: &str) -> Result<i64, sqlx::Error>;
 
     /// The `payload` column.
     #[doc(hidden)]
-    fn payload(row: &Self::Row, column: impl Into<Column>) -> Result<Vec<u8>, sqlx::Error>;
+    fn payload(row: &Self::Row) -> Result<Vec<u8>, sqlx::Error>;
 
     /// The `attempts` column.
     #[doc(hidden)]
-    fn attempts(row: &Self::Row, column: impl Into<Column>) -> Result<i64, sqlx::Error>;
+    fn attempts(row: &Self::Row) -> Result<i64, sqlx::Error>;
 
     /// A time column, `None` if NULL; the error is a reason naming the column.
     #[doc(hidden)]
-    fn time(row: &Self::Row, column: impl Into<Column>) -> Result<Option<DateTime<Utc>>, String>;
+    fn time(row: &Self::Row, column: &str) -> Result<Option<DateTime<Utc>>, String>;
 
     /// The `id` column; the error is a reason naming the column.
     #[doc(hidden)]
-    fn id(row: &Self::Row, column: impl Into<Column>) -> Result<MessageId, String>;
+    fn id(row: &Self::Row) -> Result<MessageId, String>;
 
     /// The `id` column as far as it can be read, to name a row that cannot be decoded.
     #[doc(hidden)]
@@ -99,56 +99,6 @@ pub trait SqlDialect: sqlx::Database + sealed::Sealed {
     #[doc(hidden)]
     fn age_ms(age: Duration) -> i64 {
         millis(age)
-    }
-}
-
-/// A column of a result, by name or, once [`Column::of`] found it in a row, by its
-/// position, which is the same in every row of that result. Reading by position skips
-/// looking the name up on each read, which a claim of hundreds of rows and fifteen
-/// columns would do thousands of times.
-#[doc(hidden)]
-#[derive(Debug, Clone, Copy)]
-pub struct Column {
-    name: &'static str,
-    position: Option<usize>,
-}
-
-impl Column {
-    /// `name`, at its position in `row` when `row` has it; by name otherwise (a read then
-    /// fails naming the column).
-    pub(crate) fn of<R: sqlx::Row>(name: &'static str, row: Option<&R>) -> Self {
-        Self {
-            name,
-            position: row.and_then(|row| position(row, name)),
-        }
-    }
-}
-
-fn position<R: sqlx::Row>(row: &R, name: &str) -> Option<usize> {
-    use sqlx::Column as _;
-    row.columns().iter().position(|c| c.name() == name)
-}
-
-impl From<&'static str> for Column {
-    fn from(name: &'static str) -> Self {
-        Self {
-            name,
-            position: None,
-        }
-    }
-}
-
-impl<R: sqlx::Row> sqlx::ColumnIndex<R> for Column {
-    fn index(&self, row: &R) -> Result<usize, sqlx::Error> {
-        self.position
-            .or_else(|| position(row, self.name))
-            .ok_or_else(|| sqlx::Error::ColumnNotFound(self.name.to_owned()))
-    }
-}
-
-impl std::fmt::Display for Column {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name)
     }
 }
 

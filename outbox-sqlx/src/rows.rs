@@ -10,64 +10,16 @@ use outbox_engine::{
 };
 
 use crate::common::{attempts, count, read_headers, undecodable};
-use crate::dialect::{Column, SqlDialect};
+use crate::dialect::SqlDialect;
 use crate::error::classify;
 
 /// A required text column; the error is a reason naming the column.
-fn text<DB: SqlDialect>(row: &DB::Row, column: impl Into<Column>) -> Result<String, String> {
-    let column: Column = column.into();
+fn text<DB: SqlDialect>(row: &DB::Row, column: &str) -> Result<String, String> {
     optional::<DB>(row, column)?.ok_or_else(|| undecodable(column, "is NULL"))
 }
 
-fn optional<DB: SqlDialect>(
-    row: &DB::Row,
-    column: impl Into<Column>,
-) -> Result<Option<String>, String> {
-    let column: Column = column.into();
+fn optional<DB: SqlDialect>(row: &DB::Row, column: &str) -> Result<Option<String>, String> {
     DB::text(row, column).map_err(|e| undecodable(column, e))
-}
-
-/// The columns a message is read from, each at its position in the rows of one result.
-pub(crate) struct MessageColumns {
-    id: Column,
-    destination: Column,
-    event_type: Column,
-    payload: Column,
-    content_type: Column,
-    idempotency_key: Column,
-    attempts: Column,
-    created_at: Column,
-    aggregate_type: Column,
-    aggregate_id: Column,
-    partition_key: Column,
-    tenant_id: Column,
-    headers: Column,
-    waited_ms: Column,
-    from_commit: Column,
-}
-
-impl MessageColumns {
-    /// The columns of the result `first` is a row of (read by name without one).
-    pub(crate) fn of<DB: SqlDialect>(first: Option<&DB::Row>) -> Self {
-        let at = |name| Column::of(name, first);
-        Self {
-            id: at("id"),
-            destination: at("destination"),
-            event_type: at("event_type"),
-            payload: at("payload"),
-            content_type: at("content_type"),
-            idempotency_key: at("idempotency_key"),
-            attempts: at("attempts"),
-            created_at: at("created_at"),
-            aggregate_type: at("aggregate_type"),
-            aggregate_id: at("aggregate_id"),
-            partition_key: at("partition_key"),
-            tenant_id: at("tenant_id"),
-            headers: at("headers"),
-            waited_ms: at("waited_ms"),
-            from_commit: at("from_commit"),
-        }
-    }
 }
 
 /// Reads a claimed or dead row; the error names the column that could not be read. With
@@ -75,25 +27,23 @@ impl MessageColumns {
 /// letters such rows became).
 pub(crate) fn message<DB: SqlDialect>(
     row: &DB::Row,
-    columns: &MessageColumns,
     strict_headers: bool,
 ) -> Result<Message, String> {
-    let c = columns;
     let mut m = Message::from_parts(
-        DB::id(row, c.id)?,
-        text::<DB>(row, c.destination)?,
-        text::<DB>(row, c.event_type)?,
-        DB::payload(row, c.payload).map_err(|e| undecodable(c.payload, e))?,
-        text::<DB>(row, c.content_type)?,
-        text::<DB>(row, c.idempotency_key)?,
-        attempts(DB::attempts(row, c.attempts).map_err(|e| undecodable(c.attempts, e))?),
-        DB::time(row, c.created_at)?.ok_or_else(|| undecodable(c.created_at, "is NULL"))?,
+        DB::id(row)?,
+        text::<DB>(row, "destination")?,
+        text::<DB>(row, "event_type")?,
+        DB::payload(row).map_err(|e| undecodable("payload", e))?,
+        text::<DB>(row, "content_type")?,
+        text::<DB>(row, "idempotency_key")?,
+        attempts(DB::attempts(row).map_err(|e| undecodable("attempts", e))?),
+        DB::time(row, "created_at")?.ok_or_else(|| undecodable("created_at", "is NULL"))?,
     );
-    m.aggregate_type = optional::<DB>(row, c.aggregate_type)?;
-    m.aggregate_id = optional::<DB>(row, c.aggregate_id)?;
-    m.partition_key = optional::<DB>(row, c.partition_key)?;
-    m.tenant_id = optional::<DB>(row, c.tenant_id)?;
-    read_headers(&mut m, &text::<DB>(row, c.headers)?, strict_headers)?;
+    m.aggregate_type = optional::<DB>(row, "aggregate_type")?;
+    m.aggregate_id = optional::<DB>(row, "aggregate_id")?;
+    m.partition_key = optional::<DB>(row, "partition_key")?;
+    m.tenant_id = optional::<DB>(row, "tenant_id")?;
+    read_headers(&mut m, &text::<DB>(row, "headers")?, strict_headers)?;
     Ok(m)
 }
 
@@ -102,20 +52,19 @@ pub(crate) fn message<DB: SqlDialect>(
 pub(crate) fn claimed<DB: SqlDialect>(
     rows: &[DB::Row],
 ) -> (Vec<Message>, Vec<(&DB::Row, Rejected)>) {
-    let columns = MessageColumns::of::<DB>(rows.first());
     let mut messages = Vec::with_capacity(rows.len());
     let mut rejected = Vec::new();
     for row in rows {
-        match message::<DB>(row, &columns, true) {
+        match message::<DB>(row, true) {
             Ok(mut m) => {
-                m.waited = waited::<DB>(row, &columns);
+                m.waited = waited::<DB>(row);
                 messages.push(m);
             }
             Err(reason) => rejected.push((
                 row,
                 Rejected {
                     id: DB::raw_id(row),
-                    destination: DB::text(row, columns.destination).ok().flatten(),
+                    destination: DB::text(row, "destination").ok().flatten(),
                     reason,
                 },
             )),
@@ -127,9 +76,9 @@ pub(crate) fn claimed<DB: SqlDialect>(
 /// The wait a claim returns, `waited_ms`: from the commit or the transaction's start on
 /// PostgreSQL, which says which in `from_commit`; from the insert on SQLite and MySQL,
 /// which have no such column.
-fn waited<DB: SqlDialect>(row: &DB::Row, columns: &MessageColumns) -> Option<Waited> {
-    let ms = DB::count(row, columns.waited_ms).ok()?;
-    let since = match DB::count(row, columns.from_commit) {
+fn waited<DB: SqlDialect>(row: &DB::Row) -> Option<Waited> {
+    let ms = DB::count(row, "waited_ms").ok()?;
+    let since = match DB::count(row, "from_commit") {
         Ok(1) => WaitedSince::Commit,
         Ok(_) => WaitedSince::TransactionStart,
         Err(_) => WaitedSince::Insert,
@@ -140,7 +89,7 @@ fn waited<DB: SqlDialect>(row: &DB::Row, columns: &MessageColumns) -> Option<Wai
 /// A dead row as a dead letter: its message, `last_error` and `dead_at`.
 pub(crate) fn dead_letter<DB: SqlDialect>(row: &DB::Row) -> Result<DeadLetter, String> {
     Ok(DeadLetter {
-        message: message::<DB>(row, &MessageColumns::of::<DB>(Some(row)), false)?,
+        message: message::<DB>(row, false)?,
         reason: optional::<DB>(row, "last_error")?.unwrap_or_default(),
         dead_at: DB::time(row, "dead_at")?.ok_or_else(|| undecodable("dead_at", "is NULL"))?,
     })
@@ -151,10 +100,7 @@ pub(crate) fn found<DB: SqlDialect>(row: &DB::Row) -> Result<FoundMessage, Strin
     let status = text::<DB>(row, "status")?;
     let status =
         Status::parse(&status).ok_or_else(|| undecodable("status", format!("{status:?}")))?;
-    let mut found = FoundMessage::new(
-        message::<DB>(row, &MessageColumns::of::<DB>(Some(row)), false)?,
-        status,
-    );
+    let mut found = FoundMessage::new(message::<DB>(row, false)?, status);
     found.last_error = optional::<DB>(row, "last_error")?;
     found.published_at = DB::time(row, "published_at")?;
     found.dead_at = DB::time(row, "dead_at")?;
@@ -166,7 +112,7 @@ pub(crate) fn destination_stats<DB: SqlDialect>(
     row: &DB::Row,
 ) -> Result<DestinationStats, StoreError> {
     let mut d = DestinationStats::new(text::<DB>(row, "destination").map_err(schema)?);
-    let n = |column: &'static str| DB::count(row, column).map(count).map_err(classify);
+    let n = |column: &str| DB::count(row, column).map(count).map_err(classify);
     d.pending = n("pending")?;
     d.leased = n("leased")?;
     d.dead = n("dead")?;
@@ -180,7 +126,7 @@ pub(crate) fn unfinished_gauges<DB: SqlDialect>(
     row: &DB::Row,
 ) -> Result<DestinationGauges, StoreError> {
     let mut d = DestinationGauges::new(text::<DB>(row, "destination").map_err(schema)?);
-    let n = |column: &'static str| DB::count(row, column).map(count).map_err(classify);
+    let n = |column: &str| DB::count(row, column).map(count).map_err(classify);
     d.pending = n("pending")?;
     d.leased = n("leased")?;
     d.oldest_pending_age = Some(Duration::from_millis(n("oldest_ms")?));
@@ -209,7 +155,7 @@ pub(crate) fn ids<DB: SqlDialect>(rows: &[DB::Row]) -> Result<HashSet<MessageId>
     // it rehashes every id several times per batch.
     let mut ids = HashSet::with_capacity(rows.len());
     for row in rows {
-        ids.insert(DB::id(row, "id").map_err(schema)?);
+        ids.insert(DB::id(row).map_err(schema)?);
     }
     Ok(ids)
 }

@@ -33,7 +33,7 @@ use uuid::Uuid;
 
 pub use self::wakeup::PgNotifier;
 use crate::SqlInbox;
-use crate::dialect::{Column, SqlDialect, Tables, sealed};
+use crate::dialect::{SqlDialect, Tables, sealed};
 use crate::error::classify;
 use crate::store::SqlOutbox;
 
@@ -82,20 +82,17 @@ impl SqlDialect for Postgres {
         tx.commit().await.map_err(classify)
     }
 
-    fn text(row: &PgRow, column: impl Into<Column>) -> Result<Option<String>, sqlx::Error> {
-        let column: Column = column.into();
+    fn text(row: &PgRow, column: &str) -> Result<Option<String>, sqlx::Error> {
         row.try_get(column)
     }
 
-    fn id(row: &PgRow, column: impl Into<Column>) -> Result<MessageId, String> {
-        let column: Column = column.into();
-        row.try_get(column)
+    fn id(row: &PgRow) -> Result<MessageId, String> {
+        row.try_get("id")
             .map(MessageId::from_uuid)
-            .map_err(|e| crate::common::undecodable(column, e))
+            .map_err(|e| crate::common::undecodable("id", e))
     }
 
-    fn count(row: &PgRow, column: impl Into<Column>) -> Result<i64, sqlx::Error> {
-        let column: Column = column.into();
+    fn count(row: &PgRow, column: &str) -> Result<i64, sqlx::Error> {
         row.try_get(column)
     }
 
@@ -104,20 +101,17 @@ impl SqlDialect for Postgres {
             .map_or_else(|_| "<unreadable id>".to_owned(), |id| id.to_string())
     }
 
-    fn payload(row: &PgRow, column: impl Into<Column>) -> Result<Vec<u8>, sqlx::Error> {
-        let column: Column = column.into();
-        row.try_get(column)
+    fn payload(row: &PgRow) -> Result<Vec<u8>, sqlx::Error> {
+        row.try_get("payload")
     }
 
-    fn time(row: &PgRow, column: impl Into<Column>) -> Result<Option<DateTime<Utc>>, String> {
-        let column: Column = column.into();
+    fn time(row: &PgRow, column: &str) -> Result<Option<DateTime<Utc>>, String> {
         row.try_get(column)
             .map_err(|e| crate::common::undecodable(column, e))
     }
 
-    fn attempts(row: &PgRow, column: impl Into<Column>) -> Result<i64, sqlx::Error> {
-        let column: Column = column.into();
-        row.try_get::<i32, _>(column).map(i64::from)
+    fn attempts(row: &PgRow) -> Result<i64, sqlx::Error> {
+        row.try_get::<i32, _>("attempts").map(i64::from)
     }
 
     /// A LISTEN connection on this table's NOTIFY channel.

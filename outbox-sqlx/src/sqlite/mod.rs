@@ -106,7 +106,7 @@ use sqlx::sqlite::{Sqlite, SqlitePool, SqliteQueryResult, SqliteRow};
 
 use crate::SqlInbox;
 use crate::common::{stored_id, undecodable};
-use crate::dialect::{Column, SqlDialect, Tables, sealed};
+use crate::dialect::{SqlDialect, Tables, sealed};
 use crate::error::classify;
 use crate::store::SqlOutbox;
 
@@ -156,20 +156,17 @@ impl SqlDialect for Sqlite {
         tx.commit().await.map_err(classify)
     }
 
-    fn text(row: &SqliteRow, column: impl Into<Column>) -> Result<Option<String>, sqlx::Error> {
-        let column: Column = column.into();
+    fn text(row: &SqliteRow, column: &str) -> Result<Option<String>, sqlx::Error> {
         row.try_get(column)
     }
 
-    fn payload(row: &SqliteRow, column: impl Into<Column>) -> Result<Vec<u8>, sqlx::Error> {
-        let column: Column = column.into();
-        row.try_get(column)
+    fn payload(row: &SqliteRow) -> Result<Vec<u8>, sqlx::Error> {
+        row.try_get("payload")
     }
 
     /// Ids are stored as text; only the lowercase hyphenated form is read.
-    fn id(row: &SqliteRow, column: impl Into<Column>) -> Result<MessageId, String> {
-        let column: Column = column.into();
-        let text: String = row.try_get(column).map_err(|e| undecodable(column, e))?;
+    fn id(row: &SqliteRow) -> Result<MessageId, String> {
+        let text: String = row.try_get("id").map_err(|e| undecodable("id", e))?;
         stored_id(&text)
     }
 
@@ -180,19 +177,16 @@ impl SqlDialect for Sqlite {
         }
     }
 
-    fn count(row: &SqliteRow, column: impl Into<Column>) -> Result<i64, sqlx::Error> {
-        let column: Column = column.into();
+    fn count(row: &SqliteRow, column: &str) -> Result<i64, sqlx::Error> {
         row.try_get(column)
     }
 
-    fn attempts(row: &SqliteRow, column: impl Into<Column>) -> Result<i64, sqlx::Error> {
-        let column: Column = column.into();
-        row.try_get(column)
+    fn attempts(row: &SqliteRow) -> Result<i64, sqlx::Error> {
+        row.try_get("attempts")
     }
 
     /// Times are unix milliseconds.
-    fn time(row: &SqliteRow, column: impl Into<Column>) -> Result<Option<DateTime<Utc>>, String> {
-        let column: Column = column.into();
+    fn time(row: &SqliteRow, column: &str) -> Result<Option<DateTime<Utc>>, String> {
         let Some(ms) = row
             .try_get::<Option<i64>, _>(column)
             .map_err(|e| undecodable(column, e))?
