@@ -594,8 +594,10 @@ impl<S: Store> Inner<S> {
         }
         // Claimed just before the stop: publish it within the shutdown grace like any
         // batch in flight (past the grace, its lease is released).
-        if let Some(Ok(claimed)) = next {
-            let _ = self.finish_batch(claimed, false).await;
+        if let Some(Ok(claimed)) = next
+            && let (Err(error), _) = self.finish_batch(claimed, false).await
+        {
+            warn!(%error, "completion failed while stopping; those rows return when their lease lapses");
         }
     }
 
