@@ -21,6 +21,18 @@ fn status(store: &MemoryStore, id: outbox_engine::MessageId) -> Status {
     store.row(id).unwrap().row.status()
 }
 
+/// Runs `relay` until `sink` has received `n` messages, failing after 10 s.
+async fn run_until_delivered<S: outbox_engine::Store>(
+    relay: Relay<S>,
+    sink: &RecordingSink,
+    n: usize,
+) {
+    let done = sink.clone();
+    relay
+        .run(async move { assert!(done.wait_for(n, Duration::from_secs(10)).await) })
+        .await;
+}
+
 #[tokio::test]
 async fn publishes_and_marks_only_after_ack() {
     let store = MemoryStore::new();
@@ -594,10 +606,7 @@ async fn store_errors_do_not_stop_the_relay() {
         .poll_interval(Duration::from_millis(10))
         .build()
         .unwrap();
-    let done = sink.clone();
-    relay
-        .run(async move { assert!(done.wait_for(20, Duration::from_secs(10)).await) })
-        .await;
+    run_until_delivered(relay, &sink, 20).await;
     assert_eq!(store.stats().await.unwrap().total().published, 20);
 }
 
@@ -669,10 +678,7 @@ async fn overlapped_claims(declared: bool, ordering: outbox_engine::MessageOrder
         .poll_interval(Duration::from_secs(60))
         .build()
         .unwrap();
-    let done = sink.clone();
-    relay
-        .run(async move { assert!(done.wait_for(20, Duration::from_secs(10)).await) })
-        .await;
+    run_until_delivered(relay, &sink, 20).await;
     let stats = store.store.stats().await.unwrap().total();
     assert_eq!((stats.published, stats.pending), (20, 0), "{stats:?}");
     assert_eq!(sink.messages().len(), 20, "each message published once");
