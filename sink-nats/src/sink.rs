@@ -199,8 +199,20 @@ impl Inner {
             url: self.url.clone(),
             reason,
         };
-        match tokio::time::timeout_at(deadline, self.jetstream.query_account()).await {
-            Ok(Ok(_)) => {}
+        // The account's JetStream info, read raw: its fields differ between server versions.
+        let info = self.client.request("$JS.API.INFO", bytes::Bytes::new());
+        match tokio::time::timeout_at(deadline, info).await {
+            Ok(Ok(reply)) => {
+                let answer: serde_json::Value =
+                    serde_json::from_slice(&reply.payload).unwrap_or_default();
+                if let Some(error) = answer.get("error") {
+                    let reason = error
+                        .get("description")
+                        .and_then(serde_json::Value::as_str)
+                        .unwrap_or("the JetStream API answered with an error");
+                    return Err(no_jetstream(reason.to_owned()));
+                }
+            }
             Ok(Err(e)) => return Err(no_jetstream(e.to_string())),
             Err(_) => return Err(no_jetstream("the JetStream API did not answer".to_owned())),
         }
