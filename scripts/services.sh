@@ -14,6 +14,9 @@
 #               also needed as a binary: some tests start private servers on other ports)
 #   RabbitMQ    amqp://guest:guest@127.0.0.1:5672/outbox-test   (vhost `outbox-test`;
 #               rabbitmqctl must work for the tests that close connections or stop the app)
+#   NATS        nats://127.0.0.1:4222   (JetStream on, file storage in /var/lib/nats-server or
+#               ~/.cache/outbox-tools/nats; the tests also start private servers on other
+#               ports with the binary OUTBOX_TEST_NATS_SERVER names)
 #   Kafka       127.0.0.1:9092   (tansu, a Kafka-protocol broker, in memory; built once with
 #               cargo install into ~/.cache/outbox-tools; the tests also start private
 #               brokers on other ports with the binary OUTBOX_TEST_TANSU names). With
@@ -34,7 +37,7 @@ set -euo pipefail
 # Every Debian package the tests need; the README's "Testing" section shows this list.
 DEBIAN_PACKAGES=(
     postgresql postgresql-client mariadb-server mariadb-client redis-server rabbitmq-server
-    build-essential pkg-config libpq-dev libmariadb-dev libmariadb-dev-compat libfaketime
+    nats-server build-essential pkg-config libpq-dev libmariadb-dev libmariadb-dev-compat libfaketime
     python3 python3-venv nodejs npm curl chromium debootstrap
 )
 
@@ -59,6 +62,7 @@ present() {
     mariadb-client) command -v mariadb && command -v mariadb-admin ;;
     redis-server) test -x /usr/bin/redis-server && command -v redis-cli ;;
     rabbitmq-server) test -x /usr/sbin/rabbitmq-server && command -v rabbitmqctl ;;
+    nats-server) test -x /usr/sbin/nats-server ;;
     chromium) test -x /usr/bin/chromium ;;
     build-essential) command -v cc && command -v make ;;
     python3) command -v python3 ;;
@@ -191,6 +195,21 @@ ensure_rabbitmq() {
     echo "OUTBOX_TEST_AMQP_URL=amqp://guest:guest@127.0.0.1:5672/outbox-test"
 }
 
+nats_up() { (exec 3<>/dev/tcp/127.0.0.1/4222) 2>/dev/null; }
+
+ensure_nats() {
+    if ! nats_up; then
+        local store=$TOOLS_DIR/nats
+        mkdir -p "$store"
+        log "starting nats-server with JetStream on 127.0.0.1:4222 (store: $store)"
+        setsid -f /usr/sbin/nats-server -a 127.0.0.1 -p 4222 -js -sd "$store" \
+            >"$store/nats-server.log" 2>&1 </dev/null
+        wait_for "nats-server (4222)" 30 nats_up
+    fi
+    echo "OUTBOX_TEST_NATS_URL=nats://127.0.0.1:4222"
+    echo "OUTBOX_TEST_NATS_SERVER=/usr/sbin/nats-server"
+}
+
 # tansu (crates.io) speaks the Kafka protocol and keeps topics in memory (or in SQLite,
 # for the broker-restart test). Built once per machine; `--locked` because newer
 # dependency releases break its build.
@@ -313,6 +332,7 @@ ensure_postgres
 ensure_mariadb
 ensure_redis
 ensure_rabbitmq
+ensure_nats
 ensure_kafka
 ensure_sqs
 ensure_writers

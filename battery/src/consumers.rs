@@ -1,6 +1,6 @@
 //! Consumers that record every delivery's message id in arrival order, duplicates
 //! included: a webhook receiver, and readers of a Redis stream, a RabbitMQ queue, a Kafka
-//! topic and an SQS queue on the test servers. Shared by the battery and the CLI tests.
+//! topic, an SQS queue and a NATS JetStream stream on the test servers. Shared by the battery and the CLI tests.
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -674,4 +674,70 @@ mod tests {
         .await
         .expect("the test took over 30 s");
     }
+}
+
+/// A fresh JetStream stream (file storage, a two-minute duplicate window) binding
+/// `NAME.>` on the NATS server at `url`, and a durable pull consumer that records each
+/// message's `outbox-id` header on arrival and acknowledges it after. It carries on
+/// through server restarts (the client reconnects; a broken fetch is started again).
+/// Returns the stream's name (also the first token of its subjects) and the record.
+pub async fn nats_consumer(url: &str) -> (String, Received) {
+    use futures_util::StreamExt;
+    use outbox::nats::client::jetstream::{self, consumer, stream};
+
+    let client =
+        match tokio::time::timeout(Duration::from_secs(10), outbox::nats::client::connect(url))
+            .await
+        {
+            Ok(Ok(client)) => client,
+            Ok(Err(e)) => outbox_test_support::no_server("NATS", "OUTBOX_TEST_NATS_URL", url, e),
+            Err(_) => {
+                outbox_test_support::no_server("NATS", "OUTBOX_TEST_NATS_URL", url, "timeout")
+            }
+        };
+    let js = jetstream::new(client);
+    let name = format!("BATTERY_{:016X}", fastrand::u64(..));
+    js.create_stream(stream::Config {
+        name: name.clone(),
+        subjects: vec![format!("{name}.>")],
+        storage: stream::StorageType::File,
+        duplicate_window: Duration::from_secs(120),
+        ..Default::default()
+    })
+    .await
+    .expect("create the battery's stream");
+    let consumer: consumer::PullConsumer = js
+        .create_consumer_on_stream(
+            consumer::pull::Config {
+                durable_name: Some("battery".to_owned()),
+                ack_policy: consumer::AckPolicy::Explicit,
+                ..Default::default()
+            },
+            &name,
+        )
+        .await
+        .expect("create the battery's consumer");
+    let got: Received = Arc::default();
+    let record = got.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok(mut messages) = consumer.messages().await else {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                continue;
+            };
+            while let Some(Ok(message)) = messages.next().await {
+                let id = message
+                    .headers
+                    .as_ref()
+                    .and_then(|h| h.get("outbox-id"))
+                    .map(|v| v.as_str().to_owned())
+                    .unwrap_or_default();
+                record.lock().unwrap().push(id);
+                // Acknowledged once recorded: a lost acknowledgement makes a duplicate.
+                let _ = message.ack().await;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    });
+    (name, got)
 }

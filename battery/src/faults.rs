@@ -275,6 +275,8 @@ pub(crate) enum SinkServer {
     Redis(RedisServer),
     /// The shared RabbitMQ (its app stopped and started; the node stays up).
     RabbitMq,
+    /// The battery's own NATS server (killed, and started again on its JetStream store).
+    Nats(std::sync::Mutex<outbox_test_support::nats::NatsServer>),
 }
 
 impl SinkServer {
@@ -295,6 +297,12 @@ impl SinkServer {
                 tokio::time::sleep(down).await;
                 rabbitmqctl(&["start_app"]);
                 rabbitmqctl(&["await_startup"]);
+            }
+            Self::Nats(server) => {
+                let lock = || server.lock().unwrap_or_else(|e| e.into_inner());
+                lock().kill();
+                tokio::time::sleep(down).await;
+                tokio::task::block_in_place(|| lock().restart());
             }
         }
     }

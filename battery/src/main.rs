@@ -162,6 +162,7 @@ pub(crate) enum SinkKind {
     Amqp,
     Kafka,
     Sqs,
+    Nats,
 }
 
 /// The lease the relays take: short, so that a killed relay's rows come back quickly.
@@ -254,6 +255,21 @@ async fn consumer(sink: SinkKind, fault: Fault, dir: &Path) -> Consumer {
                 format!("url = \"{url}\"\nrouting_key = \"{queue}\"\n"),
                 received,
                 Some(SinkServer::RabbitMq),
+            )
+        }
+        SinkKind::Nats => {
+            // Under `sink-restart`, a private server whose JetStream store is on disk.
+            let own = (fault == Fault::SinkRestart)
+                .then(|| outbox_test_support::nats::NatsServer::start(dir, ""));
+            let url = own.as_ref().map_or_else(
+                || outbox_test_support::server_url("OUTBOX_TEST_NATS_URL", "nats://127.0.0.1:4222"),
+                |own| own.url.clone(),
+            );
+            let (stream, received) = consumers::nats_consumer(&url).await;
+            plain(
+                format!("url = \"{url}\"\nsubject = \"{stream}.events\"\n"),
+                received,
+                own.map(|own| SinkServer::Nats(std::sync::Mutex::new(own))),
             )
         }
         SinkKind::Kafka => {

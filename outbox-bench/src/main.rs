@@ -1,7 +1,7 @@
 //! `outbox-bench`: every figure is a ratio against a baseline measured in the same run.
 //!
 //! ```text
-//! cargo run --release -p outbox-bench -- [all|enqueue|drain|scale|ordered|latency|backlog|held-xmin|sqlite|mysql|soak|gauges|diesel|amqp|kafka|sqs] [--quick] [--write BENCHMARKS.md]
+//! cargo run --release -p outbox-bench -- [all|enqueue|drain|scale|ordered|latency|backlog|held-xmin|sqlite|mysql|soak|gauges|diesel|amqp|kafka|sqs|nats] [--quick] [--write BENCHMARKS.md]
 //! ```
 //!
 //! Each scenario prints a table and, as its last line, one JSON object with its figures.
@@ -15,6 +15,7 @@ mod enqueue;
 mod gauges;
 mod kafka;
 mod latency;
+mod nats;
 mod report;
 mod setup;
 mod sinks;
@@ -121,11 +122,13 @@ enum Scenario {
     Kafka,
     /// SQS sink against a raw `SendMessageBatch` loop (moto).
     Sqs,
+    /// NATS JetStream sink against a raw async-nats publishing loop.
+    Nats,
     /// diesel's enqueue against a raw INSERT.
     Diesel,
 }
 
-const EVERY_SCENARIO: [Scenario; 14] = [
+const EVERY_SCENARIO: [Scenario; 15] = [
     Scenario::Enqueue,
     Scenario::Drain,
     Scenario::Scale,
@@ -140,6 +143,7 @@ const EVERY_SCENARIO: [Scenario; 14] = [
     Scenario::Amqp,
     Scenario::Kafka,
     Scenario::Sqs,
+    Scenario::Nats,
 ];
 
 fn main() {
@@ -183,6 +187,7 @@ fn main() {
                 Scenario::Amqp => sinks::amqp(&bench, scale, &mut report).await?,
                 Scenario::Kafka => kafka::run(&bench, scale, &mut report).await?,
                 Scenario::Sqs => sqs::run(&bench, scale, &mut report).await?,
+                Scenario::Nats => nats::run(&bench, scale, &mut report).await?,
             }
         }
         if let Some(path) = write {

@@ -1,8 +1,9 @@
 //! `outbox relay` killed with SIGKILL again and again mid-batch, in front of a webhook
 //! receiver that answers each request after a short random delay, and in front of
-//! RabbitMQ, Kafka and SQS: nothing committed is lost, and the re-sends (duplicates) stay bounded by what
-//! was in flight at each kill. Prints `kill9 <sink>: kills=… committed=… deliveries=…
-//! duplicates=… lost=…`.
+//! RabbitMQ, Kafka, SQS and NATS JetStream: nothing committed is lost, and the re-sends
+//! (duplicates) stay bounded by what was in flight at each kill; in front of JetStream,
+//! the stream's duplicate window takes the re-sends and its consumer sees each message
+//! once. Prints `kill9 <sink>: kills=… committed=… deliveries=… duplicates=… lost=…`.
 
 use std::collections::HashSet;
 use std::process::Command;
@@ -26,7 +27,7 @@ async fn kill_9_loses_nothing_and_resends_only_what_was_in_flight() {
     // The receiver: records every delivery on arrival, answers after 5-40 ms.
     let (hook, got) = common::recording_receiver(5..40).await;
     let route = format!("url = \"{hook}\"\nallow = [\"127.0.0.1/32\"]\n");
-    kill_loop("http", &route, got, 500).await;
+    kill_loop("http", &route, got, 500, None).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -34,7 +35,7 @@ async fn kill_9_in_front_of_amqp_loses_nothing() {
     let (url, queue, got) = common::amqp_consumer().await;
     let route = format!("url = \"{url}\"\nrouting_key = \"{queue}\"\n");
     // RabbitMQ takes messages fast: more of them per cycle, so that each kill lands mid-batch.
-    kill_loop("amqp", &route, got, 3_000).await;
+    kill_loop("amqp", &route, got, 3_000, None).await;
     common::delete_amqp_queue(&url, &queue).await;
 }
 
@@ -42,7 +43,7 @@ async fn kill_9_in_front_of_amqp_loses_nothing() {
 async fn kill_9_in_front_of_kafka_loses_nothing() {
     let (brokers, topic, got) = common::kafka_consumer().await;
     let route = format!("url = \"kafka://{brokers}/{topic}\"\n");
-    kill_loop("kafka", &route, got, 5_000).await;
+    kill_loop("kafka", &route, got, 5_000, None).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -56,13 +57,51 @@ async fn kill_9_in_front_of_sqs_loses_nothing() {
     // arrive faster than its consumer takes them out it slows down until it stops
     // answering (on a slow day it took fewer than 60 a second). The route's rate limit keeps
     // the queue short; 50 messages per cycle still leave each kill mid-batch.
-    kill_loop("sqs", &route, got, 50).await;
+    kill_loop("sqs", &route, got, 50, None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_in_front_of_nats_loses_nothing_and_jetstream_stores_each_message_once() {
+    let url = outbox_test_support::server_url("OUTBOX_TEST_NATS_URL", "nats://127.0.0.1:4222");
+    let (stream, got) = common::nats_consumer(&url).await;
+    let route = format!("url = \"{url}\"\nsubject = \"{stream}.events\"\n");
+    let run = kill_loop(
+        "nats",
+        &route,
+        got,
+        3_000,
+        Some("outbox_nats_duplicates_total"),
+    )
+    .await;
+    assert_eq!(
+        run.duplicates, 0,
+        "the duplicate window kept every re-send out of the stream"
+    );
+    assert!(
+        run.reported > 0.0,
+        "the relays' PubAcks reported re-sends as duplicates (outbox_nats_duplicates_total)"
+    );
+}
+
+/// What a kill loop saw.
+struct KillRun {
+    /// Deliveries beyond the first of each message.
+    duplicates: usize,
+    /// The relays' `resends_metric`, summed over every relay process.
+    reported: f64,
 }
 
 /// Runs the kill loop with `route` (the TOML of route `hooks`) while `got` records the
 /// ids the receiver gets; before each start of the relay, `per_cycle` more messages are
-/// committed, so every kill finds work in flight.
-async fn kill_loop(sink: &str, route: &str, got: common::Received, per_cycle: usize) {
+/// committed, so every kill finds work in flight. With `resends_metric`, each relay serves
+/// `/metrics`, and the counter of that name is read just before each relay's end.
+async fn kill_loop(
+    sink: &str,
+    route: &str,
+    got: common::Received,
+    per_cycle: usize,
+    resends_metric: Option<&str>,
+) -> KillRun {
     let pg_url = env_or(
         "OUTBOX_TEST_POSTGRES_URL",
         "postgres://postgres@127.0.0.1:5432/test",
@@ -87,14 +126,37 @@ async fn kill_loop(sink: &str, route: &str, got: common::Received, per_cycle: us
     let dir = std::env::temp_dir().join(format!("outbox-{table}"));
     std::fs::create_dir_all(&dir).unwrap();
     let config = dir.join("outbox.toml");
+    let metrics = resends_metric.map(|_| {
+        let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        probe.local_addr().unwrap().to_string()
+    });
+    let metrics_table = metrics
+        .as_ref()
+        .map(|addr| format!("[metrics]\nlisten = \"{addr}\"\n\n"))
+        .unwrap_or_default();
     std::fs::write(
         &config,
         format!(
             "[store]\nurl = \"{pg_url}\"\ntable = \"{table}\"\n\n[relay]\nbatch_size = 100\nconcurrency = 2\nlease = \"2s\"\npoll_interval = \"100ms\"\n\n\
-             [routes.hooks]\n{route}"
+             {metrics_table}[routes.hooks]\n{route}"
         ),
     )
     .unwrap();
+    // The running relay's `resends_metric` (0 when it has none yet or does not answer).
+    let reported_now = || {
+        let metrics = metrics.clone();
+        async move {
+            let (Some(addr), Some(name)) = (metrics, resends_metric) else {
+                return 0.0;
+            };
+            common::http_get(&addr, "/metrics")
+                .await
+                .lines()
+                .find_map(|line| line.strip_prefix(name)?.trim().parse::<f64>().ok())
+                .unwrap_or(0.0)
+        }
+    };
+    let mut reported = 0.0;
     let start_relay = || {
         ChildGuard::spawn(
             "outbox relay",
@@ -151,6 +213,7 @@ async fn kill_loop(sink: &str, route: &str, got: common::Received, per_cycle: us
         )
         .await;
         tokio::time::sleep(Duration::from_millis(fastrand::u64(0..300))).await;
+        reported += reported_now().await;
         relay.kill();
         kills += 1;
         leased_at_kills += leased_by(pid).await;
@@ -163,6 +226,7 @@ async fn kill_loop(sink: &str, route: &str, got: common::Received, per_cycle: us
         || async { published().await == count as i64 },
     )
     .await;
+    reported += reported_now().await;
     assert!(
         relay.terminate(Duration::from_secs(20)).is_some(),
         "graceful stop"
@@ -183,7 +247,8 @@ async fn kill_loop(sink: &str, route: &str, got: common::Received, per_cycle: us
     let duplicates = deliveries.len() - distinct.len();
     eprintln!(
         "kill9 {sink}: kills={kills} committed={count} deliveries={} duplicates={duplicates} \
-         leased_at_kills={leased_at_kills} lost={lost} unexpected={unexpected}",
+         leased_at_kills={leased_at_kills} lost={lost} unexpected={unexpected} \
+         resends_reported={reported}",
         deliveries.len()
     );
     assert!(
@@ -204,4 +269,8 @@ async fn kill_loop(sink: &str, route: &str, got: common::Received, per_cycle: us
         .await
         .unwrap();
     let _ = std::fs::remove_dir_all(dir);
+    KillRun {
+        duplicates,
+        reported,
+    }
 }

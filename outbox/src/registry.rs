@@ -32,6 +32,8 @@ const KNOWN: &[(&str, &str, &str)] = &[
     ("sink", "sqs", "sqs"),
     ("sink", "sqs+https", "sqs"),
     ("sink", "sqs+http", "sqs"),
+    ("sink", "nats", "nats"),
+    ("sink", "nats+tls", "nats"),
 ];
 
 /// `diesel+postgres://…`, `diesel+sqlite:PATH` and `diesel+mysql://…`: the URL without
@@ -144,6 +146,8 @@ impl Default for Registry {
         registry.sinks.push(outbox_sink_kafka::DRIVER);
         #[cfg(feature = "sqs")]
         registry.sinks.push(outbox_sink_sqs::DRIVER);
+        #[cfg(feature = "nats")]
+        registry.sinks.push(outbox_sink_nats::DRIVER);
         registry
     }
 }

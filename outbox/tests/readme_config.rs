@@ -16,7 +16,7 @@ fn readme_config() -> outbox::Config {
 }
 
 /// The README's route `route`, parsed as the settings of its sink.
-#[cfg(any(feature = "amqp", feature = "kafka", feature = "sqs"))]
+#[cfg(any(feature = "amqp", feature = "kafka", feature = "sqs", feature = "nats"))]
 fn readme_route<T: serde::de::DeserializeOwned>(route: &str) -> T {
     readme_config().routes[route]
         .sink_settings(route)
@@ -43,7 +43,7 @@ fn readme_config_parses() {
         config.relay.order(),
         Some(outbox::MessageOrder::PerKey(outbox::DeadHead::Skip))
     );
-    assert_eq!(config.routes.len(), 5);
+    assert_eq!(config.routes.len(), 6);
     assert_eq!(config.metrics.listen.as_deref(), Some("0.0.0.0:9464"));
     let policy = config.routes["billing"].policy("billing").unwrap();
     assert_eq!(policy.rate_limit.map(|r| r.burst), Some(20));
@@ -57,8 +57,8 @@ async fn readme_http_route_builds() {
         .build_sink("billing", &config.routes["billing"])
         .await
         .expect("sink builds");
-    let nats = RouteTable::new([("url", "nats://broker:4222".into())]);
-    let err = build_error("billing", &nats).await;
+    let unknown = RouteTable::new([("url", "zeromq://broker:5555".into())]);
+    let err = build_error("billing", &unknown).await;
     assert!(err.contains("unsupported sink URL"), "{err}");
 }
 
@@ -87,6 +87,14 @@ fn readme_sqs_route_is_a_valid_sqs_config() {
     assert_eq!(sqs.default_group.as_deref(), Some("payments"));
     assert_eq!(sqs.binary, Some(outbox::sqs::Binary::Base64));
     sqs.validate().expect("and validates");
+}
+
+#[cfg(feature = "nats")]
+#[test]
+fn readme_nats_route_is_a_valid_nats_config() {
+    let nats: outbox::nats::NatsSinkConfig = readme_route("shipping");
+    assert_eq!(nats.subject, "shipping.{partition_key}");
+    nats.validate().expect("and validates");
 }
 
 #[cfg(not(feature = "redis"))]

@@ -21,6 +21,8 @@ const SCHEMES: &[&str] = &[
     "kafka",
     "sqs",
     "sqs+https",
+    "nats",
+    "nats+tls",
     "postgres",
     "postgresql",
     "mysql",

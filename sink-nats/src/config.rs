@@ -194,7 +194,10 @@ impl NatsSinkConfig {
                 other => {
                     return Err(NatsSinkError::InvalidUrl {
                         url: outbox_engine::redact::url(url),
-                        reason: format!("unknown option `{other}` (options: {})", OPTIONS.join(", ")),
+                        reason: format!(
+                            "unknown option `{other}` (options: {})",
+                            OPTIONS.join(", ")
+                        ),
                     });
                 }
             }
@@ -361,10 +364,11 @@ impl NatsSinkConfig {
                 "choose one way to log in: a user and password or token in the URL, credentials_file, or nkey_seed_file",
             ));
         }
-        let subject = Template::parse(&self.subject).map_err(|e| NatsSinkError::InvalidTemplate {
-            template: self.subject.chars().take(128).collect(),
-            reason: e.reason,
-        })?;
+        let subject =
+            Template::parse(&self.subject).map_err(|e| NatsSinkError::InvalidTemplate {
+                template: self.subject.chars().take(128).collect(),
+                reason: e.reason,
+            })?;
         if let Some(fixed) = subject.fixed()
             && let Err(reason) = check_subject(&fixed)
         {
@@ -482,7 +486,10 @@ mod tests {
         assert_eq!(c.connect_timeout, Duration::from_secs(2));
         assert_eq!(c.tls_ca_file, Some(PathBuf::from("/ca.pem")));
         let checked = c.check().unwrap();
-        assert_eq!(checked.address, "tls://nats:4443", "no credentials in the address");
+        assert_eq!(
+            checked.address, "tls://nats:4443",
+            "no credentials in the address"
+        );
         assert!(checked.tls);
         assert!(checked.login == Login::UserPassword("u".into(), "p".into()));
     }
@@ -511,16 +518,27 @@ mod tests {
             "ack_timeout"
         );
         assert_eq!(
-            setting(
-                NatsSinkConfig::new("nats://u:p@127.0.0.1").credentials_file("/relay.creds")
-            ),
+            setting(NatsSinkConfig::new("nats://u:p@127.0.0.1").credentials_file("/relay.creds")),
             "credentials_file"
         );
         assert_eq!(
-            setting(NatsSinkConfig::new("nats+tls://127.0.0.1").tls_ca_file("/ca.pem").tls_client_cert("/c.pem", "/k.pem").nkey_seed_file("/a").credentials_file("/b")),
+            setting(
+                NatsSinkConfig::new("nats+tls://127.0.0.1")
+                    .tls_ca_file("/ca.pem")
+                    .tls_client_cert("/c.pem", "/k.pem")
+                    .nkey_seed_file("/a")
+                    .credentials_file("/b")
+            ),
             "credentials_file"
         );
-        for subject in ["", "orders.*", "orders.>", "orders..paid", "orders paid", ".orders"] {
+        for subject in [
+            "",
+            "orders.*",
+            "orders.>",
+            "orders..paid",
+            "orders paid",
+            ".orders",
+        ] {
             assert!(
                 matches!(
                     NatsSinkConfig::default().subject(subject).validate(),
@@ -558,8 +576,7 @@ mod tests {
         .unwrap();
         assert_eq!(c.ack_timeout, Duration::from_millis(1500));
         assert!(
-            serde_json::from_value::<NatsSinkConfig>(serde_json::json!({ "stream": "x" }))
-                .is_err()
+            serde_json::from_value::<NatsSinkConfig>(serde_json::json!({ "stream": "x" })).is_err()
         );
     }
 }

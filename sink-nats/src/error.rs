@@ -157,9 +157,7 @@ pub fn classify(error: &PublishError) -> Failure {
         ),
         PublishErrorKind::BrokenPipe => Failure::retryable(FailureClass::Connection, text),
         PublishErrorKind::Other => match jetstream_code(error) {
-            Some(ErrorCode::STREAM_NOT_FOUND) => {
-                Failure::permanent(FailureClass::Unroutable, text)
-            }
+            Some(ErrorCode::STREAM_NOT_FOUND) => Failure::permanent(FailureClass::Unroutable, text),
             Some(ErrorCode::STREAM_MESSAGE_EXCEEDS_MAXIMUM) => {
                 Failure::permanent(FailureClass::TooLarge, text)
             }

@@ -84,7 +84,9 @@ pub fn read_parts(
     let fields = headers
         .into_iter()
         .flat_map(HeaderMap::iter)
-        .filter_map(|(name, values)| Some((AsRef::<str>::as_ref(name), Some(values.first()?.as_str()))))
+        .filter_map(|(name, values)| {
+            Some((AsRef::<str>::as_ref(name), Some(values.first()?.as_str())))
+        })
         .filter(|(name, _)| {
             !name
                 .get(..NATS_PREFIX.len())

@@ -7,10 +7,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_nats::connection::State;
-use async_nats::jetstream::message::PublishMessage;
 use async_nats::jetstream::context::{
     ContextBuilder, GetStreamByNameErrorKind, PublishAckFuture, PublishErrorKind,
 };
+use async_nats::jetstream::message::PublishMessage;
 use async_nats::{ConnectErrorKind, ConnectOptions, HeaderMap, HeaderName, HeaderValue};
 use outbox_engine::receive::fields::PREFIX as HEADER_PREFIX;
 use outbox_engine::receive::metadata_fields;
@@ -241,7 +241,10 @@ impl Inner {
         if self.client.connection_state() != State::Connected {
             let failure = Failure::retryable(
                 FailureClass::Connection,
-                format!("not connected to the NATS server at {}; reconnecting", self.url),
+                format!(
+                    "not connected to the NATS server at {}; reconnecting",
+                    self.url
+                ),
             )
             .deferred()
             .with_retry_after(Duration::from_secs(1));
@@ -340,15 +343,21 @@ impl Inner {
             ),
             Ok(Ok(stream)) => Failure::retryable(
                 FailureClass::Unavailable,
-                format!("stream {stream:?} binds subject {subject:?} but did not answer (no responders); it may be starting"),
+                format!(
+                    "stream {stream:?} binds subject {subject:?} but did not answer (no responders); it may be starting"
+                ),
             ),
             Ok(Err(e)) => Failure::retryable(
                 FailureClass::Unavailable,
-                format!("no responders for subject {subject:?}, and the JetStream API did not answer: {e}"),
+                format!(
+                    "no responders for subject {subject:?}, and the JetStream API did not answer: {e}"
+                ),
             ),
             Err(_) => Failure::retryable(
                 FailureClass::Unavailable,
-                format!("no responders for subject {subject:?}, and the JetStream API did not answer in time"),
+                format!(
+                    "no responders for subject {subject:?}, and the JetStream API did not answer in time"
+                ),
             ),
         }
     }
@@ -367,7 +376,8 @@ impl Inner {
             .subject
             .render(message)
             .map_err(|e| Failure::permanent(FailureClass::Config, format!("subject {e}")))?;
-        check_subject(&subject).map_err(|reason| Failure::permanent(FailureClass::Config, reason))?;
+        check_subject(&subject)
+            .map_err(|reason| Failure::permanent(FailureClass::Config, reason))?;
 
         let mut headers = HeaderMap::new();
         let id = message.id.to_string();
@@ -375,7 +385,9 @@ impl Inner {
             let bad = |what: &str| {
                 Failure::permanent(
                     FailureClass::Serialization,
-                    format!("header {name:?} has {what} that NATS headers cannot carry (control characters, `:` in a name, or a line break)"),
+                    format!(
+                        "header {name:?} has {what} that NATS headers cannot carry (control characters, `:` in a name, or a line break)"
+                    ),
                 )
             };
             let name: HeaderName = name.parse().map_err(|_| bad("a name"))?;
@@ -418,13 +430,12 @@ async fn connect_options(
     checked: &Checked,
     denied: Arc<Mutex<HashMap<String, Instant>>>,
 ) -> Result<ConnectOptions, NatsSinkError> {
-    let file_error = |setting: &'static str, path: &std::path::Path, reason: String| {
-        NatsSinkError::File {
+    let file_error =
+        |setting: &'static str, path: &std::path::Path, reason: String| NatsSinkError::File {
             setting,
             path: path.display().to_string(),
             reason,
-        }
-    };
+        };
     let url = outbox_engine::redact::url(&config.url);
     let mut options = ConnectOptions::new()
         .name(format!("outbox-relay-{}", std::process::id()))
@@ -525,6 +536,9 @@ mod tests {
                 .as_deref(),
             Some("a.b")
         );
-        assert_eq!(denied_subject("Permissions Violation for Subscription to \"x\""), None);
+        assert_eq!(
+            denied_subject("Permissions Violation for Subscription to \"x\""),
+            None
+        );
     }
 }

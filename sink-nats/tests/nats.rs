@@ -176,8 +176,14 @@ async fn a_resend_is_stored_once_and_reported_as_a_duplicate() {
     // The relay sends the same messages again (it crashed before marking them).
     let again = publish(&sink, &batch).await;
     for (before, after) in first.iter().zip(&again) {
-        let (Outcome::Published { receipt: Some(before) }, Outcome::Published { receipt: Some(after) }) =
-            (before, after)
+        let (
+            Outcome::Published {
+                receipt: Some(before),
+            },
+            Outcome::Published {
+                receipt: Some(after),
+            },
+        ) = (before, after)
         else {
             panic!("published twice with receipts: {before:?} / {after:?}");
         };
@@ -235,7 +241,13 @@ async fn a_redelivered_message_is_a_duplicate_in_the_consumers_inbox() {
         .unwrap();
     let mut deliveries = Vec::new();
     for attempt in 0..2 {
-        let mut batch = consumer.fetch().max_messages(1).expires(Duration::from_secs(5)).messages().await.unwrap();
+        let mut batch = consumer
+            .fetch()
+            .max_messages(1)
+            .expires(Duration::from_secs(5))
+            .messages()
+            .await
+            .unwrap();
         let message = tokio::time::timeout(Duration::from_secs(10), batch.next())
             .await
             .unwrap_or_else(|_| panic!("delivery {attempt} within 10 s"))
@@ -269,9 +281,7 @@ async fn a_redelivered_message_is_a_duplicate_in_the_consumers_inbox() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_subject_no_stream_binds_is_dead_lettered_and_the_rest_published() {
     let server = Server::connect().await;
-    let stream = server
-        .stream_with("routed", |c| c.subjects = vec![])
-        .await;
+    let stream = server.stream_with("routed", |c| c.subjects = vec![]).await;
     // Only `STREAM.order.*` is bound.
     let mut handle = server.jetstream.get_stream(&stream).await.unwrap();
     let mut config = handle.info().await.unwrap().config.clone();
@@ -281,7 +291,9 @@ async fn a_subject_no_stream_binds_is_dead_lettered_and_the_rest_published() {
     let sink = sink(NatsSinkConfig::new(url()).subject(format!("{stream}.{{event_type}}"))).await;
     let store = MemoryStore::new();
     let routed = NewMessage::builder("events", "order.paid").build().unwrap();
-    let unbound = NewMessage::builder("events", "invoice.paid").build().unwrap();
+    let unbound = NewMessage::builder("events", "invoice.paid")
+        .build()
+        .unwrap();
     let (routed_id, unbound_id) = (routed.id(), unbound.id());
     store.enqueue_all(vec![routed, unbound]).unwrap();
     let relay = Relay::builder(store.clone())
@@ -290,7 +302,10 @@ async fn a_subject_no_stream_binds_is_dead_lettered_and_the_rest_published() {
         .unwrap();
     relay.drain().await.unwrap();
 
-    assert_eq!(store.row(routed_id).unwrap().row.status(), Status::Published);
+    assert_eq!(
+        store.row(routed_id).unwrap().row.status(),
+        Status::Published
+    );
     let dead = store.row(unbound_id).unwrap().row;
     assert_eq!(dead.status(), Status::Dead, "no stream binds it");
     let reason = dead.last_error.unwrap_or_default();
@@ -314,11 +329,18 @@ async fn messages_too_large_for_the_server_or_the_stream_fail_alone() {
     batch[0].payload = vec![b'x'; max_payload + 1];
     batch[1].payload = vec![b'y'; 8192];
     let outcomes = publish(&sink, &batch).await;
-    for (i, what) in [(0, "the server's max_payload"), (1, "the stream's max_msg_size")] {
+    for (i, what) in [
+        (0, "the server's max_payload"),
+        (1, "the stream's max_msg_size"),
+    ] {
         let Outcome::Failed(failure) = &outcomes[i] else {
             panic!("over {what}: {:?}", outcomes[i])
         };
-        assert_eq!(failure.class, FailureClass::TooLarge, "over {what}: {failure}");
+        assert_eq!(
+            failure.class,
+            FailureClass::TooLarge,
+            "over {what}: {failure}"
+        );
         assert!(!failure.retryable, "over {what}: {failure}");
     }
     assert!(outcomes[2].is_published(), "{:?}", outcomes[2]);
@@ -330,7 +352,8 @@ async fn messages_too_large_for_the_server_or_the_stream_fail_alone() {
 async fn headers_nats_cannot_carry_fail_alone_without_a_panic() {
     let server = Server::connect().await;
     let stream = server.stream("hostile").await;
-    let sink = sink(NatsSinkConfig::new(url()).subject(format!("{stream}.{{partition_key}}"))).await;
+    let sink =
+        sink(NatsSinkConfig::new(url()).subject(format!("{stream}.{{partition_key}}"))).await;
     // As rows written by another language may hold them: set on the claimed message,
     // past the builder's checks.
     let with = |header: (&str, &str)| {
@@ -339,7 +362,9 @@ async fn headers_nats_cannot_carry_fail_alone_without_a_panic() {
             .build()
             .unwrap()
             .into_message(Utc::now());
-        message.headers.insert(header.0.to_owned(), header.1.to_owned());
+        message
+            .headers
+            .insert(header.0.to_owned(), header.1.to_owned());
         message
     };
     let mut broken_key = with(("x-ok", "1"));
@@ -363,7 +388,11 @@ async fn headers_nats_cannot_carry_fail_alone_without_a_panic() {
     }
     assert!(outcomes[5].is_published(), "{:?}", outcomes[5]);
     let stored = server.take(&stream).await;
-    assert_eq!(stored.len(), 1, "nothing but the good message reached the stream");
+    assert_eq!(
+        stored.len(),
+        1,
+        "nothing but the good message reached the stream"
+    );
     assert_eq!(delivered(&stored[0]).id, batch[5].id.to_string());
     server.delete(&[stream]).await;
 }
@@ -407,7 +436,13 @@ async fn start_up_errors_say_what_to_fix() {
         .await
         .unwrap_err();
     assert!(
-        matches!(bad_seed, NatsSinkError::File { setting: "nkey_seed_file", .. }),
+        matches!(
+            bad_seed,
+            NatsSinkError::File {
+                setting: "nkey_seed_file",
+                ..
+            }
+        ),
         "{bad_seed}"
     );
     assert!(!bad_seed.to_string().contains("not a seed"), "{bad_seed}");
@@ -509,10 +544,14 @@ async fn a_relay_loses_nothing_across_server_restarts() {
         server.restart();
         eprintln!("restart {round} done");
     }
-    wait_until("every message published", Duration::from_secs(60), || async {
-        ids.iter()
-            .all(|id| store.row(*id).unwrap().row.status() == Status::Published)
-    })
+    wait_until(
+        "every message published",
+        Duration::from_secs(60),
+        || async {
+            ids.iter()
+                .all(|id| store.row(*id).unwrap().row.status() == Status::Published)
+        },
+    )
     .await;
     let _ = stop.send(());
     tokio::time::timeout(Duration::from_secs(20), running)
@@ -528,8 +567,15 @@ async fn a_relay_loses_nothing_across_server_restarts() {
         .map(|m| delivered(m).id)
         .collect();
     let distinct: std::collections::HashSet<&String> = stored.iter().collect();
-    assert_eq!(stored.len(), distinct.len(), "the duplicate window kept re-sends out");
+    assert_eq!(
+        stored.len(),
+        distinct.len(),
+        "the duplicate window kept re-sends out"
+    );
     for id in &ids {
-        assert!(distinct.contains(&id.to_string()), "message {id} is in the stream");
+        assert!(
+            distinct.contains(&id.to_string()),
+            "message {id} is in the stream"
+        );
     }
 }

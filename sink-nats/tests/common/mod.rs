@@ -56,7 +56,11 @@ impl Server {
     }
 
     /// As [`stream`](Self::stream), with the config adjusted by `adjust`.
-    pub async fn stream_with(&self, prefix: &str, adjust: impl FnOnce(&mut stream::Config)) -> String {
+    pub async fn stream_with(
+        &self,
+        prefix: &str,
+        adjust: impl FnOnce(&mut stream::Config),
+    ) -> String {
         let name = fresh_name(prefix);
         let mut config = stream::Config {
             name: name.clone(),
@@ -76,7 +80,12 @@ impl Server {
     /// Every message the stream holds, in stream order.
     pub async fn take(&self, stream: &str) -> Vec<jetstream::message::StreamMessage> {
         let mut handle = self.jetstream.get_stream(stream).await.expect("the stream");
-        let last = handle.info().await.expect("stream info").state.last_sequence;
+        let last = handle
+            .info()
+            .await
+            .expect("stream info")
+            .state
+            .last_sequence;
         let mut got = Vec::new();
         for sequence in 1..=last {
             if let Ok(message) = handle.get_raw_message(sequence).await {
