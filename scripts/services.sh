@@ -17,6 +17,8 @@
 #   NATS        nats://127.0.0.1:4222   (JetStream on, file storage in /var/lib/nats-server or
 #               ~/.cache/outbox-tools/nats; the tests also start private servers on other
 #               ports with the binary OUTBOX_TEST_NATS_SERVER names)
+#   MQTT        mqtt://127.0.0.1:1883   (mosquitto, anonymous clients on loopback; the tests also
+#               start private brokers on other ports with the binary OUTBOX_TEST_MOSQUITTO names)
 #   Kafka       127.0.0.1:9092   (tansu, a Kafka-protocol broker, in memory; built once with
 #               cargo install into ~/.cache/outbox-tools; the tests also start private
 #               brokers on other ports with the binary OUTBOX_TEST_TANSU names). With
@@ -37,7 +39,7 @@ set -euo pipefail
 # Every Debian package the tests need; the README's "Testing" section shows this list.
 DEBIAN_PACKAGES=(
     postgresql postgresql-client mariadb-server mariadb-client redis-server rabbitmq-server
-    nats-server build-essential pkg-config libpq-dev libmariadb-dev libmariadb-dev-compat libfaketime
+    nats-server mosquitto build-essential pkg-config libpq-dev libmariadb-dev libmariadb-dev-compat libfaketime
     python3 python3-venv nodejs npm curl chromium debootstrap
 )
 
@@ -63,6 +65,7 @@ present() {
     redis-server) test -x /usr/bin/redis-server && command -v redis-cli ;;
     rabbitmq-server) test -x /usr/sbin/rabbitmq-server && command -v rabbitmqctl ;;
     nats-server) test -x /usr/sbin/nats-server ;;
+    mosquitto) test -x /usr/sbin/mosquitto ;;
     chromium) test -x /usr/bin/chromium ;;
     build-essential) command -v cc && command -v make ;;
     python3) command -v python3 ;;
@@ -210,6 +213,21 @@ ensure_nats() {
     echo "OUTBOX_TEST_NATS_SERVER=/usr/sbin/nats-server"
 }
 
+mqtt_up() { (exec 3<>/dev/tcp/127.0.0.1/1883) 2>/dev/null; }
+
+ensure_mqtt() {
+    if ! mqtt_up; then
+        local dir=$TOOLS_DIR/mosquitto
+        mkdir -p "$dir"
+        printf 'listener 1883 127.0.0.1\nallow_anonymous true\nuser %s\n' "$(id -un)" >"$dir/mosquitto.conf"
+        log "starting mosquitto on 127.0.0.1:1883"
+        setsid -f /usr/sbin/mosquitto -c "$dir/mosquitto.conf" >"$dir/mosquitto.log" 2>&1 </dev/null
+        wait_for "mosquitto (1883)" 30 mqtt_up
+    fi
+    echo "OUTBOX_TEST_MQTT_URL=mqtt://127.0.0.1:1883"
+    echo "OUTBOX_TEST_MOSQUITTO=/usr/sbin/mosquitto"
+}
+
 # tansu (crates.io) speaks the Kafka protocol and keeps topics in memory (or in SQLite,
 # for the broker-restart test). Built once per machine; `--locked` because newer
 # dependency releases break its build.
@@ -333,6 +351,7 @@ ensure_mariadb
 ensure_redis
 ensure_rabbitmq
 ensure_nats
+ensure_mqtt
 ensure_kafka
 ensure_sqs
 ensure_writers

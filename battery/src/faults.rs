@@ -276,7 +276,7 @@ pub(crate) enum SinkServer {
     /// The shared RabbitMQ (its app stopped and started; the node stays up).
     RabbitMq,
     /// The battery's own NATS server (killed, and started again on its JetStream store).
-    Nats(std::sync::Mutex<outbox_test_support::nats::NatsServer>),
+    Nats(std::sync::Mutex<outbox_test_support::servers::PrivateServer>),
 }
 
 impl SinkServer {

@@ -260,7 +260,7 @@ async fn consumer(sink: SinkKind, fault: Fault, dir: &Path) -> Consumer {
         SinkKind::Nats => {
             // Under `sink-restart`, a private server whose JetStream store is on disk.
             let own = (fault == Fault::SinkRestart)
-                .then(|| outbox_test_support::nats::NatsServer::start(dir, ""));
+                .then(|| outbox_test_support::servers::PrivateServer::nats(dir, ""));
             let url = own.as_ref().map_or_else(
                 || outbox_test_support::server_url("OUTBOX_TEST_NATS_URL", "nats://127.0.0.1:4222"),
                 |own| own.url.clone(),

@@ -13,7 +13,7 @@ use outbox_engine::testkit::{BinaryPayloads, Delivered, SinkHarness, publish, si
 use outbox_engine::{FailureClass, MemoryStore, NewMessage, Outcome, Relay, Status};
 use outbox_sink_nats::client::jetstream::consumer::{self, pull};
 use outbox_sink_nats::{NatsSink, NatsSinkConfig, NatsSinkError, read_message};
-use outbox_test_support::nats::NatsServer;
+use outbox_test_support::servers::PrivateServer;
 use outbox_test_support::wait_until;
 
 mod common;
@@ -452,7 +452,7 @@ async fn start_up_errors_say_what_to_fix() {
 async fn a_server_without_jetstream_is_refused_at_start_up() {
     let dir = tempfile::tempdir().unwrap();
     // A server of its own with JetStream turned off.
-    let server = NatsServer::start(dir.path(), "jetstream: disabled");
+    let server = PrivateServer::nats(dir.path(), "jetstream: disabled");
     let e = NatsSink::connect(NatsSinkConfig::new(&server.url).subject("orders"))
         .await
         .unwrap_err();
@@ -463,7 +463,7 @@ async fn a_server_without_jetstream_is_refused_at_start_up() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_subject_the_user_may_not_publish_to_is_dead_lettered_alone() {
     let dir = tempfile::tempdir().unwrap();
-    let server = NatsServer::start(
+    let server = PrivateServer::nats(
         dir.path(),
         r#"authorization { users = [ { user: relay, password: "s3cret", permissions: { publish: { deny: ["DENIED.>"] } } } ] }"#,
     );
@@ -512,7 +512,7 @@ async fn a_subject_the_user_may_not_publish_to_is_dead_lettered_alone() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_relay_loses_nothing_across_server_restarts() {
     let dir = tempfile::tempdir().unwrap();
-    let mut server = NatsServer::start(dir.path(), "");
+    let mut server = PrivateServer::nats(dir.path(), "");
     let admin = Server::connect_to(&server.url).await;
     let stream = admin.stream("restart").await;
     drop(admin);

@@ -15,10 +15,10 @@
 //!   one is missing.
 //! - [`make_certificates`]: a private CA with server and client certificates, for TLS tests;
 //!   [`TlsTerminator`]: `socat` terminating TLS (and verifying clients) in front of a server.
-//! - [`nats`]: a private `nats-server` with JetStream, for restarts and server settings.
+//! - [`servers`]: private `nats-server`s and `mosquitto`s, for restarts and server settings.
 //! - [`proxy`]: a TCP fault proxy (lost replies, latency, partitions, silent connections).
 
-pub mod nats;
+pub mod servers;
 pub mod proxy;
 
 use std::future::Future;
