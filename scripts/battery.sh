@@ -27,6 +27,7 @@ if ((quick)); then
         "postgres kafka clock-skew"
         "diesel-postgres redis sink-restart"
         "postgres nats sink-restart"
+        "sqlite mqtt sink-restart"
     )
     cycles=${CYCLES:-5}
 elif [[ -n ${CELLS:-} ]]; then
@@ -35,7 +36,7 @@ elif [[ -n ${CELLS:-} ]]; then
 else
     cells=()
     for store in ${STORES:-postgres sqlite mysql diesel-postgres diesel-sqlite diesel-mysql}; do
-        for sink in ${SINKS:-http redis amqp kafka sqs nats}; do
+        for sink in ${SINKS:-http redis amqp kafka sqs nats mqtt}; do
             for fault in ${FAULTS:-none kill9 kill3 sigstop db-restart db-kill net-sink net-store silent-sink silent-store clock-skew sink-restart receiver-5xx receiver-slow}; do
                 cells+=("$store $sink $fault")
             done

@@ -1,6 +1,7 @@
 //! Consumers that record every delivery's message id in arrival order, duplicates
 //! included: a webhook receiver, and readers of a Redis stream, a RabbitMQ queue, a Kafka
-//! topic, an SQS queue and a NATS JetStream stream on the test servers. Shared by the battery and the CLI tests.
+//! topic, an SQS queue, a NATS JetStream stream and an MQTT topic on the test servers.
+//! Shared by the battery and the CLI tests.
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -613,69 +614,6 @@ pub async fn sqs_consumer() -> (outbox_test_support::ChildGuard, String, Receive
     (guard, queue_url, got)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    use tokio::net::TcpStream;
-
-    /// Posts a delivery with message id `id` on `stream`; returns the status line.
-    async fn post(stream: &mut TcpStream, id: &str) -> std::io::Result<String> {
-        let request = format!(
-            "POST /hook HTTP/1.1\r\nhost: receiver\r\noutbox-message-id: {id}\r\ncontent-length: 0\r\n\r\n"
-        );
-        stream.write_all(request.as_bytes()).await?;
-        let mut answer = Vec::new();
-        let mut chunk = [0; 512];
-        while !answer.windows(4).any(|w| w == b"\r\n\r\n") {
-            let n = stream.read(&mut chunk).await?;
-            if n == 0 {
-                return Err(std::io::ErrorKind::UnexpectedEof.into());
-            }
-            answer.extend_from_slice(&chunk[..n]);
-        }
-        let text = String::from_utf8_lossy(&answer).into_owned();
-        Ok(text.lines().next().unwrap_or_default().to_owned())
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_restarted_receiver_drops_its_connections_and_then_answers_again() {
-        tokio::time::timeout(Duration::from_secs(30), async {
-            let receiver = Receiver::start(0..0).await;
-            let addr = receiver.addr;
-            let mut kept = TcpStream::connect(addr).await.unwrap();
-            assert_eq!(
-                post(&mut kept, "a").await.unwrap(),
-                "HTTP/1.1 204 No Content"
-            );
-
-            let restarting = receiver.clone();
-            let restart = tokio::spawn(async move {
-                restarting.restart(Duration::from_millis(500)).await;
-            });
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            assert!(
-                TcpStream::connect(addr).await.is_err(),
-                "a connection was accepted while the receiver was down"
-            );
-            assert!(
-                post(&mut kept, "lost").await.is_err(),
-                "a connection opened before the restart still answered"
-            );
-
-            restart.await.unwrap();
-            let mut fresh = TcpStream::connect(addr).await.unwrap();
-            assert_eq!(
-                post(&mut fresh, "b").await.unwrap(),
-                "HTTP/1.1 204 No Content"
-            );
-            assert_eq!(*receiver.received.lock().unwrap(), ["a", "b"]);
-        })
-        .await
-        .expect("the test took over 30 s");
-    }
-}
-
 /// A fresh JetStream stream (file storage, a two-minute duplicate window) binding
 /// `NAME.>` on the NATS server at `url`, and a durable pull consumer that records each
 /// message's `outbox-id` header on arrival and acknowledges it after. It carries on
@@ -740,4 +678,136 @@ pub async fn nats_consumer(url: &str) -> (String, Received) {
         }
     });
     (name, got)
+}
+
+/// A QoS 1 subscriber of `TOPIC/#` on the MQTT broker at `url` (MQTT 5, a persistent
+/// session, so that what is published while the broker restarts waits for it) that
+/// records each message's `outbox-id` user property on arrival. Returns the topic
+/// prefix and the record.
+pub async fn mqtt_consumer(url: &str) -> (String, Received) {
+    use outbox::mqtt::client::v5::mqttbytes::QoS;
+    use outbox::mqtt::client::v5::mqttbytes::v5::Packet;
+    use outbox::mqtt::client::v5::{AsyncClient, Event, MqttOptions};
+
+    let address = url::Url::parse(url).expect("an mqtt:// URL");
+    let topic = format!("battery/{:016x}", fastrand::u64(..));
+    let mut options = MqttOptions::new(
+        format!("outbox-battery-{:x}", fastrand::u64(..)),
+        address.host_str().unwrap_or("127.0.0.1"),
+        address.port().unwrap_or(1883),
+    );
+    options
+        .set_keep_alive(Duration::from_secs(5))
+        .set_clean_start(false)
+        .set_session_expiry_interval(Some(3600));
+    let (client, mut events) = AsyncClient::new(options, 100);
+    match tokio::time::timeout(Duration::from_secs(10), events.poll()).await {
+        Ok(Ok(Event::Incoming(Packet::ConnAck(_)))) => {}
+        Ok(other) => outbox_test_support::no_server(
+            "an MQTT broker",
+            "OUTBOX_TEST_MQTT_URL",
+            url,
+            format!("{other:?}"),
+        ),
+        Err(_) => outbox_test_support::no_server(
+            "an MQTT broker",
+            "OUTBOX_TEST_MQTT_URL",
+            url,
+            "no CONNACK within 10 s",
+        ),
+    }
+    client
+        .subscribe(format!("{topic}/#"), QoS::AtLeastOnce)
+        .await
+        .expect("subscribe");
+    loop {
+        match tokio::time::timeout(Duration::from_secs(10), events.poll()).await {
+            Ok(Ok(Event::Incoming(Packet::SubAck(_)))) => break,
+            Ok(Ok(_)) => {}
+            other => panic!("no SUBACK from the MQTT broker: {other:?}"),
+        }
+    }
+    let got: Received = Arc::default();
+    let record = got.clone();
+    tokio::spawn(async move {
+        // Keeps the client (and its request channel) alive as long as the loop runs.
+        let _client = client;
+        loop {
+            match events.poll().await {
+                Ok(Event::Incoming(Packet::Publish(publish))) => {
+                    let id = outbox::mqtt::read_publish(&publish)
+                        .map(|received| received.id.to_string())
+                        .unwrap_or_default();
+                    record.lock().unwrap().push(id);
+                }
+                Ok(_) => {}
+                // The broker is away: the next poll reconnects, resuming the session.
+                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        }
+    });
+    (topic, got)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
+
+    /// Posts a delivery with message id `id` on `stream`; returns the status line.
+    async fn post(stream: &mut TcpStream, id: &str) -> std::io::Result<String> {
+        let request = format!(
+            "POST /hook HTTP/1.1\r\nhost: receiver\r\noutbox-message-id: {id}\r\ncontent-length: 0\r\n\r\n"
+        );
+        stream.write_all(request.as_bytes()).await?;
+        let mut answer = Vec::new();
+        let mut chunk = [0; 512];
+        while !answer.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = stream.read(&mut chunk).await?;
+            if n == 0 {
+                return Err(std::io::ErrorKind::UnexpectedEof.into());
+            }
+            answer.extend_from_slice(&chunk[..n]);
+        }
+        let text = String::from_utf8_lossy(&answer).into_owned();
+        Ok(text.lines().next().unwrap_or_default().to_owned())
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_restarted_receiver_drops_its_connections_and_then_answers_again() {
+        tokio::time::timeout(Duration::from_secs(30), async {
+            let receiver = Receiver::start(0..0).await;
+            let addr = receiver.addr;
+            let mut kept = TcpStream::connect(addr).await.unwrap();
+            assert_eq!(
+                post(&mut kept, "a").await.unwrap(),
+                "HTTP/1.1 204 No Content"
+            );
+
+            let restarting = receiver.clone();
+            let restart = tokio::spawn(async move {
+                restarting.restart(Duration::from_millis(500)).await;
+            });
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            assert!(
+                TcpStream::connect(addr).await.is_err(),
+                "a connection was accepted while the receiver was down"
+            );
+            assert!(
+                post(&mut kept, "lost").await.is_err(),
+                "a connection opened before the restart still answered"
+            );
+
+            restart.await.unwrap();
+            let mut fresh = TcpStream::connect(addr).await.unwrap();
+            assert_eq!(
+                post(&mut fresh, "b").await.unwrap(),
+                "HTTP/1.1 204 No Content"
+            );
+            assert_eq!(*receiver.received.lock().unwrap(), ["a", "b"]);
+        })
+        .await
+        .expect("the test took over 30 s");
+    }
 }

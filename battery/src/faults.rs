@@ -277,6 +277,11 @@ pub(crate) enum SinkServer {
     RabbitMq,
     /// The battery's own NATS server (killed, and started again on its JetStream store).
     Nats(std::sync::Mutex<outbox_test_support::servers::PrivateServer>),
+    /// The battery's own mosquitto (persistence on), stopped cleanly and started again:
+    /// mosquitto writes what it holds on a clean stop, and a SIGKILL loses what it
+    /// acknowledged since its last autosave, which is the broker's durability, not the
+    /// relay's.
+    Mqtt(std::sync::Mutex<outbox_test_support::servers::PrivateServer>),
 }
 
 impl SinkServer {
@@ -301,6 +306,12 @@ impl SinkServer {
             Self::Nats(server) => {
                 let lock = || server.lock().unwrap_or_else(|e| e.into_inner());
                 lock().kill();
+                tokio::time::sleep(down).await;
+                tokio::task::block_in_place(|| lock().restart());
+            }
+            Self::Mqtt(server) => {
+                let lock = || server.lock().unwrap_or_else(|e| e.into_inner());
+                tokio::task::block_in_place(|| lock().stop());
                 tokio::time::sleep(down).await;
                 tokio::task::block_in_place(|| lock().restart());
             }

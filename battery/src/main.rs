@@ -163,6 +163,7 @@ pub(crate) enum SinkKind {
     Kafka,
     Sqs,
     Nats,
+    Mqtt,
 }
 
 /// The lease the relays take: short, so that a killed relay's rows come back quickly.
@@ -270,6 +271,21 @@ async fn consumer(sink: SinkKind, fault: Fault, dir: &Path) -> Consumer {
                 format!("url = \"{url}\"\nsubject = \"{stream}.events\"\n"),
                 received,
                 own.map(|own| SinkServer::Nats(std::sync::Mutex::new(own))),
+            )
+        }
+        SinkKind::Mqtt => {
+            // Under `sink-restart`, a private broker with persistence on.
+            let own = (fault == Fault::SinkRestart)
+                .then(|| outbox_test_support::servers::PrivateServer::mosquitto(dir, ""));
+            let url = own.as_ref().map_or_else(
+                || outbox_test_support::server_url("OUTBOX_TEST_MQTT_URL", "mqtt://127.0.0.1:1883"),
+                |own| own.url.clone(),
+            );
+            let (topic, received) = consumers::mqtt_consumer(&url).await;
+            plain(
+                format!("url = \"{url}\"\ntopic = \"{topic}/events\"\n"),
+                received,
+                own.map(|own| SinkServer::Mqtt(std::sync::Mutex::new(own))),
             )
         }
         SinkKind::Kafka => {

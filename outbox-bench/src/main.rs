@@ -1,7 +1,7 @@
 //! `outbox-bench`: every figure is a ratio against a baseline measured in the same run.
 //!
 //! ```text
-//! cargo run --release -p outbox-bench -- [all|enqueue|drain|scale|ordered|latency|backlog|held-xmin|sqlite|mysql|soak|gauges|diesel|amqp|kafka|sqs|nats] [--quick] [--write BENCHMARKS.md]
+//! cargo run --release -p outbox-bench -- [all|enqueue|drain|scale|ordered|latency|backlog|held-xmin|sqlite|mysql|soak|gauges|diesel|amqp|kafka|sqs|nats|mqtt] [--quick] [--write BENCHMARKS.md]
 //! ```
 //!
 //! Each scenario prints a table and, as its last line, one JSON object with its figures.
@@ -15,6 +15,7 @@ mod enqueue;
 mod gauges;
 mod kafka;
 mod latency;
+mod mqtt;
 mod nats;
 mod report;
 mod setup;
@@ -124,11 +125,13 @@ enum Scenario {
     Sqs,
     /// NATS JetStream sink against a raw async-nats publishing loop.
     Nats,
+    /// MQTT sink against a raw rumqttc publishing loop.
+    Mqtt,
     /// diesel's enqueue against a raw INSERT.
     Diesel,
 }
 
-const EVERY_SCENARIO: [Scenario; 15] = [
+const EVERY_SCENARIO: [Scenario; 16] = [
     Scenario::Enqueue,
     Scenario::Drain,
     Scenario::Scale,
@@ -144,6 +147,7 @@ const EVERY_SCENARIO: [Scenario; 15] = [
     Scenario::Kafka,
     Scenario::Sqs,
     Scenario::Nats,
+    Scenario::Mqtt,
 ];
 
 fn main() {
@@ -188,6 +192,7 @@ fn main() {
                 Scenario::Kafka => kafka::run(&bench, scale, &mut report).await?,
                 Scenario::Sqs => sqs::run(&bench, scale, &mut report).await?,
                 Scenario::Nats => nats::run(&bench, scale, &mut report).await?,
+                Scenario::Mqtt => mqtt::run(&bench, scale, &mut report).await?,
             }
         }
         if let Some(path) = write {

@@ -1,6 +1,6 @@
 //! `outbox relay` killed with SIGKILL again and again mid-batch, in front of a webhook
 //! receiver that answers each request after a short random delay, and in front of
-//! RabbitMQ, Kafka, SQS and NATS JetStream: nothing committed is lost, and the re-sends
+//! RabbitMQ, Kafka, SQS, NATS JetStream and MQTT: nothing committed is lost, and the re-sends
 //! (duplicates) stay bounded by what was in flight at each kill; in front of JetStream,
 //! the stream's duplicate window takes the re-sends and its consumer sees each message
 //! once. Prints `kill9 <sink>: kills=… committed=… deliveries=… duplicates=… lost=…`.
@@ -81,6 +81,14 @@ async fn kill_9_in_front_of_nats_loses_nothing_and_jetstream_stores_each_message
         run.reported > 0.0,
         "the relays' PubAcks reported re-sends as duplicates (outbox_nats_duplicates_total)"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_in_front_of_mqtt_loses_nothing() {
+    let url = outbox_test_support::server_url("OUTBOX_TEST_MQTT_URL", "mqtt://127.0.0.1:1883");
+    let (topic, got) = common::mqtt_consumer(&url).await;
+    let route = format!("url = \"{url}\"\ntopic = \"{topic}/events\"\n");
+    kill_loop("mqtt", &route, got, 3_000, None).await;
 }
 
 /// What a kill loop saw.

@@ -15,6 +15,7 @@
 //! | `kafka` | the Kafka sink (librdkafka is built from source: a C compiler and `make`) |
 //! | `sqs` | the Amazon SQS sink |
 //! | `nats` | the NATS JetStream sink |
+//! | `mqtt` | the MQTT sink |
 //! | `tls` | `amqps://` and `rediss://` for the broker sinks that are on (rustls; install a `CryptoProvider` first) |
 //! | `dashboard` | the web dashboard: backlog and lag per destination, dead letters to filter, replay or discard, lookup |
 //! | `opentelemetry` | W3C trace context on messages: recorded at [`NewMessageBuilder::build`] from the current span, carried by every sink, linked from the relay's publish span; see `trace` |
@@ -65,6 +66,9 @@ pub use outbox_sink_http as http;
 /// The Kafka sink (feature `kafka`).
 #[cfg(feature = "kafka")]
 pub use outbox_sink_kafka as kafka;
+/// The MQTT sink (feature `mqtt`).
+#[cfg(feature = "mqtt")]
+pub use outbox_sink_mqtt as mqtt;
 /// The NATS JetStream sink (feature `nats`).
 #[cfg(feature = "nats")]
 pub use outbox_sink_nats as nats;

@@ -34,6 +34,8 @@ const KNOWN: &[(&str, &str, &str)] = &[
     ("sink", "sqs+http", "sqs"),
     ("sink", "nats", "nats"),
     ("sink", "nats+tls", "nats"),
+    ("sink", "mqtt", "mqtt"),
+    ("sink", "mqtts", "mqtt"),
 ];
 
 /// `diesel+postgres://…`, `diesel+sqlite:PATH` and `diesel+mysql://…`: the URL without
@@ -148,6 +150,8 @@ impl Default for Registry {
         registry.sinks.push(outbox_sink_sqs::DRIVER);
         #[cfg(feature = "nats")]
         registry.sinks.push(outbox_sink_nats::DRIVER);
+        #[cfg(feature = "mqtt")]
+        registry.sinks.push(outbox_sink_mqtt::DRIVER);
         registry
     }
 }

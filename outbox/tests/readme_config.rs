@@ -16,7 +16,13 @@ fn readme_config() -> outbox::Config {
 }
 
 /// The README's route `route`, parsed as the settings of its sink.
-#[cfg(any(feature = "amqp", feature = "kafka", feature = "sqs", feature = "nats"))]
+#[cfg(any(
+    feature = "amqp",
+    feature = "kafka",
+    feature = "sqs",
+    feature = "nats",
+    feature = "mqtt"
+))]
 fn readme_route<T: serde::de::DeserializeOwned>(route: &str) -> T {
     readme_config().routes[route]
         .sink_settings(route)
@@ -43,7 +49,7 @@ fn readme_config_parses() {
         config.relay.order(),
         Some(outbox::MessageOrder::PerKey(outbox::DeadHead::Skip))
     );
-    assert_eq!(config.routes.len(), 6);
+    assert_eq!(config.routes.len(), 7);
     assert_eq!(config.metrics.listen.as_deref(), Some("0.0.0.0:9464"));
     let policy = config.routes["billing"].policy("billing").unwrap();
     assert_eq!(policy.rate_limit.map(|r| r.burst), Some(20));
@@ -95,6 +101,15 @@ fn readme_nats_route_is_a_valid_nats_config() {
     let nats: outbox::nats::NatsSinkConfig = readme_route("shipping");
     assert_eq!(nats.subject, "shipping.{partition_key}");
     nats.validate().expect("and validates");
+}
+
+#[cfg(feature = "mqtt")]
+#[test]
+fn readme_mqtt_route_is_a_valid_mqtt_config() {
+    let mqtt: outbox::mqtt::MqttSinkConfig = readme_route("devices");
+    assert_eq!(mqtt.topic, "devices/{partition_key}/{event_type}");
+    assert_eq!(mqtt.protocol, outbox::mqtt::Protocol::V5);
+    mqtt.validate().expect("and validates");
 }
 
 #[cfg(not(feature = "redis"))]

@@ -23,6 +23,8 @@ const SCHEMES: &[&str] = &[
     "sqs+https",
     "nats",
     "nats+tls",
+    "mqtt",
+    "mqtts",
     "postgres",
     "postgresql",
     "mysql",

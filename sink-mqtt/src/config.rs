@@ -360,7 +360,9 @@ impl MqttSinkConfig {
                 return Err(invalid(setting, "must be above zero"));
             }
         }
-        if self.keep_alive < Duration::from_secs(1) || self.keep_alive.as_secs() > u64::from(u16::MAX) {
+        if self.keep_alive < Duration::from_secs(1)
+            || self.keep_alive.as_secs() > u64::from(u16::MAX)
+        {
             return Err(invalid("keep_alive", "must be between 1 s and 65535 s"));
         }
         Ok(Checked {
@@ -484,7 +486,10 @@ mod tests {
         }
         assert!(matches!(
             MqttSinkConfig::from_url("mqtt://b?protocol=4"),
-            Err(MqttSinkError::InvalidSetting { setting: "protocol", .. })
+            Err(MqttSinkError::InvalidSetting {
+                setting: "protocol",
+                ..
+            })
         ));
     }
 
@@ -515,8 +520,6 @@ mod tests {
         .unwrap();
         assert_eq!(c.protocol, Protocol::V311);
         assert_eq!(c.keep_alive, Duration::from_secs(15));
-        assert!(
-            serde_json::from_value::<MqttSinkConfig>(serde_json::json!({ "qos": 0 })).is_err()
-        );
+        assert!(serde_json::from_value::<MqttSinkConfig>(serde_json::json!({ "qos": 0 })).is_err());
     }
 }

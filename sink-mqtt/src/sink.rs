@@ -105,7 +105,11 @@ impl MqttSink {
     pub async fn connect(config: MqttSinkConfig) -> Result<Self, MqttSinkError> {
         let checked = config.check()?;
         let client_id = if config.client_id.is_empty() {
-            format!("outbox-{:x}-{:06x}", std::process::id(), fastrand::u32(..0xff_ffff))
+            format!(
+                "outbox-{:x}-{:06x}",
+                std::process::id(),
+                fastrand::u32(..0xff_ffff)
+            )
         } else {
             config.client_id.clone()
         };
@@ -370,7 +374,10 @@ impl Inner {
         warn!(url = %self.url, error = %failed, failures = connection.failures, "cannot connect to the MQTT broker");
         Err(Failure::retryable(
             FailureClass::Connection,
-            format!("cannot connect to the MQTT broker at {}: {failed}", self.url),
+            format!(
+                "cannot connect to the MQTT broker at {}: {failed}",
+                self.url
+            ),
         )
         .deferred()
         .with_retry_after(reconnect_pause(connection.failures)))
@@ -405,7 +412,9 @@ impl Inner {
                         }
                         Ok(ack.properties.and_then(|p| p.max_packet_size))
                     }
-                    Ok(Ok(other)) => Err(Refused::other(format!("expected CONNACK, got {other:?}"))),
+                    Ok(Ok(other)) => {
+                        Err(Refused::other(format!("expected CONNACK, got {other:?}")))
+                    }
                     Ok(Err(rumqttc::v5::ConnectionError::ConnectionRefused(code))) => {
                         Err(Refused::v5(code))
                     }
@@ -433,7 +442,9 @@ impl Inner {
                         }
                         Ok(None)
                     }
-                    Ok(Ok(other)) => Err(Refused::other(format!("expected CONNACK, got {other:?}"))),
+                    Ok(Ok(other)) => {
+                        Err(Refused::other(format!("expected CONNACK, got {other:?}")))
+                    }
                     Ok(Err(rumqttc::ConnectionError::ConnectionRefused(code))) => {
                         Err(Refused::v4(code))
                     }
@@ -516,7 +527,10 @@ impl Refused {
                 | C::UnspecifiedError
                 | C::ImplementationSpecificError
         );
-        let hint = if matches!(code, C::UnsupportedProtocolVersion | C::RefusedProtocolVersion) {
+        let hint = if matches!(
+            code,
+            C::UnsupportedProtocolVersion | C::RefusedProtocolVersion
+        ) {
             " (the broker does not speak MQTT 5: set protocol = \"3.1.1\")"
         } else {
             ""
@@ -656,9 +670,15 @@ impl Flight {
     fn close(&mut self, reason: String) {
         let failure = Failure::retryable(
             FailureClass::Connection,
-            format!("the connection closed before the PUBACK ({reason}); the message may have arrived"),
+            format!(
+                "the connection closed before the PUBACK ({reason}); the message may have arrived"
+            ),
         );
-        for waiter in self.queued.drain(..).chain(self.sent.drain().map(|(_, w)| w)) {
+        for waiter in self
+            .queued
+            .drain(..)
+            .chain(self.sent.drain().map(|(_, w)| w))
+        {
             let _ = waiter.send(Err(failure.clone()));
         }
         self.closed = Some(reason);
@@ -678,7 +698,11 @@ async fn drive_v5(mut events: rumqttc::v5::EventLoop, flight: Arc<Mutex<Flight>>
                 },
             ),
             Ok(Event::Incoming(P::Disconnect(disconnect))) => {
-                close(&flight, &url, format!("the broker disconnected: {:?}", disconnect.reason_code));
+                close(
+                    &flight,
+                    &url,
+                    format!("the broker disconnected: {:?}", disconnect.reason_code),
+                );
                 return;
             }
             Ok(_) => Seen::Other,
@@ -709,7 +733,10 @@ async fn drive_v4(mut events: rumqttc::EventLoop, flight: Arc<Mutex<Flight>>, ur
 
 fn close(flight: &Mutex<Flight>, url: &str, reason: String) {
     debug!(url = %url, reason = %reason, "MQTT connection closed");
-    flight.lock().unwrap_or_else(|e| e.into_inner()).close(reason);
+    flight
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .close(reason);
 }
 
 /// The wire value of a `PUBACK` reason.
@@ -741,7 +768,10 @@ mod tests {
         flight.see(Seen::Sent(7));
         flight.see(Seen::Sent(3));
         flight.see(Seen::Acked(3, Ok(())));
-        assert!(matches!(b_rx.try_recv(), Ok(Ok(()))), "the second message's ack");
+        assert!(
+            matches!(b_rx.try_recv(), Ok(Ok(()))),
+            "the second message's ack"
+        );
         assert!(a_rx.try_recv().is_err(), "the first still waits");
         flight.close("reset".to_owned());
         assert!(matches!(a_rx.try_recv(), Ok(Err(f)) if f.retryable));

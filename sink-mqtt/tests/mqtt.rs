@@ -103,7 +103,10 @@ async fn a_subscriber_reads_back_every_property_exactly() {
     assert_eq!(first.aggregate_type.as_deref(), Some("invoice"));
     assert_eq!(first.aggregate_id.as_deref(), Some("7"));
     assert_eq!(first.payload, full.payload, "payload byte for byte");
-    assert_eq!(first.headers, full.headers, "every header, traceparent included");
+    assert_eq!(
+        first.headers, full.headers,
+        "every header, traceparent included"
+    );
     let properties = got[0].properties.as_ref().unwrap();
     assert_eq!(
         properties.content_type.as_deref(),
@@ -254,15 +257,24 @@ async fn start_up_errors_say_what_to_fix() {
     std::fs::write(&passwords, "relay:$7$101$invalid$invalid\n").unwrap();
     let broker = PrivateServer::mosquitto(
         dir.path(),
-        &format!("allow_anonymous false\npassword_file {}", passwords.display()),
+        &format!(
+            "allow_anonymous false\npassword_file {}",
+            passwords.display()
+        ),
     );
     let refused = MqttSink::connect(MqttSinkConfig::new(
         broker.url.replace("mqtt://", "mqtt://relay:hunter2@"),
     ))
     .await
     .unwrap_err();
-    assert!(matches!(refused, MqttSinkError::Connect { .. }), "{refused}");
-    assert!(!refused.is_retryable(), "a refused login needs a change: {refused}");
+    assert!(
+        matches!(refused, MqttSinkError::Connect { .. }),
+        "{refused}"
+    );
+    assert!(
+        !refused.is_retryable(),
+        "a refused login needs a change: {refused}"
+    );
     assert!(!refused.to_string().contains("hunter2"), "{refused}");
 
     let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -276,7 +288,10 @@ async fn start_up_errors_say_what_to_fix() {
     )
     .await
     .unwrap_err();
-    assert!(down.is_retryable(), "a broker that is down may come up: {down}");
+    assert!(
+        down.is_retryable(),
+        "a broker that is down may come up: {down}"
+    );
 }
 
 // ---------------------------------------------------------------------------------------
@@ -314,10 +329,14 @@ async fn a_relay_loses_nothing_across_broker_restarts() {
         tokio::time::sleep(Duration::from_millis(500)).await;
         broker.restart();
     }
-    wait_until("every message published", Duration::from_secs(60), || async {
-        ids.iter()
-            .all(|id| store.row(*id).unwrap().row.status() == Status::Published)
-    })
+    wait_until(
+        "every message published",
+        Duration::from_secs(60),
+        || async {
+            ids.iter()
+                .all(|id| store.row(*id).unwrap().row.status() == Status::Published)
+        },
+    )
     .await;
     let _ = stop.send(());
     tokio::time::timeout(Duration::from_secs(20), running)
@@ -325,13 +344,17 @@ async fn a_relay_loses_nothing_across_broker_restarts() {
         .expect("the relay stopped within 20 s")
         .unwrap();
     let wanted: std::collections::HashSet<String> = ids.iter().map(ToString::to_string).collect();
-    wait_until("the subscriber to have every message", Duration::from_secs(30), || async {
-        let got: std::collections::HashSet<String> = subscriber
-            .delivered(Protocol::V5)
-            .into_iter()
-            .map(|d| d.id)
-            .collect();
-        wanted.is_subset(&got)
-    })
+    wait_until(
+        "the subscriber to have every message",
+        Duration::from_secs(30),
+        || async {
+            let got: std::collections::HashSet<String> = subscriber
+                .delivered(Protocol::V5)
+                .into_iter()
+                .map(|d| d.id)
+                .collect();
+            wanted.is_subset(&got)
+        },
+    )
     .await;
 }

@@ -18,8 +18,8 @@
 //! - [`servers`]: private `nats-server`s and `mosquitto`s, for restarts and server settings.
 //! - [`proxy`]: a TCP fault proxy (lost replies, latency, partitions, silent connections).
 
-pub mod servers;
 pub mod proxy;
+pub mod servers;
 
 use std::future::Future;
 use std::io::Read;

@@ -9,7 +9,9 @@ use outbox_engine::testkit::Delivered;
 use outbox_sink_mqtt::client::v5::mqttbytes::QoS;
 use outbox_sink_mqtt::client::v5::mqttbytes::v5::{Packet, Publish};
 use outbox_sink_mqtt::client::v5::{AsyncClient, Event, MqttOptions};
-use outbox_sink_mqtt::{MqttSink, MqttSinkConfig, MqttSinkError, Protocol, read_envelope, read_publish};
+use outbox_sink_mqtt::{
+    MqttSink, MqttSinkConfig, MqttSinkError, Protocol, read_envelope, read_publish,
+};
 use outbox_test_support::{no_server, server_url};
 
 pub const URL_VAR: &str = "OUTBOX_TEST_MQTT_URL";
@@ -126,7 +128,11 @@ pub async fn sink(config: MqttSinkConfig) -> MqttSink {
     let url = config.url.clone();
     match MqttSink::connect(config).await {
         Ok(sink) => sink,
-        Err(e @ MqttSinkError::Connect { retryable: true, .. }) => no_server("an MQTT broker", URL_VAR, &url, e),
+        Err(
+            e @ MqttSinkError::Connect {
+                retryable: true, ..
+            },
+        ) => no_server("an MQTT broker", URL_VAR, &url, e),
         Err(e) => panic!("sink did not start: {e}"),
     }
 }
