@@ -1,6 +1,6 @@
 //! A message as each sink's receiver reads it off its broker, with hostile headers,
 //! attributes and fields: Kafka headers, SQS attributes, Redis stream fields, AMQP
-//! properties. Nothing may panic, and what is accepted carries the id it was given.
+//! properties, NATS headers, MQTT 5 user properties and MQTT 3.1.1 envelopes. Nothing may panic, and what is accepted carries the id it was given.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -62,6 +62,32 @@ fuzz_target!(|data: &[u8]| {
         &properties,
         payload.as_bytes(),
     ));
+
+    // NATS headers: names a server would deliver (the client refuses others).
+    let mut nats = outbox_sink_nats::client::HeaderMap::new();
+    for (k, v) in &pairs {
+        if let (Ok(name), Ok(value)) = (
+            k.parse::<outbox_sink_nats::client::HeaderName>(),
+            v.parse::<outbox_sink_nats::client::HeaderValue>(),
+        ) {
+            nats.append(name, value);
+        }
+    }
+    accepted(outbox_sink_nats::read_parts(Some(&nats), payload.as_bytes()));
+
+    let mqtt = outbox_sink_mqtt::client::v5::mqttbytes::v5::PublishProperties {
+        user_properties: pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        ..Default::default()
+    };
+    accepted(outbox_sink_mqtt::read_properties(
+        Some(&mqtt),
+        payload.as_bytes(),
+    ));
+    // An MQTT 3.1.1 envelope is the payload itself: it must not panic, whatever it holds.
+    let _ = outbox_sink_mqtt::read_envelope(payload.as_bytes());
 });
 
 /// The longest prefix of `text` of at most `max` bytes that ends on a character boundary.

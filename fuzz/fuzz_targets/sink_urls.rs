@@ -32,6 +32,14 @@ fuzz_target!(|data: &[u8]| {
     );
     check("sqs", shown(outbox_sink_sqs::SqsSinkConfig::from_url(url)));
     check(
+        "nats",
+        shown(outbox_sink_nats::NatsSinkConfig::from_url(url)),
+    );
+    check(
+        "mqtt",
+        shown(outbox_sink_mqtt::MqttSinkConfig::from_url(url)),
+    );
+    check(
         "http",
         Ok(format!(
             "{:?}",

@@ -346,10 +346,10 @@ impl MqttSinkConfig {
         if self.max_payload_bytes == 0 {
             return Err(invalid("max_payload_bytes", "must be at least 1"));
         }
-        if self.max_payload_bytes > 256 * 1024 * 1024 - 1024 {
+        if self.max_payload_bytes > 128 * 1024 * 1024 {
             return Err(invalid(
                 "max_payload_bytes",
-                "MQTT carries at most 256 MiB in one packet, topic and properties included",
+                "at most 128 MiB: MQTT carries 256 MiB in one packet, and a 3.1.1 envelope holds the payload as base64",
             ));
         }
         for (setting, value) in [

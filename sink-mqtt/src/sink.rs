@@ -30,8 +30,8 @@ use crate::error::{MqttSinkError, puback_failure};
 const MAX_RECONNECT_PAUSE: Duration = Duration::from_secs(5);
 /// Publishes rumqttc may hold before the sink waits to hand it more.
 const REQUEST_QUEUE: usize = 1_000;
-/// Room for the topic and properties above the payload, in the packet size rumqttc
-/// allows itself to write.
+/// Room for the topic and properties above the payload (base64 in a 3.1.1 envelope) in
+/// the largest packet the sink writes.
 const PACKET_OVERHEAD: usize = 128 * 1024;
 
 /// Publishes outbox messages to an MQTT broker with QoS 1.
@@ -321,6 +321,16 @@ impl Inner {
             + strings(&properties.user_properties)
             + properties.content_type.as_ref().map_or(0, |c| 3 + c.len())
             + payload.len();
+        // rumqttc fails the whole connection on a packet over its limit: refuse it here.
+        if size > self.packet_limit() {
+            return Err(Failure::permanent(
+                FailureClass::TooLarge,
+                format!(
+                    "the message makes a {size}-byte packet (its headers and topic with the payload); the route allows {}",
+                    self.packet_limit()
+                ),
+            ));
+        }
         Ok(Prepared {
             index,
             topic,
@@ -328,6 +338,12 @@ impl Inner {
             properties,
             size,
         })
+    }
+
+    /// The largest packet the sink writes: the largest payload, as base64 in a 3.1.1
+    /// envelope, with room for the topic and properties.
+    fn packet_limit(&self) -> usize {
+        self.config.max_payload_bytes.div_ceil(3) * 4 + PACKET_OVERHEAD
     }
 
     /// The open session, or a new one; while the last attempt's pause runs, a deferred
@@ -390,7 +406,7 @@ impl Inner {
         let seconds = limit.as_secs().max(1);
         let (host, port) = (self.checked.host.clone(), self.checked.port);
         let keep_alive = self.config.keep_alive;
-        let packet = self.config.max_payload_bytes + PACKET_OVERHEAD;
+        let packet = self.packet_limit();
         let flight = Arc::new(Mutex::new(Flight::default()));
         let (client, max_packet, driver) = match self.config.protocol {
             Protocol::V5 => {

@@ -194,8 +194,11 @@ async fn messages_mqtt_cannot_carry_fail_alone() {
     };
     let mut large = message("k1", None);
     large.payload = vec![b'x'; 2048];
+    // A packet over the sink's own limit would make rumqttc drop the whole connection.
+    let huge_header = "h".repeat(300 * 1024);
     let batch = vec![
         large,
+        message("k1", Some(("x-huge", &huge_header))),
         message("a/+", None),
         message("b/#", None),
         message("k1", Some(("x-nul", "a\0b"))),
@@ -204,6 +207,7 @@ async fn messages_mqtt_cannot_carry_fail_alone() {
     ];
     let outcomes = publish(&sink, &batch).await;
     let expected = [
+        FailureClass::TooLarge,
         FailureClass::TooLarge,
         FailureClass::Config,
         FailureClass::Config,
@@ -217,11 +221,11 @@ async fn messages_mqtt_cannot_carry_fail_alone() {
         assert_eq!(failure.class, *class, "message {i}: {failure}");
         assert!(!failure.retryable, "message {i}: {failure}");
     }
-    assert!(outcomes[5].is_published(), "{:?}", outcomes[5]);
+    assert!(outcomes[6].is_published(), "{:?}", outcomes[6]);
     let got = subscriber.wait_for(1).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(got.len(), 1, "only the good message reached the broker");
-    assert_eq!(read_publish(&got[0]).unwrap().id, batch[5].id);
+    assert_eq!(read_publish(&got[0]).unwrap().id, batch[6].id);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
