@@ -2,6 +2,7 @@
 //! connection's timeouts and limits.
 
 use std::fmt;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use outbox_engine::template::Template;
@@ -20,6 +21,9 @@ const OPTIONS: &[&str] = &[
     "keep_alive",
     "connect_timeout",
     "max_payload_bytes",
+    "tls_ca_file",
+    "tls_cert_file",
+    "tls_key_file",
 ];
 
 /// Which MQTT version the sink speaks.
@@ -45,13 +49,15 @@ pub enum Protocol {
 ///
 /// | field | default | meaning |
 /// |---|---|---|
-/// | `url` | `mqtt://127.0.0.1:1883` | broker, and a user and password (`mqtt://user:pass@host`) |
+/// | `url` | `mqtt://127.0.0.1:1883` | broker, and a user and password (`mqtt://user:pass@host`); `mqtts://` for TLS (port 8883 by default) |
 /// | `topic` | `{destination}` | topic template, see [`Template`] |
 /// | `protocol` | `"5"` | `"5"` (identity in user properties) or `"3.1.1"` (identity in a JSON envelope) |
 /// | `client_id` | `outbox-relay-<pid>-<random>` | the MQTT client identifier; two connections with the same id take each other's place |
 /// | `keep_alive` | 30 s | how often the client pings an idle connection |
 /// | `connect_timeout` | 5 s | one connection attempt, including `CONNACK` |
 /// | `max_payload_bytes` | 1 MiB | larger payloads fail permanently as too large (the broker's own limit, when it announces one, also applies) |
+/// | `tls_ca_file` | none (system roots) | PEM file of the CA that signed the broker's certificate (`mqtts://` only) |
+/// | `tls_cert_file`, `tls_key_file` | none | PEM client certificate and key, for brokers that verify clients |
 ///
 /// Every message is published with QoS 1 and waits for its `PUBACK`; retained messages
 /// are off. Neither can be changed: a QoS 0 publish is acknowledged by nothing, and a
@@ -90,6 +96,12 @@ pub struct MqttSinkConfig {
     pub connect_timeout: Duration,
     /// Payloads larger than this fail permanently as too large.
     pub max_payload_bytes: usize,
+    /// The CA certificate (PEM) to verify the broker with, instead of the system roots.
+    pub tls_ca_file: Option<PathBuf>,
+    /// A client certificate (PEM) for mutual TLS; needs `tls_key_file`.
+    pub tls_cert_file: Option<PathBuf>,
+    /// The client certificate's private key (PEM); needs `tls_cert_file`.
+    pub tls_key_file: Option<PathBuf>,
 }
 
 impl Default for MqttSinkConfig {
@@ -102,6 +114,9 @@ impl Default for MqttSinkConfig {
             keep_alive: Duration::from_secs(30),
             connect_timeout: Duration::from_secs(5),
             max_payload_bytes: 1024 * 1024,
+            tls_ca_file: None,
+            tls_cert_file: None,
+            tls_key_file: None,
         }
     }
 }
@@ -116,6 +131,9 @@ impl fmt::Debug for MqttSinkConfig {
             .field("keep_alive", &self.keep_alive)
             .field("connect_timeout", &self.connect_timeout)
             .field("max_payload_bytes", &self.max_payload_bytes)
+            .field("tls_ca_file", &self.tls_ca_file)
+            .field("tls_cert_file", &self.tls_cert_file)
+            .field("tls_key_file", &self.tls_key_file)
             .finish()
     }
 }
@@ -126,6 +144,7 @@ pub(crate) struct Checked {
     pub(crate) host: String,
     pub(crate) port: u16,
     pub(crate) login: Option<(String, String)>,
+    pub(crate) tls: bool,
     pub(crate) topic: Template,
 }
 
@@ -150,7 +169,8 @@ impl MqttSinkConfig {
     /// configured without code.
     ///
     /// Query options: `topic` (a template), `protocol` (`5` or `3.1.1`), `client_id`,
-    /// `keep_alive`, `connect_timeout`, `max_payload_bytes`. Any other option is an error.
+    /// `keep_alive`, `connect_timeout`, `max_payload_bytes`, `tls_ca_file`, `tls_cert_file`,
+    /// `tls_key_file`. Any other option is an error.
     ///
     /// ```
     /// use outbox_sink_mqtt::MqttSinkConfig;
@@ -193,6 +213,9 @@ impl MqttSinkConfig {
                         )
                     })?
                 }
+                "tls_ca_file" => config.tls_ca_file = Some(value.into()),
+                "tls_cert_file" => config.tls_cert_file = Some(value.into()),
+                "tls_key_file" => config.tls_key_file = Some(value.into()),
                 other => {
                     return Err(MqttSinkError::InvalidUrl {
                         url: outbox_engine::redact::url(url),
@@ -289,6 +312,32 @@ impl MqttSinkConfig {
         self
     }
 
+    /// Verifies the broker with this CA certificate (PEM file) instead of the system roots.
+    ///
+    /// ```
+    /// # use outbox_sink_mqtt::MqttSinkConfig;
+    /// let c = MqttSinkConfig::new("mqtts://broker.internal").tls_ca_file("/etc/ssl/mqtt-ca.pem");
+    /// assert!(c.validate().is_ok());
+    /// ```
+    pub fn tls_ca_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.tls_ca_file = Some(path.into());
+        self
+    }
+
+    /// Presents this client certificate and key (PEM files) for mutual TLS.
+    ///
+    /// ```
+    /// # use outbox_sink_mqtt::MqttSinkConfig;
+    /// let c = MqttSinkConfig::new("mqtts://broker.internal")
+    ///     .tls_client_cert("/etc/ssl/relay.pem", "/etc/ssl/relay.key");
+    /// assert!(c.validate().is_ok());
+    /// ```
+    pub fn tls_client_cert(mut self, cert: impl Into<PathBuf>, key: impl Into<PathBuf>) -> Self {
+        self.tls_cert_file = Some(cert.into());
+        self.tls_key_file = Some(key.into());
+        self
+    }
+
     /// Checks every setting without touching the network.
     ///
     /// ```
@@ -315,8 +364,21 @@ impl MqttSinkConfig {
                 ),
             });
         }
-        if url.scheme() == "mqtts" {
-            return Err(MqttSinkError::TlsNotSupported);
+        let tls = url.scheme() == "mqtts";
+        for (setting, file) in [
+            ("tls_ca_file", &self.tls_ca_file),
+            ("tls_cert_file", &self.tls_cert_file),
+            ("tls_key_file", &self.tls_key_file),
+        ] {
+            if file.is_some() && !tls {
+                return Err(invalid(setting, "is only used with an mqtts:// URL"));
+            }
+        }
+        if self.tls_cert_file.is_some() != self.tls_key_file.is_some() {
+            return Err(invalid(
+                "tls_cert_file",
+                "a client certificate needs its key (tls_key_file), and a key its certificate",
+            ));
         }
         let decoded = |text: &str| {
             percent_encoding::percent_decode_str(text)
@@ -372,8 +434,9 @@ impl MqttSinkConfig {
                 .trim_start_matches('[')
                 .trim_end_matches(']')
                 .to_owned(),
-            port: url.port().unwrap_or(1883),
+            port: url.port().unwrap_or(if tls { 8883 } else { 1883 }),
             login,
+            tls,
             topic,
         })
     }
@@ -416,7 +479,7 @@ fn parse_url(text: &str) -> Result<url::Url, MqttSinkError> {
     let url = url::Url::parse(text).map_err(|e| fail(e.to_string()))?;
     if !matches!(url.scheme(), "mqtt" | "mqtts") {
         return Err(fail(format!(
-            "scheme `{}` is not an MQTT scheme (use mqtt://)",
+            "scheme `{}` is not an MQTT scheme (use mqtt:// or mqtts://)",
             url.scheme()
         )));
     }
@@ -507,9 +570,18 @@ mod tests {
             assert!(!e.to_string().contains("hunter2"), "{e}");
         }
         assert!(matches!(
-            MqttSinkConfig::new("mqtts://broker").validate(),
-            Err(MqttSinkError::TlsNotSupported)
+            MqttSinkConfig::new("mqtt://broker")
+                .tls_ca_file("/ca.pem")
+                .validate(),
+            Err(MqttSinkError::InvalidSetting {
+                setting: "tls_ca_file",
+                ..
+            })
         ));
+        assert_eq!(
+            MqttSinkConfig::new("mqtts://broker").check().unwrap().port,
+            8883
+        );
     }
 
     #[test]

@@ -47,11 +47,16 @@ pub enum MqttSinkError {
         /// What is wrong.
         reason: String,
     },
-    /// `mqtts://` was given; this sink connects over plain TCP only.
-    #[error(
-        "mqtts:// is not supported by outbox-sink-mqtt; reach the broker over a TLS tunnel or a sidecar, or use mqtt:// on a private network"
-    )]
-    TlsNotSupported,
+    /// A TLS file could not be read, or holds no usable certificate or key.
+    #[error("cannot use the `{setting}` file {path}: {reason}")]
+    TlsFile {
+        /// The setting naming the file.
+        setting: &'static str,
+        /// The file's path.
+        path: String,
+        /// What went wrong (never the file's content).
+        reason: String,
+    },
     /// The topic template does not parse, or names a topic MQTT cannot publish to.
     #[error("invalid topic template: {reason}")]
     InvalidTemplate {
@@ -87,7 +92,8 @@ impl MqttSinkError {
     ///
     /// ```
     /// use outbox_sink_mqtt::MqttSinkError;
-    /// assert!(!MqttSinkError::TlsNotSupported.is_retryable());
+    /// let e = MqttSinkError::InvalidSetting { setting: "topic", reason: "empty".into() };
+    /// assert!(!e.is_retryable());
     /// ```
     pub fn is_retryable(&self) -> bool {
         matches!(

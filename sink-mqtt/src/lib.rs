@@ -35,7 +35,7 @@
 //! | binary payloads byte for byte | ✅ |
 //! | reconnects after the broker restarts or the connection drops; nothing re-sent behind the relay's back | ✅ |
 //! | a message the broker refuses (MQTT 5 reason codes), too large, or for a topic it cannot name fails alone ([`error`] has the table) | ✅ |
-//! | `mqtts://` | ❌ (plain TCP; put TLS in a tunnel or sidecar) |
+//! | `mqtts://` (a private CA, client certificates; rustls with ring, built in) | ✅ |
 //! | per-key ordering across batches | relay's concern |
 //!
 //! # Message layout
@@ -73,7 +73,7 @@ pub use error::MqttSinkError;
 pub use receive::{read_envelope, read_properties, read_publish};
 pub use sink::MqttSink;
 
-/// The driver for `mqtt://` routes: parses the route's settings as an [`MqttSinkConfig`]
+/// The driver for `mqtt://` and `mqtts://` routes: parses the route's settings as an [`MqttSinkConfig`]
 /// and [`connect`](MqttSink::connect)s.
 pub const DRIVER: outbox_engine::registry::SinkDriver =
     outbox_engine::registry::SinkDriver::of::<MqttSink>();

@@ -73,6 +73,8 @@ pub struct MqttSink {
 struct Inner {
     config: MqttSinkConfig,
     checked: Checked,
+    /// The TLS client configuration, for `mqtts://`.
+    tls: Option<Arc<rustls::ClientConfig>>,
     client_id: String,
     /// The URL with the password hidden, for messages.
     url: String,
@@ -113,10 +115,16 @@ impl MqttSink {
         } else {
             config.client_id.clone()
         };
+        let tls = if checked.tls {
+            Some(Arc::new(tls_config(&config)?))
+        } else {
+            None
+        };
         let inner = Inner {
             url: outbox_engine::redact::url(&config.url),
             config,
             checked,
+            tls,
             client_id,
             connection: tokio::sync::Mutex::new(Connection::default()),
         };
@@ -419,6 +427,9 @@ impl Inner {
                 if let Some((user, password)) = &self.checked.login {
                     options.set_credentials(user, password);
                 }
+                if let Some(tls) = &self.tls {
+                    options.set_transport(transport(tls));
+                }
                 let (client, mut events) = rumqttc::v5::AsyncClient::new(options, REQUEST_QUEUE);
                 let first = tokio::time::timeout(limit, events.poll()).await;
                 let first = match first {
@@ -449,6 +460,9 @@ impl Inner {
                 if let Some((user, password)) = &self.checked.login {
                     options.set_credentials(user, password);
                 }
+                if let Some(tls) = &self.tls {
+                    options.set_transport(transport(tls));
+                }
                 let (client, mut events) = rumqttc::AsyncClient::new(options, REQUEST_QUEUE);
                 let first = tokio::time::timeout(limit, events.poll()).await;
                 let first = match first {
@@ -478,6 +492,70 @@ impl Inner {
             max_packet: max_packet.map(|m| m as usize),
             driver: driver.abort_handle(),
         })
+    }
+}
+
+fn transport(tls: &Arc<rustls::ClientConfig>) -> rumqttc::Transport {
+    rumqttc::Transport::tls_with_config(rumqttc::TlsConfiguration::Rustls(Arc::clone(tls)))
+}
+
+/// The TLS client configuration: rustls with ring, the CA file's certificates or the
+/// system's roots, and the client certificate when one is configured.
+fn tls_config(config: &MqttSinkConfig) -> Result<rustls::ClientConfig, MqttSinkError> {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+
+    let file_error =
+        |setting: &'static str, path: &std::path::Path, reason: String| MqttSinkError::TlsFile {
+            setting,
+            path: path.display().to_string(),
+            reason,
+        };
+    let certificates = |setting: &'static str, path: &std::path::Path| {
+        let certificates = CertificateDer::pem_file_iter(path)
+            .and_then(Iterator::collect::<Result<Vec<_>, _>>)
+            .map_err(|e| file_error(setting, path, e.to_string()))?;
+        if certificates.is_empty() {
+            return Err(file_error(
+                setting,
+                path,
+                "holds no PEM certificate".to_owned(),
+            ));
+        }
+        Ok(certificates)
+    };
+    let mut roots = rustls::RootCertStore::empty();
+    match &config.tls_ca_file {
+        Some(path) => {
+            for certificate in certificates("tls_ca_file", path)? {
+                roots
+                    .add(certificate)
+                    .map_err(|e| file_error("tls_ca_file", path, e.to_string()))?;
+            }
+        }
+        None => {
+            let found = rustls_native_certs::load_native_certs();
+            roots.add_parsable_certificates(found.certs);
+        }
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| MqttSinkError::InvalidSetting {
+            setting: "url",
+            reason: format!("TLS: {e}"),
+        })?
+        .with_root_certificates(roots);
+    match (&config.tls_cert_file, &config.tls_key_file) {
+        (Some(cert), Some(key)) => {
+            let chain = certificates("tls_cert_file", cert)?;
+            let key = PrivateKeyDer::from_pem_file(key)
+                .map_err(|e| file_error("tls_key_file", key, e.to_string()))?;
+            builder
+                .with_client_auth_cert(chain, key)
+                .map_err(|e| file_error("tls_cert_file", cert, e.to_string()))
+        }
+        _ => Ok(builder.with_no_client_auth()),
     }
 }
 
