@@ -252,7 +252,8 @@ impl Inner {
         }
 
         // Send everything in order, then collect the acks.
-        let mut pending: Vec<(usize, String, PublishAckFuture)> = Vec::with_capacity(batch.len());
+        let mut subjects: Vec<Option<String>> = vec![None; batch.len()];
+        let mut pending: Vec<(usize, PublishAckFuture)> = Vec::with_capacity(batch.len());
         for (index, message) in batch.iter().enumerate() {
             let (subject, publish) = match self.prepare(message) {
                 Ok(prepared) => prepared,
@@ -261,13 +262,12 @@ impl Inner {
                     continue;
                 }
             };
-            let sent = tokio::time::timeout_at(
-                deadline,
-                self.jetstream.send_publish(subject.clone(), publish),
-            )
-            .await;
+            subjects[index] = Some(subject.clone());
+            let sent =
+                tokio::time::timeout_at(deadline, self.jetstream.send_publish(subject, publish))
+                    .await;
             match sent {
-                Ok(Ok(ack)) => pending.push((index, subject, ack)),
+                Ok(Ok(ack)) => pending.push((index, ack)),
                 Ok(Err(e)) => outcomes[index] = Some(classify(&e).into()),
                 // Not handed to the connection before the deadline: neither is the rest.
                 Err(_) => break,
@@ -276,10 +276,11 @@ impl Inner {
 
         let mut duplicates = 0u64;
         let mut bound: HashMap<String, Failure> = HashMap::new();
-        for (index, subject, ack) in pending {
+        for (index, ack) in pending {
             let Ok(acked) = tokio::time::timeout_at(deadline, ack.into_future()).await else {
                 break;
             };
+            let subject = subjects[index].clone().unwrap_or_default();
             outcomes[index] = Some(match acked {
                 Ok(ack) => {
                     duplicates += u64::from(ack.duplicate);
@@ -290,19 +291,16 @@ impl Inner {
                     })
                 }
                 Err(e) if e.kind() == PublishErrorKind::StreamNotFound => {
-                    if !bound.contains_key(&subject) {
+                    if let Some(failure) = bound.get(&subject) {
+                        failure.clone().into()
+                    } else {
                         let failure = self.no_responders(&subject, deadline).await;
-                        bound.insert(subject.clone(), failure);
+                        bound.insert(subject, failure.clone());
+                        failure.into()
                     }
-                    bound[&subject].clone().into()
                 }
                 Err(e) if e.kind() == PublishErrorKind::TimedOut && self.was_denied(&subject) => {
-                    Outcome::permanent(
-                        FailureClass::Rejected,
-                        format!(
-                            "the NATS server refused to let this connection publish to {subject:?} (Permissions Violation for Publish)"
-                        ),
-                    )
+                    denied(&subject).into()
                 }
                 Err(e) => classify(&e).into(),
             });
@@ -315,15 +313,17 @@ impl Inner {
                 "JetStream already had re-sent messages (their Nats-Msg-Id was in the duplicate window)"
             );
         }
+        // What the deadline cut short: refused, if the server said so for the subject.
         outcomes
             .into_iter()
-            .map(|outcome| {
-                outcome.unwrap_or_else(|| {
-                    Outcome::retryable(
-                        FailureClass::Timeout,
-                        "no PubAck before the publish deadline; the message may have been stored",
-                    )
-                })
+            .zip(subjects)
+            .map(|(outcome, subject)| match (outcome, subject) {
+                (Some(outcome), _) => outcome,
+                (None, Some(subject)) if self.was_denied(&subject) => denied(&subject).into(),
+                (None, _) => Outcome::retryable(
+                    FailureClass::Timeout,
+                    "no PubAck before the publish deadline; the message may have been stored",
+                ),
             })
             .collect()
     }
@@ -509,6 +509,17 @@ async fn connect_options(
         options = options.add_client_certificate(cert.clone(), key.clone());
     }
     Ok(options)
+}
+
+/// The failure of a message to `subject`, which the server refused to take from this
+/// connection.
+fn denied(subject: &str) -> Failure {
+    Failure::permanent(
+        FailureClass::Rejected,
+        format!(
+            "the NATS server refused to let this connection publish to {subject:?} (Permissions Violation for Publish)"
+        ),
+    )
 }
 
 /// The subject of a server error `Permissions Violation for Publish to "subject"`.
