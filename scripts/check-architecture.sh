@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-forbidden='^(sqlx|sqlx-[a-z-]+|diesel|diesel_[a-z_]+|reqwest|hyper|hyper-util|rdkafka|rdkafka-sys|lapin|amq-protocol|async-nats|redis|aws-[a-z-]+|tokio-postgres|postgres|mysql[a-z_-]*|rusqlite|libsqlite3-sys)$'
+forbidden='^(sqlx|sqlx-[a-z-]+|diesel|diesel_[a-z_]+|reqwest|hyper|hyper-util|rdkafka|rdkafka-sys|lapin|amq-protocol|async-nats|rumqttc|redis|aws-[a-z-]+|tokio-postgres|postgres|mysql[a-z_-]*|rusqlite|libsqlite3-sys)$'
 
 # check CRATE CARGO-TREE-ARGS...: CRATE's normal dependency tree holds no forbidden crate.
 check() {
@@ -38,7 +38,7 @@ fi
 # The README's first command, `cargo run --example quickstart` at the root, builds the
 # default members (the examples package alone, default features) with their dev and build
 # dependencies: no system library (libpq, libmysqlclient), no C broker client, no AWS SDK.
-quickstart_forbidden='^(mysqlclient-sys|pq-sys|rdkafka-sys|rdkafka|lapin|async-nats|aws-sdk-[a-z]+|diesel|diesel-async|opentelemetry[a-z_-]*)$'
+quickstart_forbidden='^(mysqlclient-sys|pq-sys|rdkafka-sys|rdkafka|lapin|async-nats|rumqttc|aws-sdk-[a-z]+|diesel|diesel-async|opentelemetry[a-z_-]*)$'
 quickstart=$(cargo tree -e normal,build,dev --prefix none --format '{p}' | cut -d' ' -f1 | sort -u)
 bad=$(grep -E "$quickstart_forbidden" <<<"$quickstart" || true)
 if [[ -n $bad ]]; then
