@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
 use async_nats::connection::State;
@@ -11,8 +11,8 @@ use async_nats::jetstream::context::{
     ContextBuilder, GetStreamByNameErrorKind, PublishAckFuture, PublishErrorKind,
 };
 use async_nats::jetstream::message::PublishMessage;
-use async_nats::{ConnectErrorKind, ConnectOptions, HeaderMap, HeaderName, HeaderValue};
-use outbox_engine::receive::fields::PREFIX as HEADER_PREFIX;
+use async_nats::{ConnectErrorKind, ConnectOptions, HeaderMap, HeaderName, HeaderValue, Subject};
+use outbox_engine::receive::fields::{self, PREFIX as HEADER_PREFIX};
 use outbox_engine::receive::metadata_fields;
 use outbox_engine::{Failure, FailureClass, Message, Outcome, PublishContext, Sink};
 use tokio::time::Instant;
@@ -71,6 +71,8 @@ pub struct NatsSink {
 struct Inner {
     config: NatsSinkConfig,
     checked: Checked,
+    /// The subject, when the template names one.
+    fixed_subject: Option<Subject>,
     /// The URL with its credentials hidden, for messages.
     url: String,
     client: async_nats::Client,
@@ -139,6 +141,7 @@ impl NatsSink {
             .backpressure_on_inflight(true)
             .build(client.clone());
         let inner = Inner {
+            fixed_subject: checked.subject.fixed().map(Subject::from),
             config,
             checked,
             url,
@@ -252,7 +255,7 @@ impl Inner {
         }
 
         // Send everything in order, then collect the acks.
-        let mut subjects: Vec<Option<String>> = vec![None; batch.len()];
+        let mut subjects: Vec<Option<Subject>> = vec![None; batch.len()];
         let mut pending: Vec<(usize, PublishAckFuture)> = Vec::with_capacity(batch.len());
         for (index, message) in batch.iter().enumerate() {
             let (subject, publish) = match self.prepare(message) {
@@ -276,35 +279,39 @@ impl Inner {
 
         let mut duplicates = 0u64;
         let mut bound: HashMap<String, Failure> = HashMap::new();
-        for (index, ack) in pending {
-            let Ok(acked) = tokio::time::timeout_at(deadline, ack.into_future()).await else {
-                break;
-            };
-            let subject = subjects[index].clone().unwrap_or_default();
-            outcomes[index] = Some(match acked {
-                Ok(ack) => {
-                    duplicates += u64::from(ack.duplicate);
-                    Outcome::published_with(if ack.duplicate {
-                        format!("{}/{} (duplicate)", ack.stream, ack.sequence)
-                    } else {
-                        format!("{}/{}", ack.stream, ack.sequence)
-                    })
-                }
-                Err(e) if e.kind() == PublishErrorKind::StreamNotFound => {
-                    if let Some(failure) = bound.get(&subject) {
-                        failure.clone().into()
-                    } else {
-                        let failure = self.no_responders(&subject, deadline).await;
-                        bound.insert(subject, failure.clone());
-                        failure.into()
+        // One deadline for every ack: what it cuts short stays unreported.
+        let collect = async {
+            for (index, ack) in pending {
+                let acked = ack.await;
+                let subject = subjects[index].as_deref().unwrap_or_default();
+                outcomes[index] = Some(match acked {
+                    Ok(ack) => {
+                        duplicates += u64::from(ack.duplicate);
+                        Outcome::published_with(if ack.duplicate {
+                            format!("{}/{} (duplicate)", ack.stream, ack.sequence)
+                        } else {
+                            format!("{}/{}", ack.stream, ack.sequence)
+                        })
                     }
-                }
-                Err(e) if e.kind() == PublishErrorKind::TimedOut && self.was_denied(&subject) => {
-                    denied(&subject).into()
-                }
-                Err(e) => classify(&e).into(),
-            });
-        }
+                    Err(e) if e.kind() == PublishErrorKind::StreamNotFound => {
+                        if let Some(failure) = bound.get(subject) {
+                            failure.clone().into()
+                        } else {
+                            let failure = self.no_responders(subject, deadline).await;
+                            bound.insert(subject.to_owned(), failure.clone());
+                            failure.into()
+                        }
+                    }
+                    Err(e)
+                        if e.kind() == PublishErrorKind::TimedOut && self.was_denied(subject) =>
+                    {
+                        denied(subject).into()
+                    }
+                    Err(e) => classify(&e).into(),
+                });
+            }
+        };
+        let _ = tokio::time::timeout_at(deadline, collect).await;
         if duplicates > 0 {
             metrics::counter!("outbox_nats_duplicates_total").increment(duplicates);
             debug!(
@@ -370,37 +377,40 @@ impl Inner {
 
     /// The subject and the publish for `message`; a failure here is the message's own
     /// and permanent.
-    fn prepare(&self, message: &Message) -> Result<(String, PublishMessage), Failure> {
-        let subject = self
-            .checked
-            .subject
-            .render(message)
-            .map_err(|e| Failure::permanent(FailureClass::Config, format!("subject {e}")))?;
-        check_subject(&subject)
-            .map_err(|reason| Failure::permanent(FailureClass::Config, reason))?;
+    fn prepare(&self, message: &Message) -> Result<(Subject, PublishMessage), Failure> {
+        let subject = match &self.fixed_subject {
+            Some(subject) => subject.clone(),
+            None => {
+                let subject = self.checked.subject.render(message).map_err(|e| {
+                    Failure::permanent(FailureClass::Config, format!("subject {e}"))
+                })?;
+                check_subject(&subject)
+                    .map_err(|reason| Failure::permanent(FailureClass::Config, reason))?;
+                Subject::from(subject)
+            }
+        };
 
         let mut headers = HeaderMap::new();
-        let id = message.id.to_string();
-        let mut put = |name: &str, value: &str| -> Result<(), Failure> {
-            let bad = |what: &str| {
-                Failure::permanent(
-                    FailureClass::Serialization,
-                    format!(
-                        "header {name:?} has {what} that NATS headers cannot carry (control characters, `:` in a name, or a line break)"
-                    ),
-                )
-            };
-            let name: HeaderName = name.parse().map_err(|_| bad("a name"))?;
-            let value: HeaderValue = value.parse().map_err(|_| bad("a value"))?;
-            headers.insert(name, value);
-            Ok(())
+        let bad = |name: &str, what: &str| {
+            Failure::permanent(
+                FailureClass::Serialization,
+                format!(
+                    "header {name:?} has {what} that NATS headers cannot carry (control characters, `:` in a name, or a line break)"
+                ),
+            )
         };
-        // JetStream's duplicate window keys on this header.
-        put("Nats-Msg-Id", &message.idempotency_key)?;
-        for (name, value) in metadata_fields(message, &id) {
-            put(name, value)?;
+        let parse = |name: &str, text: &str| -> Result<HeaderValue, Failure> {
+            text.parse().map_err(|_| bad(name, "a value"))
+        };
+        // JetStream's duplicate window keys on `Nats-Msg-Id`; the sink's own header
+        // names are parsed once.
+        let id = message.id.to_string();
+        let own = std::iter::once(("Nats-Msg-Id", message.idempotency_key.as_str()))
+            .chain(metadata_fields(message, &id));
+        for (name, text) in own {
+            headers.insert(own_header(name), parse(name, text)?);
         }
-        for (name, value) in &message.headers {
+        for (name, text) in &message.headers {
             for reserved in [HEADER_PREFIX, NATS_PREFIX] {
                 if name
                     .get(..reserved.len())
@@ -414,7 +424,8 @@ impl Inner {
                     ));
                 }
             }
-            put(name, value)?;
+            let parsed: HeaderName = name.parse().map_err(|_| bad(name, "a name"))?;
+            headers.insert(parsed, parse(name, text)?);
         }
         let publish = PublishMessage::build()
             .headers(headers)
@@ -509,6 +520,36 @@ async fn connect_options(
         options = options.add_client_certificate(cert.clone(), key.clone());
     }
     Ok(options)
+}
+
+/// The parsed name of one of the sink's own headers (`Nats-Msg-Id` and the `outbox-…`
+/// fields): parsed once, then shared.
+fn own_header(name: &'static str) -> HeaderName {
+    static NAMES: LazyLock<HashMap<&'static str, HeaderName>> = LazyLock::new(|| {
+        [
+            "Nats-Msg-Id",
+            fields::ID,
+            fields::IDEMPOTENCY_KEY,
+            fields::EVENT_TYPE,
+            fields::CONTENT_TYPE,
+            fields::PARTITION_KEY,
+            fields::TENANT_ID,
+            fields::AGGREGATE_TYPE,
+            fields::AGGREGATE_ID,
+        ]
+        .into_iter()
+        .map(|name| {
+            (
+                name,
+                name.parse().expect("the sink's header names are valid"),
+            )
+        })
+        .collect()
+    });
+    NAMES
+        .get(name)
+        .cloned()
+        .unwrap_or_else(|| name.parse().expect("the sink's header names are valid"))
 }
 
 /// The failure of a message to `subject`, which the server refused to take from this
