@@ -58,13 +58,16 @@ async fn raw(url: &str, topic: &str, n: usize) -> Result<f64, BoxError> {
     );
     options.set_keep_alive(Duration::from_secs(30));
     let (client, mut events) = AsyncClient::new(options, 1_000);
+    // One permit per message in flight; each PUBACK gives one back.
+    let window = Arc::new(tokio::sync::Semaphore::new(BATCH * PUBLISHERS));
     let acked = Arc::new(AtomicUsize::new(0));
-    let counting = Arc::clone(&acked);
+    let (counting, freed) = (Arc::clone(&acked), Arc::clone(&window));
     let driver = tokio::spawn(async move {
         loop {
             match events.poll().await {
                 Ok(Event::Incoming(Packet::PubAck(_))) => {
                     counting.fetch_add(1, Atomic::Relaxed);
+                    freed.add_permits(1);
                 }
                 Ok(_) => {}
                 Err(e) => return Err::<(), String>(e.to_string()),
@@ -91,12 +94,9 @@ async fn raw(url: &str, topic: &str, n: usize) -> Result<f64, BoxError> {
             (properties, payload.into())
         })
         .collect();
-    let window = BATCH * PUBLISHERS;
     let started = Instant::now();
-    for (sent, (properties, payload)) in messages.into_iter().enumerate() {
-        while sent - acked.load(Atomic::Relaxed) >= window {
-            tokio::task::yield_now().await;
-        }
+    for (properties, payload) in messages {
+        window.acquire().await?.forget();
         client
             .publish_with_properties(topic, QoS::AtLeastOnce, false, payload, properties)
             .await?;

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_nats::connection::State;
@@ -12,7 +12,7 @@ use async_nats::jetstream::context::{
 };
 use async_nats::jetstream::message::PublishMessage;
 use async_nats::{ConnectErrorKind, ConnectOptions, HeaderMap, HeaderName, HeaderValue, Subject};
-use outbox_engine::receive::fields::{self, PREFIX as HEADER_PREFIX};
+use outbox_engine::receive::fields::PREFIX as HEADER_PREFIX;
 use outbox_engine::receive::metadata_fields;
 use outbox_engine::{Failure, FailureClass, Message, Outcome, PublishContext, Sink};
 use tokio::time::Instant;
@@ -522,34 +522,10 @@ async fn connect_options(
     Ok(options)
 }
 
-/// The parsed name of one of the sink's own headers (`Nats-Msg-Id` and the `outbox-…`
-/// fields): parsed once, then shared.
+/// The name of one of the sink's own headers (`Nats-Msg-Id` and the `outbox-…` fields,
+/// all valid header names), without copying it.
 fn own_header(name: &'static str) -> HeaderName {
-    static NAMES: LazyLock<HashMap<&'static str, HeaderName>> = LazyLock::new(|| {
-        [
-            "Nats-Msg-Id",
-            fields::ID,
-            fields::IDEMPOTENCY_KEY,
-            fields::EVENT_TYPE,
-            fields::CONTENT_TYPE,
-            fields::PARTITION_KEY,
-            fields::TENANT_ID,
-            fields::AGGREGATE_TYPE,
-            fields::AGGREGATE_ID,
-        ]
-        .into_iter()
-        .map(|name| {
-            (
-                name,
-                name.parse().expect("the sink's header names are valid"),
-            )
-        })
-        .collect()
-    });
-    NAMES
-        .get(name)
-        .cloned()
-        .unwrap_or_else(|| name.parse().expect("the sink's header names are valid"))
+    HeaderName::from_static(name)
 }
 
 /// The failure of a message to `subject`, which the server refused to take from this
