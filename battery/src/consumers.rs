@@ -614,8 +614,9 @@ pub async fn sqs_consumer() -> (outbox_test_support::ChildGuard, String, Receive
     (guard, queue_url, got)
 }
 
-/// A fresh JetStream stream (file storage, a two-minute duplicate window) binding
-/// `NAME.>` on the NATS server at `url`, and a durable pull consumer that records each
+/// A fresh JetStream stream (file storage, a two-minute duplicate window, messages kept
+/// for an hour, so that a run that ends early leaves nothing for good) binding `NAME.>`
+/// on the NATS server at `url`, and a durable pull consumer that records each
 /// message's `outbox-id` header on arrival and acknowledges it after. It carries on
 /// through server restarts (the client reconnects; a broken fetch is started again).
 /// Returns the stream's name (also the first token of its subjects) and the record.
@@ -640,6 +641,7 @@ pub async fn nats_consumer(url: &str) -> (String, Received) {
         subjects: vec![format!("{name}.>")],
         storage: stream::StorageType::File,
         duplicate_window: Duration::from_secs(120),
+        max_age: Duration::from_secs(3600),
         ..Default::default()
     })
     .await
@@ -678,6 +680,15 @@ pub async fn nats_consumer(url: &str) -> (String, Received) {
         }
     });
     (name, got)
+}
+
+/// Deletes a stream made by [`nats_consumer`].
+pub async fn delete_nats_stream(url: &str, stream: &str) {
+    if let Ok(client) = outbox::nats::client::connect(url).await {
+        let _ = outbox::nats::client::jetstream::new(client)
+            .delete_stream(stream)
+            .await;
+    }
 }
 
 /// A QoS 1 subscriber of `TOPIC/#` on the MQTT broker at `url` (MQTT 5, a persistent

@@ -81,6 +81,7 @@ async fn kill_9_in_front_of_nats_loses_nothing_and_jetstream_stores_each_message
         run.reported > 0.0,
         "the relays' PubAcks reported re-sends as duplicates (outbox_nats_duplicates_total)"
     );
+    common::delete_nats_stream(&url, &stream).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

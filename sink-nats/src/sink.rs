@@ -254,28 +254,30 @@ impl Inner {
             return vec![failure.into(); batch.len()];
         }
 
-        // Send everything in order, then collect the acks.
+        // Send everything in order, then collect the acks. A subject rendered from its
+        // message is kept for the ack's classification; a fixed one is the route's.
         let mut subjects: Vec<Option<Subject>> = vec![None; batch.len()];
         let mut pending: Vec<(usize, PublishAckFuture)> = Vec::with_capacity(batch.len());
-        for (index, message) in batch.iter().enumerate() {
-            let (subject, publish) = match self.prepare(message) {
-                Ok(prepared) => prepared,
-                Err(failure) => {
-                    outcomes[index] = Some(failure.into());
-                    continue;
+        // One deadline for every send: what it cuts short stays unreported.
+        let send = async {
+            for (index, message) in batch.iter().enumerate() {
+                let (subject, publish) = match self.prepare(message) {
+                    Ok(prepared) => prepared,
+                    Err(failure) => {
+                        outcomes[index] = Some(failure.into());
+                        continue;
+                    }
+                };
+                if self.fixed_subject.is_none() {
+                    subjects[index] = Some(subject.clone());
                 }
-            };
-            subjects[index] = Some(subject.clone());
-            let sent =
-                tokio::time::timeout_at(deadline, self.jetstream.send_publish(subject, publish))
-                    .await;
-            match sent {
-                Ok(Ok(ack)) => pending.push((index, ack)),
-                Ok(Err(e)) => outcomes[index] = Some(classify(&e).into()),
-                // Not handed to the connection before the deadline: neither is the rest.
-                Err(_) => break,
+                match self.jetstream.send_publish(subject, publish).await {
+                    Ok(ack) => pending.push((index, ack)),
+                    Err(e) => outcomes[index] = Some(classify(&e).into()),
+                }
             }
-        }
+        };
+        let _ = tokio::time::timeout_at(deadline, send).await;
 
         let mut duplicates = 0u64;
         let mut bound: HashMap<String, Failure> = HashMap::new();
@@ -283,7 +285,7 @@ impl Inner {
         let collect = async {
             for (index, ack) in pending {
                 let acked = ack.await;
-                let subject = subjects[index].as_deref().unwrap_or_default();
+                let subject = self.subject_of(&subjects, index);
                 outcomes[index] = Some(match acked {
                     Ok(ack) => {
                         duplicates += u64::from(ack.duplicate);
@@ -323,16 +325,26 @@ impl Inner {
         // What the deadline cut short: refused, if the server said so for the subject.
         outcomes
             .into_iter()
-            .zip(subjects)
-            .map(|(outcome, subject)| match (outcome, subject) {
-                (Some(outcome), _) => outcome,
-                (None, Some(subject)) if self.was_denied(&subject) => denied(&subject).into(),
-                (None, _) => Outcome::retryable(
+            .enumerate()
+            .map(|(index, outcome)| match outcome {
+                Some(outcome) => outcome,
+                None if self.was_denied(self.subject_of(&subjects, index)) => {
+                    denied(self.subject_of(&subjects, index)).into()
+                }
+                None => Outcome::retryable(
                     FailureClass::Timeout,
                     "no PubAck before the publish deadline; the message may have been stored",
                 ),
             })
             .collect()
+    }
+
+    /// The subject the message at `index` went to.
+    fn subject_of<'a>(&'a self, subjects: &'a [Option<Subject>], index: usize) -> &'a str {
+        subjects[index]
+            .as_deref()
+            .or(self.fixed_subject.as_deref())
+            .unwrap_or_default()
     }
 
     /// The failure for a message that met "no responders": permanent only when the

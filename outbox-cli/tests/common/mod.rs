@@ -8,8 +8,8 @@ use outbox::postgres::PgOutbox;
 use outbox::{ClaimRequest, Completion, NewMessage, Store};
 
 pub use outbox_battery::consumers::{
-    Received, amqp_consumer, delete_amqp_queue, kafka_consumer, mqtt_consumer, nats_consumer,
-    recording_receiver, sqs_consumer,
+    Received, amqp_consumer, delete_amqp_queue, delete_nats_stream, kafka_consumer, mqtt_consumer,
+    nats_consumer, recording_receiver, sqs_consumer,
 };
 
 /// The whole response, or an empty string when the relay does not answer (yet).
