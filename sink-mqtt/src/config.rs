@@ -401,10 +401,6 @@ impl MqttSinkConfig {
                 reason,
             });
         }
-        if self.client_id.len() > 23 && self.protocol == Protocol::V311 {
-            // 3.1.1 brokers must accept 1-23 characters; many accept more, some do not.
-            tracing::debug!(client_id = %self.client_id, "an MQTT 3.1.1 client id over 23 characters; some brokers refuse it");
-        }
         if self.max_payload_bytes == 0 {
             return Err(invalid("max_payload_bytes", "must be at least 1"));
         }
