@@ -38,15 +38,6 @@ async fn nats_tls_with_a_private_ca_and_a_client_certificate() {
             file("ca.pem").display().to_string()
         ),
     );
-    let admin = outbox_sink_nats::client::ConnectOptions::new()
-        .require_tls(true)
-        .add_root_certificates(file("ca.pem"))
-        .add_client_certificate(file("client.pem"), file("client.key"))
-        .connect(server.url.replace("nats://", "tls://"))
-        .await
-        .expect("the test's own client connects over TLS");
-    stream(admin).await;
-
     let url = server.url.replace("nats://", "nats+tls://");
     let config = NatsSinkConfig::new(&url)
         .subject("EVENTS.{event_type}")
@@ -59,6 +50,18 @@ async fn nats_tls_with_a_private_ca_and_a_client_certificate() {
     )
     .await
     .expect("connects over TLS with the private CA and the client certificate");
+
+    // The sink connected with no process-wide provider installed (this test's rustls has
+    // two, so none could be chosen); the test's own client needs one.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let admin = outbox_sink_nats::client::ConnectOptions::new()
+        .require_tls(true)
+        .add_root_certificates(file("ca.pem"))
+        .add_client_certificate(file("client.pem"), file("client.key"))
+        .connect(server.url.replace("nats://", "tls://"))
+        .await
+        .expect("the test's own client connects over TLS");
+    stream(admin).await;
     let outcomes = publish(&sink, &sink_suite::messages("tls", 3)).await;
     assert!(outcomes.iter().all(|o| o.is_published()), "{outcomes:?}");
 
