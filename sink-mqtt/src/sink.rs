@@ -74,7 +74,7 @@ struct Inner {
     config: MqttSinkConfig,
     checked: Checked,
     /// The TLS client configuration, for `mqtts://`.
-    tls: Option<Arc<rustls::ClientConfig>>,
+    tls: Option<Arc<rumqttc::tokio_rustls::rustls::ClientConfig>>,
     client_id: String,
     /// The URL with the password hidden, for messages.
     url: String,
@@ -116,7 +116,17 @@ impl MqttSink {
             config.client_id.clone()
         };
         let tls = if checked.tls {
-            Some(Arc::new(tls_config(&config)?))
+            let client = config
+                .tls_cert_file
+                .as_deref()
+                .zip(config.tls_key_file.as_deref());
+            let tls = outbox_engine::tls::client_config(config.tls_ca_file.as_deref(), client)
+                .map_err(|e| MqttSinkError::TlsFile {
+                    setting: e.setting,
+                    path: e.path,
+                    reason: e.reason,
+                })?;
+            Some(Arc::new(tls))
         } else {
             None
         };
@@ -495,68 +505,8 @@ impl Inner {
     }
 }
 
-fn transport(tls: &Arc<rustls::ClientConfig>) -> rumqttc::Transport {
+fn transport(tls: &Arc<rumqttc::tokio_rustls::rustls::ClientConfig>) -> rumqttc::Transport {
     rumqttc::Transport::tls_with_config(rumqttc::TlsConfiguration::Rustls(Arc::clone(tls)))
-}
-
-/// The TLS client configuration: rustls with ring, the CA file's certificates or the
-/// system's roots, and the client certificate when one is configured.
-fn tls_config(config: &MqttSinkConfig) -> Result<rustls::ClientConfig, MqttSinkError> {
-    use rustls_pki_types::pem::PemObject;
-    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
-
-    let file_error =
-        |setting: &'static str, path: &std::path::Path, reason: String| MqttSinkError::TlsFile {
-            setting,
-            path: path.display().to_string(),
-            reason,
-        };
-    let certificates = |setting: &'static str, path: &std::path::Path| {
-        let certificates = CertificateDer::pem_file_iter(path)
-            .and_then(Iterator::collect::<Result<Vec<_>, _>>)
-            .map_err(|e| file_error(setting, path, e.to_string()))?;
-        if certificates.is_empty() {
-            return Err(file_error(
-                setting,
-                path,
-                "holds no PEM certificate".to_owned(),
-            ));
-        }
-        Ok(certificates)
-    };
-    let mut roots = rustls::RootCertStore::empty();
-    match &config.tls_ca_file {
-        Some(path) => {
-            for certificate in certificates("tls_ca_file", path)? {
-                roots
-                    .add(certificate)
-                    .map_err(|e| file_error("tls_ca_file", path, e.to_string()))?;
-            }
-        }
-        None => {
-            let found = rustls_native_certs::load_native_certs();
-            roots.add_parsable_certificates(found.certs);
-        }
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let builder = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| MqttSinkError::InvalidSetting {
-            setting: "url",
-            reason: format!("TLS: {e}"),
-        })?
-        .with_root_certificates(roots);
-    match (&config.tls_cert_file, &config.tls_key_file) {
-        (Some(cert), Some(key)) => {
-            let chain = certificates("tls_cert_file", cert)?;
-            let key = PrivateKeyDer::from_pem_file(key)
-                .map_err(|e| file_error("tls_key_file", key, e.to_string()))?;
-            builder
-                .with_client_auth_cert(chain, key)
-                .map_err(|e| file_error("tls_cert_file", cert, e.to_string()))
-        }
-        _ => Ok(builder.with_no_client_auth()),
-    }
 }
 
 fn finish(outcomes: Vec<Option<Outcome>>) -> Vec<Outcome> {

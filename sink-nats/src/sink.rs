@@ -517,71 +517,21 @@ async fn connect_options(
         options = options.nkey(seed.to_owned());
     }
     if checked.tls {
-        options = options.tls_client_config(tls_config(config)?);
+        // Built here, with ring: async-nats's own builder takes the process's default
+        // provider, and panics when the application's rustls has two.
+        let client = config
+            .tls_cert_file
+            .as_deref()
+            .zip(config.tls_key_file.as_deref());
+        let tls = outbox_engine::tls::client_config(config.tls_ca_file.as_deref(), client)
+            .map_err(|e| NatsSinkError::File {
+                setting: e.setting,
+                path: e.path,
+                reason: e.reason,
+            })?;
+        options = options.tls_client_config(tls);
     }
     Ok(options)
-}
-
-/// The TLS client configuration, built here with ring rather than by the client from the
-/// process's default provider, which is ambiguous (a panic) when an application's rustls
-/// has both ring and aws-lc-rs: the CA file's certificates or the system's roots, and the
-/// client certificate when one is configured.
-fn tls_config(config: &NatsSinkConfig) -> Result<rustls::ClientConfig, NatsSinkError> {
-    use rustls_pki_types::pem::PemObject;
-    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
-
-    let file_error =
-        |setting: &'static str, path: &std::path::Path, reason: String| NatsSinkError::File {
-            setting,
-            path: path.display().to_string(),
-            reason,
-        };
-    let certificates = |setting: &'static str, path: &std::path::Path| {
-        let found = CertificateDer::pem_file_iter(path)
-            .and_then(Iterator::collect::<Result<Vec<_>, _>>)
-            .map_err(|e| file_error(setting, path, e.to_string()))?;
-        if found.is_empty() {
-            return Err(file_error(
-                setting,
-                path,
-                "holds no PEM certificate".to_owned(),
-            ));
-        }
-        Ok(found)
-    };
-    let mut roots = rustls::RootCertStore::empty();
-    match &config.tls_ca_file {
-        Some(path) => {
-            for certificate in certificates("tls_ca_file", path)? {
-                roots
-                    .add(certificate)
-                    .map_err(|e| file_error("tls_ca_file", path, e.to_string()))?;
-            }
-        }
-        None => {
-            roots.add_parsable_certificates(rustls_native_certs::load_native_certs().certs);
-        }
-    }
-    let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .map_err(|e| NatsSinkError::InvalidSetting {
-        setting: "url",
-        reason: format!("TLS: {e}"),
-    })?
-    .with_root_certificates(roots);
-    match (&config.tls_cert_file, &config.tls_key_file) {
-        (Some(cert), Some(key)) => {
-            let chain = certificates("tls_cert_file", cert)?;
-            let key = PrivateKeyDer::from_pem_file(key)
-                .map_err(|e| file_error("tls_key_file", key, e.to_string()))?;
-            builder
-                .with_client_auth_cert(chain, key)
-                .map_err(|e| file_error("tls_cert_file", cert, e.to_string()))
-        }
-        _ => Ok(builder.with_no_client_auth()),
-    }
 }
 
 /// The name of one of the sink's own headers (`Nats-Msg-Id` and the `outbox-…` fields,
