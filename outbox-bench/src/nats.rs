@@ -25,7 +25,7 @@ pub(crate) async fn run(bench: &Bench, scale: Scale, report: &mut Report) -> Res
         .map_err(|e| format!("cannot reach NATS at {url} ({e}); run scripts/services.sh or set OUTBOX_TEST_NATS_URL"))?;
     let js = jetstream::new(client);
     let name = format!("OUTBOX_BENCH_{:016X}", fastrand::u64(..));
-    let mut stream = js
+    let stream = js
         .create_stream(stream::Config {
             name: name.clone(),
             subjects: vec![format!("{name}.>")],
@@ -51,7 +51,6 @@ pub(crate) async fn run(bench: &Bench, scale: Scale, report: &mut Report) -> Res
             .push(drain_rate(bench, sink.clone(), n, true, false).await?);
         stream.purge().await?;
     }
-    let _ = stream.info().await;
     js.delete_stream(&name).await?;
     report.section(
         "nats",
