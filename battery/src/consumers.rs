@@ -710,7 +710,9 @@ pub async fn mqtt_consumer(url: &str) -> (String, Received) {
     options
         .set_keep_alive(Duration::from_secs(5))
         .set_clean_start(false)
-        .set_session_expiry_interval(Some(3600));
+        .set_session_expiry_interval(Some(3600))
+        // Many messages in flight to it at once, so that it keeps up with a fast relay.
+        .set_receive_maximum(Some(1000));
     let (client, mut events) = AsyncClient::new(options, 100);
     match tokio::time::timeout(Duration::from_secs(10), events.poll()).await {
         Ok(Ok(Event::Incoming(Packet::ConnAck(_)))) => {}

@@ -274,18 +274,15 @@ async fn consumer(sink: SinkKind, fault: Fault, dir: &Path) -> Consumer {
             )
         }
         SinkKind::Mqtt => {
-            // Under `sink-restart`, a private broker with persistence on.
-            let own = (fault == Fault::SinkRestart)
-                .then(|| outbox_test_support::servers::PrivateServer::mosquitto(dir, ""));
-            let url = own.as_ref().map_or_else(
-                || outbox_test_support::server_url("OUTBOX_TEST_MQTT_URL", "mqtt://127.0.0.1:1883"),
-                |own| own.url.clone(),
-            );
-            let (topic, received) = consumers::mqtt_consumer(&url).await;
+            // Always a private broker: its configuration queues whatever the battery's
+            // subscriber has not taken yet (mosquitto's default drops QoS 1 messages beyond
+            // 1,000), and it has persistence on for `sink-restart`.
+            let own = outbox_test_support::servers::PrivateServer::mosquitto(dir, "");
+            let (topic, received) = consumers::mqtt_consumer(&own.url).await;
             plain(
-                format!("url = \"{url}\"\ntopic = \"{topic}/events\"\n"),
+                format!("url = \"{}\"\ntopic = \"{topic}/events\"\n", own.url),
                 received,
-                own.map(|own| SinkServer::Mqtt(std::sync::Mutex::new(own))),
+                Some(SinkServer::Mqtt(std::sync::Mutex::new(own))),
             )
         }
         SinkKind::Kafka => {

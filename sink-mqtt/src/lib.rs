@@ -60,6 +60,15 @@
 //! them. With per-key ordering in the relay and `{partition_key}` in the topic (or a
 //! fixed topic), a subscriber sees each key's messages in commit order, apart from
 //! redeliveries after a reconnect.
+//!
+//! # After the `PUBACK`
+//!
+//! The outbox's guarantee ends where the broker takes the message over. What a broker does
+//! next is its configuration: mosquitto, by default, keeps at most 1,000 QoS 1 messages
+//! queued for each subscriber and drops the rest when a subscriber falls behind
+//! (`max_queued_messages`), and loses what it has not yet written to disk when it is killed
+//! (`persistence`, `autosave_interval`). Size those for the slowest subscriber, or use a
+//! broker that stores before it acknowledges (JetStream, with `sink-nats`).
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 

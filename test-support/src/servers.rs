@@ -48,8 +48,10 @@ impl PrivateServer {
     }
 
     /// A `mosquitto` (`$OUTBOX_TEST_MOSQUITTO`, default `/usr/sbin/mosquitto`) with
-    /// persistence in `dir`, anonymous clients allowed unless `extra` (appended to its
-    /// configuration) says otherwise.
+    /// persistence in `dir`, anonymous clients allowed and room for a million messages queued
+    /// for a subscriber, unless `extra` (appended to its configuration) says otherwise.
+    /// (By default mosquitto drops the QoS 1 messages queued beyond 1,000 for a subscriber
+    /// that falls behind: a test that counts what a subscriber got must not meet that.)
     ///
     /// # Panics
     ///
@@ -57,16 +59,14 @@ impl PrivateServer {
     pub fn mosquitto(dir: &Path, extra: &str) -> Self {
         let port = free_port();
         let config = dir.join("mosquitto.conf");
-        let anonymous = if extra.contains("allow_anonymous") {
-            ""
-        } else {
-            "allow_anonymous true\n"
-        };
+        let default = |key: &str, line: &'static str| if extra.contains(key) { "" } else { line };
+        let anonymous = default("allow_anonymous", "allow_anonymous true\n");
+        let queue = default("max_queued_messages", "max_queued_messages 1000000\n");
         std::fs::write(
             &config,
             format!(
                 "listener {port} 127.0.0.1\npersistence true\npersistence_location {}/\n\
-                 user {}\n{anonymous}{extra}\n",
+                 user {}\n{anonymous}{queue}{extra}\n",
                 dir.display(),
                 // As root, mosquitto would switch to its own user, who cannot write `dir`.
                 std::env::var("USER").unwrap_or_else(|_| "root".to_owned()),
