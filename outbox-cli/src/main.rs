@@ -25,7 +25,8 @@ mod serve;
 #[derive(Debug, Parser)]
 #[command(name = "outbox", version, about)]
 struct Cli {
-    /// The config file (TOML); `OUTBOX_…` environment variables override it.
+    /// The config file (TOML); `OUTBOX_…` environment variables override it. Without
+    /// one, the settings come from those variables alone.
     #[arg(long, short, global = true, env = "OUTBOX_CONFIG")]
     config: Option<PathBuf>,
     /// The store URL, instead of the config file's `store.url`.
@@ -62,6 +63,11 @@ enum Command {
     /// Serve the web dashboard of the config's `[dashboard]` table until Ctrl-C or
     /// SIGTERM (`outbox relay` serves it too, with the relay's rate and latency).
     Dashboard,
+    /// Check the configuration without running anything.
+    Config {
+        #[command(subcommand)]
+        action: ConfigAction,
+    },
     /// Backlog, oldest pending age, leased and dead rows per destination.
     Status {
         /// Print JSON instead of a table.
@@ -85,6 +91,14 @@ enum Command {
         #[arg(long, default_value_t = 1000)]
         batch: usize,
     },
+}
+
+#[derive(Debug, Subcommand)]
+enum ConfigAction {
+    /// Load the config file and the `OUTBOX_…` variables, check every setting that can be
+    /// checked without reaching a server (secrets are read, never printed), and exit
+    /// non-zero with the setting named at the first problem.
+    Check,
 }
 
 #[derive(Debug, Subcommand)]
@@ -178,8 +192,9 @@ type Result<T, E = String> = std::result::Result<T, E>;
 fn main() -> ExitCode {
     let cli = Cli::parse();
     if let Err(message) = install_logging(cli.log_format) {
-        return fail(message);
+        return fail(message, LogFormat::Plain);
     }
+    let format = cli.log_format;
     // TLS routes (`amqps://`, `rediss://`) need one process-wide rustls provider; more than
     // one is compiled in (the HTTP sink's and the broker sinks'), so choose it here.
     #[cfg(feature = "tls")]
@@ -189,7 +204,7 @@ fn main() -> ExitCode {
         .build()
     {
         Ok(runtime) => runtime,
-        Err(e) => return fail(format!("cannot start the runtime: {e}")),
+        Err(e) => return fail(format!("cannot start the runtime: {e}"), format),
     };
     let result = runtime.block_on(run(cli));
     // Work a deadline gave up on (a blocking call on a silent connection) must not keep
@@ -197,8 +212,17 @@ fn main() -> ExitCode {
     runtime.shutdown_timeout(Duration::from_secs(5));
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(message) => fail(message),
+        Err(message) => fail(message, format),
     }
+}
+
+/// The target of the lines about the process itself (serving, running, stopped): logged
+/// at info, and shown unless `RUST_LOG` says otherwise about this target.
+const STATUS: &str = "outbox::status";
+
+/// A line about the process itself, in the log's format.
+pub(crate) fn log_status(line: &str) {
+    tracing::info!(target: STATUS, "{line}");
 }
 
 /// The AWS SDK's crates log the access key id of the credentials they use (at info,
@@ -223,6 +247,9 @@ fn install_logging(format: LogFormat) -> Result<()> {
         .from_env()
         .map_err(|e| format!("RUST_LOG: {e}"))?;
     let named = std::env::var("RUST_LOG").unwrap_or_default();
+    if !named.contains(STATUS) {
+        filter = filter.add_directive(format!("{STATUS}=info").parse().expect("a valid directive"));
+    }
     for target in QUIET_UNLESS_NAMED {
         if !named.contains(target) {
             let directive = format!("{target}=warn").parse().expect("a valid directive");
@@ -241,17 +268,39 @@ fn install_logging(format: LogFormat) -> Result<()> {
     installed.map_err(|e| format!("logging: {e}"))
 }
 
-fn fail(message: String) -> ExitCode {
+/// Prints `message` as one line on stderr, as a JSON object in the JSON log format (the
+/// shape of the log's lines, whatever `RUST_LOG` selects), and fails.
+fn fail(message: String, format: LogFormat) -> ExitCode {
     let one_line = message.split_whitespace().collect::<Vec<_>>().join(" ");
-    eprintln!("error: {one_line}");
+    match format {
+        LogFormat::Plain => eprintln!("error: {one_line}"),
+        LogFormat::Json => eprintln!(
+            "{}",
+            serde_json::json!({
+                "timestamp": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+                "level": "ERROR",
+                "fields": { "message": format!("error: {one_line}") },
+                "target": STATUS,
+            })
+        ),
+    }
     ExitCode::FAILURE
 }
 
+/// The config file over the environment, or the environment alone when it holds
+/// settings and no file is given.
 fn load_config(cli: &Cli) -> Result<Option<Config>> {
-    cli.config
-        .as_deref()
-        .map(|path| Config::load(path).map_err(|e| e.to_string()))
-        .transpose()
+    match cli.config.as_deref() {
+        Some(path) => Config::load(path).map(Some),
+        None if Config::env_has_settings() => Config::from_env().map(Some),
+        None => Ok(None),
+    }
+    .map_err(|e| e.to_string())
+}
+
+/// What a command that needs a configuration says without one.
+fn needs_config(command: &str) -> String {
+    format!("`outbox {command}` needs --config FILE, or OUTBOX_… settings in the environment")
 }
 
 fn store_settings(cli: &Cli, config: Option<&Config>) -> Result<StoreSettings> {
@@ -294,14 +343,36 @@ async fn run(cli: Cli) -> Result<()> {
             println!("migrated");
         }
         Command::Relay => {
-            let mut config =
-                config.ok_or("`outbox relay` needs --config FILE (routes come from it)")?;
+            let mut config = config.ok_or_else(|| needs_config("relay"))?;
             config.store = store_settings(&cli, Some(&config))?;
+            for stray in config.stray_variables(std::env::vars()) {
+                tracing::warn!("{stray}");
+            }
             serve::relay(&config).await?;
         }
+        Command::Config {
+            action: ConfigAction::Check,
+        } => {
+            let mut config = config.ok_or_else(|| needs_config("config check"))?;
+            config.store = store_settings(&cli, Some(&config))?;
+            config
+                .check(&Registry::default())
+                .map_err(|e| e.to_string())?;
+            let stray = config.stray_variables(std::env::vars());
+            if !stray.is_empty() {
+                return Err(stray.join("; "));
+            }
+            let routes: Vec<&str> = config.routes.keys().map(String::as_str).collect();
+            println!(
+                "config ok: a {} store, {} route(s){}{}",
+                outbox::registry::scheme(&config.store.url),
+                routes.len(),
+                if routes.is_empty() { "" } else { ": " },
+                routes.join(", ")
+            );
+        }
         Command::Dashboard => {
-            let config =
-                config.ok_or("`outbox dashboard` needs --config FILE (its [dashboard] table)")?;
+            let config = config.ok_or_else(|| needs_config("dashboard"))?;
             serve::dashboard(&config, connect(&cli, Some(&config)).await?).await?;
         }
         Command::Status { json } => status(&connect(&cli, config.as_ref()).await?, *json).await?,

@@ -1,46 +1,22 @@
-//! `outbox relay`: the relay, and a small axum app serving `/metrics`, `/healthz` and
-//! `/readyz`; the web dashboard, in the relay or alone (`outbox dashboard`).
+//! `outbox relay`: the relay, and a small axum app serving `/metrics`, `/healthz`,
+//! `/readyz` and `/slo`; the web dashboard, in the relay or alone (`outbox dashboard`).
 
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::State;
-use axum::http::StatusCode;
-use axum::http::header::CONTENT_TYPE;
-use axum::response::IntoResponse;
-use axum::routing::get;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
-use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use outbox::config::DashboardConfig;
 use outbox::dashboard::Dashboard;
-use outbox::{AnyStore, Config, LagObjective, Outbox, RelayHealth};
+use outbox::endpoints::{PrometheusMetrics, router};
+use outbox::{AnyStore, Config, Outbox, RelayHealth};
 
 /// How long a client may take to send its request headers; and, doubled, the longest a
 /// connection stays open. A connection that sends nothing is closed after that.
 const IO_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Buckets of the `_seconds` histograms: 1 ms to 4 hours, so a relay publishing in
-/// milliseconds and one hours behind are both measured.
-const SECONDS_BUCKETS: &[f64] = &[
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
-    300.0, 900.0, 3600.0, 14400.0,
-];
-
-/// Buckets of `outbox_batch_size`.
-const BATCH_BUCKETS: &[f64] = &[
-    1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 10000.0,
-];
-
 pub(crate) async fn relay(config: &Config) -> Result<(), String> {
-    let metrics = PrometheusBuilder::new()
-        .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), SECONDS_BUCKETS)
-        .and_then(|b| {
-            b.set_buckets_for_metric(Matcher::Full("outbox_batch_size".into()), BATCH_BUCKETS)
-        })
-        .map_err(|e| format!("metrics: {e}"))?
-        .install_recorder()
-        .map_err(|e| format!("metrics: {e}"))?;
+    let metrics = PrometheusMetrics::install().map_err(|e| e.to_string())?;
     let outbox = Outbox::from_config(config)
         .await
         .map_err(|e| e.to_string())?;
@@ -48,18 +24,16 @@ pub(crate) async fn relay(config: &Config) -> Result<(), String> {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .map_err(|e| format!("metrics.listen {addr}: {e}"))?;
-        let app = app(Endpoints {
-            metrics,
-            health: outbox.health(),
-            objective: config.health.objective(),
-        });
+        let app = router(Some(metrics), outbox.health(), config.health.objective());
         tokio::spawn(serve(listener, app));
-        eprintln!("serving /metrics, /healthz and /readyz on {addr}");
+        crate::log_status(&format!(
+            "serving /metrics, /healthz, /readyz and /slo on {addr}"
+        ));
     }
     if let Some(dashboard) = &config.dashboard {
         serve_dashboard(dashboard, outbox.store().clone(), Some(outbox.health())).await?;
     }
-    eprintln!(
+    crate::log_status(&format!(
         "relay running with {} route(s){}; Ctrl-C or SIGTERM stops it",
         outbox.routes().len(),
         if outbox.listens() {
@@ -67,9 +41,9 @@ pub(crate) async fn relay(config: &Config) -> Result<(), String> {
         } else {
             ""
         }
-    );
+    ));
     outbox.run(shutdown_signal()).await;
-    eprintln!("relay stopped");
+    crate::log_status("relay stopped");
     Ok(())
 }
 
@@ -104,7 +78,7 @@ async fn serve_dashboard(
         .await
         .map_err(|e| format!("dashboard.listen {addr}: {e}"))?;
     tokio::spawn(serve(listener, dashboard.router()));
-    eprintln!("serving the dashboard on http://{addr}/");
+    crate::log_status(&format!("serving the dashboard on http://{addr}/"));
     Ok(())
 }
 
@@ -120,43 +94,6 @@ pub(crate) async fn shutdown_signal() {
     tokio::select! {
         _ = ctrl_c => {}
         _ = term.recv() => {}
-    }
-}
-
-#[derive(Clone)]
-struct Endpoints {
-    metrics: PrometheusHandle,
-    health: RelayHealth,
-    objective: LagObjective,
-}
-
-fn app(endpoints: Endpoints) -> Router {
-    Router::new()
-        .route("/metrics", get(metrics))
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .with_state(endpoints)
-}
-
-async fn metrics(State(e): State<Endpoints>) -> impl IntoResponse {
-    (
-        [(CONTENT_TYPE, "text/plain; version=0.0.4")],
-        e.metrics.render(),
-    )
-}
-
-async fn healthz(State(e): State<Endpoints>) -> impl IntoResponse {
-    verdict(e.health.alive(&e.objective))
-}
-
-async fn readyz(State(e): State<Endpoints>) -> impl IntoResponse {
-    verdict(e.health.ready(&e.objective))
-}
-
-fn verdict(check: Result<(), outbox::Unhealthy>) -> (StatusCode, String) {
-    match check {
-        Ok(()) => (StatusCode::OK, "ok\n".to_owned()),
-        Err(unhealthy) => (StatusCode::SERVICE_UNAVAILABLE, format!("{unhealthy}\n")),
     }
 }
 

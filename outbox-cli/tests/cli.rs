@@ -329,6 +329,247 @@ fn bad_configuration_gives_one_line_errors_and_a_failure_code() {
     }
 }
 
+/// `outbox config check` on malformed configurations: each fails with one line that names
+/// the setting (and, for a variable, the variable), never quotes a secret, and reaches no
+/// server; a good configuration, from a file or from the environment alone, passes.
+#[test]
+fn config_check_names_the_setting_of_every_malformed_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = "[store]\nurl = \"sqlite::memory:\"\n";
+    let route =
+        |rest: &str| format!("{store}[routes.x]\nurl = \"https://hooks.example.com/x\"\n{rest}");
+    // (the file, variables set over it, what the one error line must name)
+    type Case<'a> = (String, Vec<(&'a str, &'a str)>, &'a [&'a str]);
+    let cases: Vec<Case<'_>> = vec![
+        ("[relay]\nbatch_size = 10\n".into(), vec![], &["store"]),
+        ("[store]\nurl = 7\n".into(), vec![], &["store.url"]),
+        (
+            "[store]\nurl = \"ftp://hunter2@example.com\"\n".into(),
+            vec![],
+            &["store.url"],
+        ),
+        (format!("{store}table = \"x; DROP\"\n"), vec![], &["table"]),
+        (
+            format!("{store}max_connections = \"big\"\n"),
+            vec![],
+            &["store.max_connections"],
+        ),
+        (format!("{store}colour = \"red\"\n"), vec![], &["colour"]),
+        (
+            format!("{store}[relay]\nbatch_size = 0\n"),
+            vec![],
+            &["batch_size"],
+        ),
+        (
+            format!("{store}[relay]\nbatch_size = \"ten\"\n"),
+            vec![],
+            &["relay.batch_size"],
+        ),
+        (
+            format!("{store}[relay]\nconcurrency = 0\n"),
+            vec![],
+            &["concurrency"],
+        ),
+        (
+            format!("{store}[relay]\nlease = \"soon\"\n"),
+            vec![],
+            &["relay.lease"],
+        ),
+        (
+            format!("{store}[relay]\nlease = \"5ms\"\n"),
+            vec![],
+            &["lease"],
+        ),
+        (
+            format!("{store}[relay]\npoll_interval = \"0s\"\n"),
+            vec![],
+            &["poll_interval"],
+        ),
+        (
+            format!("{store}[relay]\nordering = \"sideways\"\n"),
+            vec![],
+            &["relay.ordering"],
+        ),
+        (
+            format!("{store}[relay]\nbatchsize = 10\n"),
+            vec![],
+            &["batchsize"],
+        ),
+        (
+            format!("{store}[retry]\nmax_attempts = -1\n"),
+            vec![],
+            &["retry.max_attempts"],
+        ),
+        (
+            format!("{store}[retry]\ninitial_delay = \"1\"\n"),
+            vec![],
+            &["retry.initial_delay"],
+        ),
+        (
+            format!("{store}[routes.x]\nstream = \"s\"\n"),
+            vec![],
+            &["routes.x"],
+        ),
+        (
+            format!("{store}[routes.x]\nurl = \"gopher://example.com\"\n"),
+            vec![],
+            &["routes.x.url"],
+        ),
+        (
+            format!("{store}[routes.\"bad name\"]\nurl = \"https://hooks.example.com/x\"\n"),
+            vec![],
+            &["bad name"],
+        ),
+        (
+            route("rate_limit = { per_second = 0 }\n"),
+            vec![],
+            &["rate_limit"],
+        ),
+        (route("circuit = { failures = 0 }\n"), vec![], &["circuit"]),
+        (route("concurrency = 0\n"), vec![], &["concurrency"]),
+        (route("timeout = \"0s\"\n"), vec![], &["timeout"]),
+        (route("nonsense = 1\n"), vec![], &["nonsense"]),
+        (route("max_in_flight = 0\n"), vec![], &["max_in_flight"]),
+        (
+            route("secrets_env = \"OUTBOX_TEST_UNSET_SECRET\"\n"),
+            vec![],
+            &["secrets_env"],
+        ),
+        (
+            format!("{store}[routes.x]\nurl = \"http://127.0.0.1:9/hook\"\n"),
+            vec![],
+            &["url"],
+        ),
+        (
+            format!(
+                "{store}[routes.x]\nurl = \"redis://127.0.0.1:6379/\"\nstream = \"s.{{evnt}}\"\n"
+            ),
+            vec![],
+            &["stream"],
+        ),
+        (
+            format!(
+                "{store}[routes.x]\nurl = \"nats://127.0.0.1:4222\"\nsubject = \"s.{{evnt}}\"\n"
+            ),
+            vec![],
+            &["subject"],
+        ),
+        (
+            format!("{store}[routes.x]\nurl = \"mqtt://127.0.0.1:1883\"\ntopic = \"t/{{evnt}}\"\n"),
+            vec![],
+            &["topic"],
+        ),
+        (
+            format!(
+                "{store}[routes.x]\nurl = \"amqp://127.0.0.1:5672/%2f\"\nrouting_key = \"k.{{evnt}}\"\n"
+            ),
+            vec![],
+            &["routing_key"],
+        ),
+        (
+            format!("{store}[routes.x]\nurl = \"kafka://127.0.0.1:9092/t.{{evnt}}\"\n"),
+            vec![],
+            &["topic"],
+        ),
+        (
+            format!("{store}[routes.x]\nurl = \"sqs://\"\n"),
+            vec![],
+            &["url"],
+        ),
+        (
+            format!("{store}[dashboard]\ntoken_env = \"OUTBOX_TEST_UNSET_TOKEN\"\n"),
+            vec![],
+            &["dashboard.token_env"],
+        ),
+        (
+            format!(
+                "{store}[dashboard]\ntoken = \"0123456789abcdef0\"\npublic_read = true\nlisten = \"0.0.0.0:9465\"\n"
+            ),
+            vec![],
+            &["dashboard.hosts"],
+        ),
+        (
+            format!("{store}[health]\nmax_pending_age = \"x\"\n"),
+            vec![],
+            &["health.max_pending_age"],
+        ),
+        (
+            format!("{store}[metrics]\nlisten = 5\n"),
+            vec![],
+            &["metrics.listen"],
+        ),
+        (
+            route(""),
+            vec![("OUTBOX_RELAY__BATCH_SIZE", "abc")],
+            &["OUTBOX_RELAY__BATCH_SIZE", "relay.batch_size"],
+        ),
+        (
+            route(""),
+            vec![("OUTBOX_RELAY__NOPE", "1")],
+            &["OUTBOX_RELAY__NOPE", "nope"],
+        ),
+        (
+            route(""),
+            vec![("OUTBOX_STORE_URL", "postgres://u:hunter2@db/x")],
+            &["OUTBOX_STORE_URL", "OUTBOX_STORE__URL"],
+        ),
+    ];
+    let mut wrong = Vec::new();
+    for (i, (text, env, needles)) in cases.iter().enumerate() {
+        let path = dir.path().join(format!("case{i}.toml"));
+        std::fs::write(&path, text).unwrap();
+        let out = outbox_test_support::output_within(
+            "outbox config check",
+            Duration::from_secs(30),
+            Command::new(env!("CARGO_BIN_EXE_outbox"))
+                .args(["--config", path.to_str().unwrap(), "config", "check"])
+                .env_remove("OUTBOX_CONFIG")
+                .env_remove("RUST_LOG")
+                .envs(env.iter().copied()),
+        );
+        let err = stderr(&out);
+        let named = needles.iter().all(|n| err.contains(n));
+        if out.status.success()
+            || !named
+            || err.trim_end().lines().count() != 1
+            || err.contains("hunter2")
+        {
+            wrong.push(format!(
+                "{text:?} {env:?} → {:?} {err:?} (wanted {needles:?})",
+                out.status.code()
+            ));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "{} of {} cases:\n{}",
+        wrong.len(),
+        cases.len(),
+        wrong.join("\n")
+    );
+
+    let good = dir.path().join("good.toml");
+    std::fs::write(&good, route("rate_limit = { per_second = 50 }\n")).unwrap();
+    let ok = outbox_cmd(&["--config", good.to_str().unwrap(), "config", "check"]);
+    assert!(ok.status.success(), "{}", stderr(&ok));
+    assert_eq!(stdout(&ok), "config ok: a sqlite store, 1 route(s): x\n");
+
+    let from_env = outbox_test_support::output_within(
+        "outbox config check",
+        Duration::from_secs(30),
+        Command::new(env!("CARGO_BIN_EXE_outbox"))
+            .args(["config", "check"])
+            .env_remove("OUTBOX_CONFIG")
+            .env("OUTBOX_STORE__URL", "sqlite::memory:")
+            .env("OUTBOX_ROUTES__HOOKS__URL", "https://hooks.example.com/x"),
+    );
+    assert!(from_env.status.success(), "{}", stderr(&from_env));
+    assert_eq!(
+        stdout(&from_env),
+        "config ok: a sqlite store, 1 route(s): hooks\n"
+    );
+}
+
 /// Runs a database client; panics with its output unless it succeeds.
 fn client(program: &str, args: &[&str]) {
     let out = outbox_test_support::output_within(
@@ -533,6 +774,86 @@ fn rust_log_selects_what_is_logged() {
         stderr(&bad)
     );
     assert_eq!(stderr(&bad).lines().count(), 1, "{}", stderr(&bad));
+}
+
+/// With `--log-format json`, every line a relay writes is a JSON object: the lines about
+/// the process itself (serving, running, stopped) too, and a failure's one line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_logs_hold_every_line_of_a_relay() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("outbox.toml");
+    let metrics = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    std::fs::write(
+        &config,
+        format!(
+            "[store]\nurl = \"sqlite:{}\"\n\n[metrics]\nlisten = \"{metrics}\"\n\n[routes.hooks]\nurl = \"https://hooks.example.com/x\"\n",
+            dir.path().join("outbox.db").display()
+        ),
+    )
+    .unwrap();
+    let config = config.to_str().unwrap();
+    assert!(
+        outbox_cmd(&["--config", config, "migrate"])
+            .status
+            .success()
+    );
+    let log_path = dir.path().join("relay.log");
+    let mut relay = outbox_test_support::ChildGuard::spawn(
+        "outbox relay",
+        Command::new(env!("CARGO_BIN_EXE_outbox"))
+            .args(["--config", config, "--log-format", "json", "relay"])
+            .env_remove("OUTBOX_CONFIG")
+            .env_remove("RUST_LOG")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log_path).unwrap()),
+    );
+    let read = || std::fs::read_to_string(&log_path).unwrap_or_default();
+    outbox_test_support::wait_until("the relay to start", Duration::from_secs(30), || async {
+        read().contains("relay running")
+    })
+    .await;
+    assert!(
+        relay.terminate(Duration::from_secs(20)).is_some(),
+        "graceful stop"
+    );
+    let messages: Vec<String> = read()
+        .lines()
+        .map(|l| {
+            let line: serde_json::Value =
+                serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?} is not JSON: {e}"));
+            line["fields"]["message"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned()
+        })
+        .collect();
+    for expected in ["serving /metrics", "relay running", "relay stopped"] {
+        assert!(
+            messages.iter().any(|m| m.starts_with(expected)),
+            "{expected:?} among {messages:?}"
+        );
+    }
+
+    let failed = outbox_cmd(&[
+        "--log-format",
+        "json",
+        "--store",
+        "ftp://example.com",
+        "status",
+    ]);
+    assert!(!failed.status.success());
+    let line: serde_json::Value = serde_json::from_str(stderr(&failed).trim_end())
+        .unwrap_or_else(|e| panic!("{:?} is not one JSON line: {e}", stderr(&failed)));
+    assert_eq!(line["level"], "ERROR");
+    assert!(
+        line["fields"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("unsupported store URL")),
+        "{line}"
+    );
 }
 
 /// The AWS SDK logs the access key id of static credentials (at info, debug and trace).

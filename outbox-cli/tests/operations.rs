@@ -1,10 +1,11 @@
 //! What an operator of `outbox relay` relies on, against PostgreSQL and a real HTTP
-//! receiver: the commit-to-publish histogram measures from the commit, `/readyz` follows
-//! the lag objective, and a dead letter is logged with its root cause.
+//! receiver: the commit-to-publish histogram measures from the commit, every series has
+//! its help text, `/readyz` follows the store and `/slo` the lag objective, and a dead
+//! letter is logged with its root cause.
 
 use std::process::{Command, Stdio};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use outbox::postgres::PgOutbox;
@@ -51,12 +52,17 @@ impl Setup {
     /// Starts `outbox relay` on a config of the store, the metrics address and `rest`;
     /// its stderr goes to `relay.log` in the test's folder.
     fn relay(&self, rest: &str, rust_log: &str) -> ChildGuard {
+        self.relay_on(&self.table, rest, rust_log)
+    }
+
+    /// [`relay`](Self::relay) on outbox table `table`.
+    fn relay_on(&self, table: &str, rest: &str, rust_log: &str) -> ChildGuard {
         let config = self.dir.path().join("outbox.toml");
         std::fs::write(
             &config,
             format!(
-                "[store]\nurl = \"{}\"\ntable = \"{}\"\n\n[metrics]\nlisten = \"{}\"\n\n{rest}",
-                self.pg_url, self.table, self.metrics
+                "[store]\nurl = \"{}\"\ntable = \"{table}\"\n\n[metrics]\nlisten = \"{}\"\n\n{rest}",
+                self.pg_url, self.metrics
             ),
         )
         .unwrap();
@@ -173,16 +179,41 @@ async fn commit_to_publish_latency_is_measured_from_the_commit() {
         metrics.contains("outbox_commit_to_publish_seconds_bucket{destination=\"events\",since=\"commit\",le=\"0.5\"}"),
         "a histogram with buckets, not a summary:\n{metrics}"
     );
+    let version = env!("CARGO_PKG_VERSION");
+    assert!(
+        metrics.contains(&format!("outbox_build_info{{version=\"{version}\"}} 1")),
+        "outbox_build_info names the version:\n{metrics}"
+    );
+    let series: std::collections::BTreeSet<&str> = metrics
+        .lines()
+        .filter(|l| l.starts_with("outbox_"))
+        .map(|l| l.split(['{', ' ']).next().unwrap())
+        .map(|name| {
+            ["_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|suffix| name.strip_suffix(suffix))
+                .unwrap_or(name)
+        })
+        .collect();
+    assert!(series.len() >= 8, "the relay's series: {series:?}");
+    for name in series {
+        assert!(
+            metrics.contains(&format!("# HELP {name} "))
+                && metrics.contains(&format!("# TYPE {name} ")),
+            "{name} has HELP and TYPE lines:\n{metrics}"
+        );
+    }
     let exit = relay.terminate(LIMIT);
     assert!(exit.is_some_and(|e| e.success()), "clean exit: {exit:?}");
 }
 
-/// `/readyz` answers 503 naming the destination once its oldest pending row passes the
-/// threshold (the receiver refuses), and 200 again after the drain; `/healthz` stays 200,
-/// and the gauges follow the table.
+/// `/slo` answers 503 naming the destination once its oldest pending row passes the
+/// threshold (the receiver refuses), and 200 again after the drain; `/readyz` and
+/// `/healthz` stay 200 meanwhile (the objective does not gate readiness by default), and
+/// the gauges follow the table.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn readyz_fails_while_a_destination_lags_and_recovers_after_the_drain() {
-    let s = setup("readyz").await;
+async fn slo_fails_while_a_destination_lags_and_recovers_after_the_drain() {
+    let s = setup("slo").await;
     let refuse = Arc::new(AtomicBool::new(true));
     let hook = switchable_receiver(refuse.clone()).await;
     let mut relay = s.relay(
@@ -194,9 +225,14 @@ async fn readyz_fails_while_a_destination_lags_and_recovers_after_the_drain() {
         ),
         "warn",
     );
-    wait_until("/readyz answering 200 on an empty table", LIMIT, || async {
-        s.get("/readyz").await.starts_with("HTTP/1.1 200")
-    })
+    wait_until(
+        "/readyz and /slo answering 200 on an empty table",
+        LIMIT,
+        || async {
+            s.get("/readyz").await.starts_with("HTTP/1.1 200")
+                && s.get("/slo").await.starts_with("HTTP/1.1 200")
+        },
+    )
     .await;
     let mut tx = s.pool.begin().await.unwrap();
     s.outbox
@@ -205,8 +241,8 @@ async fn readyz_fails_while_a_destination_lags_and_recovers_after_the_drain() {
         .unwrap();
     tx.commit().await.unwrap();
 
-    let failing = wait_for("/readyz answering 503", LIMIT, || async {
-        let response = s.get("/readyz").await;
+    let failing = wait_for("/slo answering 503", LIMIT, || async {
+        let response = s.get("/slo").await;
         response.starts_with("HTTP/1.1 503").then_some(response)
     })
     .await;
@@ -214,10 +250,13 @@ async fn readyz_fails_while_a_destination_lags_and_recovers_after_the_drain() {
         failing.contains("destination events: oldest pending row is"),
         "the answer names the lagging destination: {failing}"
     );
-    assert!(
-        s.get("/healthz").await.starts_with("HTTP/1.1 200"),
-        "still alive"
-    );
+    for path in ["/readyz", "/healthz"] {
+        let answer = s.get(path).await;
+        assert!(
+            answer.starts_with("HTTP/1.1 200"),
+            "{path} while lagging: {answer}"
+        );
+    }
     let backlog = "outbox_backlog{destination=\"events\"}";
     assert_eq!(
         sample(&s.get("/metrics").await, backlog),
@@ -226,8 +265,8 @@ async fn readyz_fails_while_a_destination_lags_and_recovers_after_the_drain() {
     );
 
     refuse.store(false, Ordering::SeqCst);
-    wait_until("/readyz answering 200 after the drain", LIMIT, || async {
-        s.get("/readyz").await.starts_with("HTTP/1.1 200")
+    wait_until("/slo answering 200 after the drain", LIMIT, || async {
+        s.get("/slo").await.starts_with("HTTP/1.1 200")
     })
     .await;
     wait_until("the backlog gauge back to 0", LIMIT, || async {
@@ -244,6 +283,153 @@ async fn readyz_fails_while_a_destination_lags_and_recovers_after_the_drain() {
     assert_eq!(published, 3, "the 3 rows are published");
     let exit = relay.terminate(LIMIT);
     assert!(exit.is_some_and(|e| e.success()), "clean exit: {exit:?}");
+}
+
+/// A row for a destination no route serves leaves `/readyz` at 200, shows in
+/// `outbox_unrouted_rows`, and does not miss the objective even when it gates readiness;
+/// a relay whose outbox table does not exist is not ready, and says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_follows_the_store_not_unrouted_rows() {
+    let s = setup("ready").await;
+    let mut tx = s.pool.begin().await.unwrap();
+    let unrouted = NewMessage::builder("nobody", "invoice.paid")
+        .json(&1)
+        .build()
+        .unwrap();
+    s.outbox.enqueue(&mut tx, &unrouted).await.unwrap();
+    tx.commit().await.unwrap();
+    let hook = switchable_receiver(Arc::default()).await;
+    let routes = format!(
+        "[relay]\npoll_interval = \"100ms\"\ngauge_interval = \"200ms\"\n\n\
+         [health]\nmax_pending_age = \"1s\"\ngates_readiness = true\n\n\
+         [routes.events]\nurl = \"{hook}\"\nallow = [\"127.0.0.1/32\"]\n"
+    );
+    let mut relay = s.relay(&routes, "warn");
+    wait_until("outbox_unrouted_rows counting the row", LIMIT, || async {
+        sample(
+            &s.get("/metrics").await,
+            "outbox_unrouted_rows{destination=\"nobody\"}",
+        ) == Some(1.0)
+    })
+    .await;
+    // The row is older than the objective's 1 s by now, and the gauges are fresh.
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    for path in ["/readyz", "/slo"] {
+        let answer = s.get(path).await;
+        assert!(
+            answer.starts_with("HTTP/1.1 200"),
+            "{path} with an unrouted row: {answer}"
+        );
+    }
+    assert!(relay.terminate(LIMIT).is_some(), "graceful stop");
+
+    let mut relay = s.relay_on("no_such_outbox", &routes, "error");
+    let answer = wait_for("/readyz answering 503", LIMIT, || async {
+        let answer = s.get("/readyz").await;
+        answer.starts_with("HTTP/1.1 503").then_some(answer)
+    })
+    .await;
+    assert!(
+        answer.contains("the store fails to claim") && answer.contains("no_such_outbox"),
+        "the reason names the missing table: {answer}"
+    );
+    assert!(
+        s.get("/healthz").await.starts_with("HTTP/1.1 200"),
+        "alive all the same: it keeps trying"
+    );
+    assert!(relay.terminate(LIMIT).is_some(), "graceful stop");
+}
+
+/// A receiver that answers 503 with `Retry-After: 20` for 20 s gets, in that window, the
+/// requests already in flight when it first refused (at most `max_in_flight` per worker)
+/// and one probe per Retry-After: the whole route pauses, not each message. Afterwards
+/// every message is delivered and none is dead-lettered; the pause is logged and counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_overloaded_receiver_pauses_the_whole_route() {
+    const WINDOW: Duration = Duration::from_secs(20);
+    let s = setup("overload").await;
+    let refusing = Arc::new(AtomicBool::new(true));
+    let (refused, delivered) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let app = axum::Router::new().route(
+        "/hook",
+        axum::routing::post({
+            let (refusing, refused, delivered) =
+                (refusing.clone(), refused.clone(), delivered.clone());
+            move || {
+                let (refusing, refused, delivered) =
+                    (refusing.clone(), refused.clone(), delivered.clone());
+                async move {
+                    if refusing.load(Ordering::SeqCst) {
+                        refused.fetch_add(1, Ordering::SeqCst);
+                        (
+                            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                            [("retry-after", "20")],
+                        )
+                    } else {
+                        delivered.fetch_add(1, Ordering::SeqCst);
+                        (axum::http::StatusCode::NO_CONTENT, [("retry-after", "0")])
+                    }
+                }
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let hook = format!("http://{}/hook", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let (workers, max_in_flight) = (2u64, 8u64);
+    let mut relay = s.relay(
+        &format!(
+            "[relay]\npoll_interval = \"100ms\"\nconcurrency = {workers}\n\n\
+             [retry]\ninitial_delay = \"100ms\"\nmax_delay = \"1s\"\nmax_attempts = 5\n\n\
+             [routes.events]\nurl = \"{hook}\"\nallow = [\"127.0.0.1/32\"]\nmax_in_flight = {max_in_flight}\n"
+        ),
+        "warn",
+    );
+    wait_until("the relay's /readyz", LIMIT, || async {
+        s.get("/readyz").await.starts_with("HTTP/1.1 200")
+    })
+    .await;
+    let messages: Vec<NewMessage> = (0..500).map(message).collect();
+    let mut tx = s.pool.begin().await.unwrap();
+    s.outbox.enqueue_all(&mut tx, &messages).await.unwrap();
+    tx.commit().await.unwrap();
+    wait_until("the first refusal", LIMIT, || async {
+        refused.load(Ordering::SeqCst) > 0
+    })
+    .await;
+    tokio::time::sleep(WINDOW).await;
+    refusing.store(false, Ordering::SeqCst);
+    let during = refused.load(Ordering::SeqCst);
+
+    wait_until("every message delivered", LIMIT * 2, || async {
+        delivered.load(Ordering::SeqCst) >= 500
+    })
+    .await;
+    let bound = workers * max_in_flight + 1;
+    assert!(
+        during <= bound,
+        "{during} requests while the receiver asked to wait 20 s (bound: {bound}, the first \
+         wave in flight and one probe)"
+    );
+    let counts: (i64, i64) = sqlx::query_as(&format!(
+        "SELECT count(*) FILTER (WHERE status = 'published'), count(*) FILTER (WHERE status = 'dead') FROM {}",
+        s.table
+    ))
+    .fetch_one(&s.pool)
+    .await
+    .unwrap();
+    assert_eq!(counts, (500, 0), "all published, none dead");
+    let pauses = sample(
+        &s.get("/metrics").await,
+        "outbox_route_pauses_total{route=\"events\"}",
+    );
+    assert!(
+        pauses.is_some_and(|n| n >= 1.0),
+        "pauses counted: {pauses:?}"
+    );
+    assert!(relay.terminate(LIMIT).is_some(), "graceful stop");
+    assert!(s.log().contains("route paused"), "logged:\n{}", s.log());
+    eprintln!("overload: {during} requests in the 20 s refusal window (bound {bound})");
 }
 
 /// With `RUST_LOG=info`, a message that cannot be delivered (nothing listens on its

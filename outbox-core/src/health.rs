@@ -1,6 +1,7 @@
-//! What a running relay tells its operators: the store's gauges as metrics, and health —
-//! alive while its workers beat, ready while every destination's oldest pending row is
-//! younger than its lag objective.
+//! What a running relay tells its operators: the store's gauges as metrics, and health by
+//! Kubernetes' meaning — alive while its workers beat, ready while its store answers its
+//! claims — with the lag objective (pending ages, failing routes) as an alert of its own
+//! that gates readiness only when the operator asks for it.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -31,8 +32,10 @@ impl Default for GaugeSettings {
     }
 }
 
-/// A lag objective: how old a pending row may get before the relay stops being ready, in
-/// general and per destination, and how long the workers may go without a beat.
+/// A lag objective: how old a pending row of a routed destination may get, in general and
+/// per destination, how long every publish of a route may fail, and how long the workers
+/// may go without a beat. [`RelayHealth::objective`] checks it; readiness includes it
+/// only with [`gates_readiness`](Self::gates_readiness).
 ///
 /// ```
 /// use std::time::Duration;
@@ -50,6 +53,7 @@ pub struct LagObjective {
     destinations: BTreeMap<String, Duration>,
     max_heartbeat_age: Option<Duration>,
     max_failing: Option<Duration>,
+    gates_readiness: bool,
 }
 
 /// How long every publish of a route may fail before the relay is not ready, unless the
@@ -90,6 +94,14 @@ impl LagObjective {
         self
     }
 
+    /// Makes [`RelayHealth::ready`] fail while the objective is missed, too. Off by
+    /// default: a backlog is an alert for an operator, not a reason for an orchestrator to
+    /// hold back or restart the relay that is working it off.
+    pub fn gates_readiness(mut self, gates: bool) -> Self {
+        self.gates_readiness = gates;
+        self
+    }
+
     /// The threshold that applies to `destination`, if any.
     pub fn threshold(&self, destination: &str) -> Option<Duration> {
         self.destinations
@@ -124,6 +136,10 @@ struct State {
     gauges: Option<(Instant, Gauges)>,
     /// Routes whose publishes fail since a time, with no publish through since.
     failing: BTreeMap<String, Failing>,
+    /// The destinations the relay has routes for.
+    routes: BTreeSet<String>,
+    /// The latest claim's answer: `None` before the first, else the error that failed it.
+    store: Option<Result<(), String>>,
 }
 
 /// A route that fails: since when, how often, and the class of the first failure.
@@ -144,7 +160,11 @@ pub struct RelayHealth {
 }
 
 impl RelayHealth {
-    pub(crate) fn new(lease: Duration, gauges: GaugeSettings) -> Self {
+    pub(crate) fn new(
+        lease: Duration,
+        gauges: GaugeSettings,
+        routes: impl IntoIterator<Item = String>,
+    ) -> Self {
         Self {
             state: Arc::new(Mutex::new(State {
                 started: Instant::now(),
@@ -154,6 +174,8 @@ impl RelayHealth {
                 stopped: false,
                 gauges: None,
                 failing: BTreeMap::new(),
+                routes: routes.into_iter().collect(),
+                store: None,
             })),
             activity: Activity::default(),
         }
@@ -210,6 +232,11 @@ impl RelayHealth {
         Some((failing.since.elapsed(), failing.failures))
     }
 
+    /// Records how the latest claim went.
+    pub(crate) fn claimed(&self, answer: Result<(), &StoreError>) {
+        self.state().store = Some(answer.map_err(ToString::to_string));
+    }
+
     fn record(&self, gauges: Gauges) {
         self.state().gauges = Some((Instant::now(), gauges));
     }
@@ -258,9 +285,9 @@ impl RelayHealth {
         }
     }
 
-    /// Readiness: alive, no route failing every publish for longer than the objective's
-    /// [`max_failing`](LagObjective::max_failing), the gauges are fresh (read within three
-    /// intervals), and each destination's oldest pending age is within its threshold.
+    /// Readiness: alive, and the latest claim got an answer from the store (so the store
+    /// is reachable and its table is there, in the shape this relay reads); with
+    /// [`LagObjective::gates_readiness`], the [`objective`](Self::objective) met as well.
     ///
     /// # Errors
     ///
@@ -271,6 +298,34 @@ impl RelayHealth {
             .err()
             .map(|u| u.reasons)
             .unwrap_or_default();
+        match &self.state().store {
+            Some(Ok(())) => {}
+            Some(Err(error)) => reasons.push(format!("the store fails to claim: {error}")),
+            None => reasons.push("no claim has been answered yet".to_owned()),
+        }
+        if objective.gates_readiness
+            && let Err(missed) = self.objective(objective)
+        {
+            reasons.extend(missed.reasons);
+        }
+        if reasons.is_empty() {
+            Ok(())
+        } else {
+            Err(Unhealthy { reasons })
+        }
+    }
+
+    /// The lag objective: no route failing every publish for longer than the objective's
+    /// [`max_failing`](LagObjective::max_failing), the gauges fresh (read within three
+    /// intervals), and each routed destination's oldest pending age within its threshold.
+    /// Rows of a destination no route serves do not count (the `outbox_unrouted_rows`
+    /// gauge shows them).
+    ///
+    /// # Errors
+    ///
+    /// [`Unhealthy`] listing every miss.
+    pub fn objective(&self, objective: &LagObjective) -> Result<(), Unhealthy> {
+        let mut reasons = Vec::new();
         let wants_ages = objective.max_pending_age.is_some() || !objective.destinations.is_empty();
         let state = self.state();
         let max_failing = objective.max_failing.unwrap_or(DEFAULT_MAX_FAILING);
@@ -289,6 +344,9 @@ impl RelayHealth {
         match &state.gauges {
             Some((at, gauges)) if at.elapsed() <= state.interval * 3 => {
                 for d in &gauges.destinations {
+                    if !state.routes.contains(&d.destination) {
+                        continue;
+                    }
                     if let (Some(age), Some(limit)) =
                         (d.oldest_pending_age, objective.threshold(&d.destination))
                         && age > limit
@@ -336,13 +394,14 @@ pub(crate) async fn export_gauges<F: Future<Output = Result<Option<Gauges>, Stor
     routes: Vec<String>,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
+    let routes: BTreeSet<String> = routes.into_iter().collect();
     // Destinations exported before are set back to zero when their rows are gone.
-    let mut exported: BTreeSet<String> = routes.into_iter().collect();
+    let mut exported = routes.clone();
     while !*stop.borrow() {
         match read(settings.limit).await {
             Ok(None) => return,
             Ok(Some(gauges)) => {
-                export(&gauges, &mut exported);
+                export(&gauges, &routes, &mut exported);
                 health.record(gauges);
             }
             Err(error) => {
@@ -357,7 +416,7 @@ pub(crate) async fn export_gauges<F: Future<Output = Result<Option<Gauges>, Stor
     }
 }
 
-fn export(gauges: &Gauges, exported: &mut BTreeSet<String>) {
+fn export(gauges: &Gauges, routes: &BTreeSet<String>, exported: &mut BTreeSet<String>) {
     metrics::gauge!("outbox_gauges_truncated").set(if gauges.truncated { 1.0 } else { 0.0 });
     let mut seen = BTreeSet::new();
     for d in &gauges.destinations {
@@ -372,6 +431,13 @@ fn export(gauges: &Gauges, exported: &mut BTreeSet<String>) {
         let age = d.oldest_pending_age.map_or(0.0, |a| a.as_secs_f64());
         metrics::gauge!("outbox_oldest_pending_age_seconds", "destination" => destination.clone())
             .set(age);
+        let unrouted = if routes.contains(&destination) {
+            0
+        } else {
+            d.backlog()
+        };
+        metrics::gauge!("outbox_unrouted_rows", "destination" => destination.clone())
+            .set(unrouted as f64);
         seen.insert(destination);
     }
     for destination in exported.difference(&seen) {
@@ -381,6 +447,7 @@ fn export(gauges: &Gauges, exported: &mut BTreeSet<String>) {
             "outbox_dead_letters",
             "outbox_halted_keys",
             "outbox_oldest_pending_age_seconds",
+            "outbox_unrouted_rows",
         ] {
             metrics::gauge!(name, "destination" => destination.clone()).set(0.0);
         }
@@ -405,12 +472,18 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn alive_follows_beats_and_ready_follows_fresh_gauges_and_thresholds() {
-        let health = RelayHealth::new(Duration::from_secs(30), GaugeSettings::default());
+        let health = RelayHealth::new(
+            Duration::from_secs(30),
+            GaugeSettings::default(),
+            ["billing".to_owned()],
+        );
         let objective = LagObjective::new()
             .max_pending_age(Duration::from_secs(3600))
             .destination("billing", Duration::from_secs(60))
-            .max_heartbeat_age(Duration::from_secs(10));
+            .max_heartbeat_age(Duration::from_secs(10))
+            .gates_readiness(true);
         health.beat();
+        health.claimed(Ok(()));
         health.record(gauges(Duration::from_secs(5)));
         assert_eq!(health.ready(&objective), Ok(()));
 
@@ -438,6 +511,60 @@ mod tests {
         assert!(
             health.alive(&objective).is_err(),
             "a stopping relay is not alive"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn readiness_follows_the_store_and_leaves_the_objective_to_alerts_unless_gated() {
+        let health = RelayHealth::new(
+            Duration::from_secs(30),
+            GaugeSettings::default(),
+            ["billing".to_owned()],
+        );
+        let objective = LagObjective::new().max_pending_age(Duration::from_secs(60));
+        health.beat();
+        let waiting = health.ready(&objective).unwrap_err().to_string();
+        assert_eq!(waiting, "no claim has been answered yet");
+
+        let missing = StoreError::new(
+            crate::error::StoreErrorKind::Schema,
+            "relation \"outbox\" does not exist",
+        );
+        health.claimed(Err(&missing));
+        let failing = health.ready(&objective).unwrap_err().to_string();
+        assert!(
+            failing.starts_with("the store fails to claim: store Schema error: relation"),
+            "{failing}"
+        );
+
+        health.claimed(Ok(()));
+        health.record(gauges(Duration::from_secs(600)));
+        assert_eq!(
+            health.ready(&objective),
+            Ok(()),
+            "a lagging destination is an alert, not unreadiness"
+        );
+        let missed = health.objective(&objective).unwrap_err().to_string();
+        assert!(missed.contains("destination billing: oldest pending row is 10m old"));
+        assert!(
+            health
+                .ready(&objective.clone().gates_readiness(true))
+                .is_err()
+        );
+
+        let unrouted = RelayHealth::new(
+            Duration::from_secs(30),
+            GaugeSettings::default(),
+            ["audit".to_owned()],
+        );
+        unrouted.beat();
+        unrouted.claimed(Ok(()));
+        unrouted.record(gauges(Duration::from_secs(600)));
+        let gated = objective.gates_readiness(true);
+        assert_eq!(
+            unrouted.ready(&gated),
+            Ok(()),
+            "rows of a destination no route serves do not count, even gated"
         );
     }
 }

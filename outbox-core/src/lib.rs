@@ -52,6 +52,7 @@ pub mod redact;
 pub mod registry;
 mod relay;
 mod retry;
+pub mod series;
 pub mod settings;
 mod sink;
 pub mod state;

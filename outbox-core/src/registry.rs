@@ -7,13 +7,14 @@
 //!
 //! ```
 //! use std::sync::Arc;
-//! use outbox_engine::registry::{BuildError, RouteSettings, SinkDriver};
+//! use outbox_engine::registry::{BuildError, RouteSettings, SinkDriver, no_check};
 //! use outbox_engine::{DynSink, testkit::RecordingSink};
 //!
 //! /// `memory://` routes record what they get.
 //! pub const MEMORY: SinkDriver = SinkDriver {
 //!     schemes: &["memory"],
 //!     build: |_route| Box::pin(async { Ok(Arc::new(RecordingSink::new()) as Arc<dyn DynSink>) }),
+//!     check: no_check,
 //! };
 //! assert!(MEMORY.handles("memory://anything"));
 //! ```
@@ -144,6 +145,14 @@ fn without_values(message: &str) -> String {
 pub type BuildSink =
     for<'a> fn(&'a RouteSettings) -> BoxFuture<'a, Result<Arc<dyn DynSink>, BuildError>>;
 
+/// What a [`SinkDriver`] checks a route's settings with, offline.
+pub type CheckSink = fn(&RouteSettings) -> Result<(), BuildError>;
+
+/// A [`CheckSink`] that accepts any settings: for drivers written out by hand.
+pub fn no_check(_: &RouteSettings) -> Result<(), BuildError> {
+    Ok(())
+}
+
 /// What a [`StoreDriver`] opens a store with.
 pub type ConnectStore =
     for<'a> fn(&'a StoreSettings) -> BoxFuture<'a, Result<AnyStore, BuildError>>;
@@ -160,6 +169,8 @@ pub struct SinkDriver {
     pub schemes: &'static [&'static str],
     /// Builds one route's sink (and checks the server where it can).
     pub build: BuildSink,
+    /// Checks one route's settings without reaching a server (`outbox config check`).
+    pub check: CheckSink,
 }
 
 impl SinkDriver {
@@ -195,6 +206,7 @@ impl SinkDriver {
         Self {
             schemes: S::SCHEMES,
             build: build_route::<S>,
+            check: check_route::<S>,
         }
     }
 
@@ -336,6 +348,19 @@ pub trait RouteSink: Sink + Sized {
     /// Whether building again later can help (a broker down at start-up), rather than
     /// the settings being wrong.
     fn is_retryable(error: &Self::Error) -> bool;
+
+    /// Checks the settings without reaching a server: values out of range, templates,
+    /// the files and environment variables they name. Parsing them as [`Self::Config`]
+    /// comes first; by default nothing more is checked.
+    fn check(config: &Self::Config) -> Result<(), Self::Error> {
+        let _ = config;
+        Ok(())
+    }
+}
+
+fn check_route<S: RouteSink>(route: &RouteSettings) -> Result<(), BuildError> {
+    let config: S::Config = route.parse()?;
+    S::check(&config).map_err(|e| BuildError::config(e.to_string()))
 }
 
 fn build_route<S: RouteSink>(

@@ -328,7 +328,11 @@ impl<S: Store> RelayBuilder<S> {
         if !self.dead_letter_unrouted {
             claim = claim.destinations(destinations);
         }
-        let health = RelayHealth::new(self.lease, self.gauges.unwrap_or_default());
+        let health = RelayHealth::new(
+            self.lease,
+            self.gauges.unwrap_or_default(),
+            self.routes.keys().cloned(),
+        );
         Ok(Relay {
             inner: Arc::new(Inner {
                 store: self.store,
@@ -616,7 +620,9 @@ impl<S: Store> Inner<S> {
         let claim = self
             .within_lease(self.store.claim(&self.claim))
             .instrument(span.clone())
-            .await?;
+            .await;
+        self.health.claimed(claim.as_ref().map(|_| ()));
+        let claim = claim?;
         let claimed_at = tokio::time::Instant::now();
         let claimed = claim.messages.len() + claim.rejected.len();
         span.record("claimed", claimed);

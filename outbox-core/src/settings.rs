@@ -30,41 +30,43 @@ use crate::store::{DeadHead, MessageOrder};
 #[serde(default, deny_unknown_fields)]
 #[non_exhaustive]
 pub struct RelaySettings {
-    /// The lease owner name.
+    /// The lease owner name (default `relay-PID-RANDOM`).
     pub owner: Option<String>,
-    /// Rows per claim.
+    /// Rows per claim, 1 to 10,000 (default 100).
     pub batch_size: Option<usize>,
-    /// Workers.
+    /// Workers, each claiming and publishing its own batches, 1 to 1,024 (default 1).
     pub concurrency: Option<usize>,
-    /// Lease length.
+    /// How long a claimed row stays with this relay before any relay may claim it again
+    /// (default 30 s).
     #[serde(with = "crate::duration::optional")]
     pub lease: Option<Duration>,
-    /// Longest publish call.
+    /// Longest publish call, shorter than the lease (default half the lease).
     #[serde(with = "crate::duration::optional")]
     pub publish_timeout: Option<Duration>,
-    /// Poll interval, the fallback when no wakeup arrives.
+    /// Poll interval, the fallback when no wakeup arrives (default 1 s).
     #[serde(with = "crate::duration::optional")]
     pub poll_interval: Option<Duration>,
-    /// How long shutdown waits for in-flight batches.
+    /// How long shutdown waits for in-flight batches before releasing them (default 10 s).
     #[serde(with = "crate::duration::optional")]
     pub shutdown_grace: Option<Duration>,
-    /// Claim every destination and dead-letter those without a route.
+    /// Claim every destination and dead-letter those without a route (default false:
+    /// rows without a route wait for a relay that has one).
     pub dead_letter_unrouted: Option<bool>,
-    /// `unordered` or `per-key`.
+    /// `unordered` (default) or `per-key`.
     pub ordering: Option<OrderingSetting>,
-    /// With `per-key`: `skip` or `halt` on a dead head.
+    /// With `per-key`: `skip` (default) or `halt` on a dead head.
     pub dead_head: Option<DeadHead>,
     /// Listen for wakeups where the store has them (default on).
     pub wakeups: Option<bool>,
-    /// Shortest time between two claims caused by wakeups.
+    /// Shortest time between two claims caused by wakeups (default 1 ms).
     #[serde(with = "crate::duration::optional")]
     pub min_wakeup_interval: Option<Duration>,
     /// Read and export the store's gauges (default on).
     pub gauges: Option<bool>,
-    /// How often the gauges are read.
+    /// How often the gauges are read (default 10 s).
     #[serde(with = "crate::duration::optional")]
     pub gauge_interval: Option<Duration>,
-    /// Most rows a gauge read counts.
+    /// Most rows a gauge read counts (default 50,000).
     pub gauge_limit: Option<usize>,
 }
 
@@ -94,15 +96,16 @@ impl RelaySettings {
 #[serde(default, deny_unknown_fields)]
 #[non_exhaustive]
 pub struct RetrySettings {
-    /// First backoff.
+    /// First backoff (default 1 s).
     #[serde(with = "crate::duration::optional")]
     pub initial_delay: Option<Duration>,
-    /// Backoff cap.
+    /// Backoff cap (default 5 min).
     #[serde(with = "crate::duration::optional")]
     pub max_delay: Option<Duration>,
-    /// Attempts before dead-lettering.
+    /// Attempts before dead-lettering (default 25).
     pub max_attempts: Option<u32>,
-    /// Dead-letter when the next attempt would start later than this after creation.
+    /// Dead-letter when the next attempt would start later than this after creation
+    /// (default 3 days).
     #[serde(with = "crate::duration::optional")]
     pub max_age: Option<Duration>,
 }

@@ -979,7 +979,8 @@ impl Sink for Switch {
 }
 
 /// A broker outage shows at the default log level once (not once per retry), and its end
-/// once; readiness fails while no publish of the route gets through for `max_failing`.
+/// once; the objective is missed while no publish of the route gets through for
+/// `max_failing`, and readiness with it when the objective gates readiness.
 #[tokio::test]
 async fn a_failing_route_is_logged_once_and_makes_the_relay_not_ready() {
     let (logs, _logging) = Captured::at(tracing::Level::WARN);
@@ -996,8 +997,10 @@ async fn a_failing_route_is_logged_once_and_makes_the_relay_not_ready() {
         .build()
         .unwrap();
     let health = relay.health();
-    let objective = outbox_engine::LagObjective::new().max_failing(Duration::from_millis(1));
-    assert!(health.ready(&objective).is_ok());
+    let objective = outbox_engine::LagObjective::new()
+        .max_failing(Duration::from_millis(1))
+        .gates_readiness(true);
+    assert!(health.objective(&objective).is_ok());
     for _ in 0..4 {
         assert_eq!(relay.run_once().await.unwrap().retried, 5);
         clock.advance(Duration::from_secs(3600));

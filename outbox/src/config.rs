@@ -171,15 +171,19 @@ pub struct MetricsConfig {
     pub listen: Option<String>,
 }
 
-/// The relay's lag objective: `/readyz` fails while a destination's oldest pending row
-/// is older than its threshold or no publish of a route got through for `max_failing`,
-/// `/healthz` while the workers have not beaten for `max_heartbeat_age`.
+/// Health and the relay's lag objective. `/healthz` fails while the workers have not
+/// beaten for `max_heartbeat_age`; `/readyz` while the store does not answer the relay's
+/// claims (unreachable, or no outbox table in the shape this relay reads). `/slo` fails
+/// while a routed destination's oldest pending row is older than its threshold or no
+/// publish of a route got through for `max_failing`: an alert, and part of `/readyz` only
+/// with `gates_readiness = true`.
 ///
 /// ```toml
 /// [health]
 /// max_pending_age = "5m"
 /// destinations = { billing = "30s" }
-/// max_failing = "1m"      # the default
+/// max_failing = "1m"        # the default
+/// gates_readiness = false   # the default
 /// ```
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -196,6 +200,8 @@ pub struct HealthConfig {
     /// Longest time every publish of one route may fail (default 1 minute).
     #[serde(with = "outbox_engine::duration::optional")]
     pub max_failing: Option<Duration>,
+    /// Whether `/readyz` fails while the objective is missed, too (default false).
+    pub gates_readiness: bool,
 }
 
 /// The web dashboard (crate `outbox-dashboard`): where it listens and the token it asks
@@ -362,7 +368,7 @@ impl HealthConfig {
         for (destination, Threshold(age)) in &self.destinations {
             objective = objective.destination(destination.clone(), *age);
         }
-        objective
+        objective.gates_readiness(self.gates_readiness)
     }
 }
 
@@ -417,6 +423,114 @@ impl Config {
         )
     }
 
+    /// The process's `OUTBOX_…` environment variables alone, without a file.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] naming the variable and the setting that is wrong.
+    pub fn from_env() -> Result<Self, Error> {
+        Self::extract(Figment::new().merge(Environment::process()))
+    }
+
+    /// Whether the process's environment holds settings (`OUTBOX_…` names with `__`).
+    pub fn env_has_settings() -> bool {
+        std::env::vars_os().any(|(name, _)| {
+            name.to_str()
+                .and_then(|n| n.strip_prefix(ENV_PREFIX))
+                .is_some_and(|rest| rest.contains("__"))
+        })
+    }
+
+    /// Checks what can be checked without reaching a server: the store's URL scheme and
+    /// table names, each route's driver, policies and sink settings (the secrets they name
+    /// are read, never shown), the relay and retry settings, the dashboard's token and
+    /// host names, and the lag objective.
+    ///
+    /// ```
+    /// let config = outbox::Config::from_toml(
+    ///     "[store]\nurl = \"sqlite::memory:\"\n[relay]\nbatch_size = 0\n",
+    ///     Vec::<(String, String)>::new(),
+    /// )?;
+    /// let error = config.check(&outbox::Registry::default()).unwrap_err().to_string();
+    /// assert!(error.contains("batch_size"), "{error}");
+    /// # Ok::<(), outbox::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// The first problem, as an [`Error`] naming the setting.
+    pub fn check(&self, registry: &crate::Registry) -> Result<(), Error> {
+        registry.check_store(&self.store)?;
+        let mut relay = outbox_engine::Relay::builder(outbox_engine::MemoryStore::new())
+            .settings(&self.relay)
+            .retry(self.retry.policy());
+        for (route, table) in &self.routes {
+            registry.check_sink(route, table)?;
+            relay = relay.route(route.clone(), Unsent);
+        }
+        if !self.routes.is_empty() {
+            relay.build()?;
+        }
+        if let Some(dashboard) = &self.dashboard {
+            dashboard.token()?;
+            dashboard.allowed_hosts()?;
+        }
+        Ok(())
+    }
+
+    /// `OUTBOX_…` variables among `env` that look like settings but are not read: a
+    /// section name with one `_` where settings take `__` (`OUTBOX_STORE_URL` for
+    /// `OUTBOX_STORE__URL`). Variables the configuration names (`token_env`, a route's
+    /// `…_env`) are not settings and are left out. Each entry says what to write instead.
+    ///
+    /// ```
+    /// let config = outbox::Config::from_toml("[store]\nurl = \"sqlite::memory:\"\n", Vec::<(String, String)>::new())?;
+    /// let stray = config.stray_variables([("OUTBOX_STORE_URL".to_owned(), String::new())]);
+    /// assert_eq!(stray, ["OUTBOX_STORE_URL is not read: settings join their parts with `__`, as in OUTBOX_STORE__URL"]);
+    /// # Ok::<(), outbox::Error>(())
+    /// ```
+    pub fn stray_variables(&self, env: impl IntoIterator<Item = (String, String)>) -> Vec<String> {
+        const SECTIONS: &[&str] = &[
+            "STORE",
+            "RELAY",
+            "RETRY",
+            "ROUTES",
+            "METRICS",
+            "HEALTH",
+            "DASHBOARD",
+        ];
+        let named = self.variables_named();
+        env.into_iter()
+            .filter_map(|(name, _)| {
+                let rest = name.strip_prefix(ENV_PREFIX)?;
+                if rest.contains("__") || named.contains(&name) {
+                    return None;
+                }
+                let (section, key) = rest.split_once('_')?;
+                SECTIONS.contains(&section).then(|| {
+                    format!(
+                        "{name} is not read: settings join their parts with `__`, as in {ENV_PREFIX}{section}__{key}"
+                    )
+                })
+            })
+            .collect()
+    }
+
+    /// The environment variables the configuration names as holding secrets.
+    fn variables_named(&self) -> Vec<String> {
+        let mut named: Vec<String> = self
+            .routes
+            .values()
+            .flat_map(|table| table.0.iter())
+            .filter(|(key, _)| key.ends_with("_env"))
+            .filter_map(|(_, value)| value.as_str().map(str::to_owned))
+            .collect();
+        if let Some(var) = self.dashboard.as_ref().and_then(|d| d.token_env.clone()) {
+            named.push(var);
+        }
+        named
+    }
+
     fn extract(figment: Figment) -> Result<Self, Error> {
         let config: Self = figment.extract().map_err(|e| Error::Config(describe(e)))?;
         for route in config.routes.keys() {
@@ -428,6 +542,19 @@ impl Config {
             }
         }
         Ok(config)
+    }
+}
+
+/// The sink [`Config::check`] gives the relay's settings check: never called.
+struct Unsent;
+
+impl outbox_engine::Sink for Unsent {
+    async fn publish(
+        &self,
+        batch: &[outbox_engine::Message],
+        _cx: &outbox_engine::PublishContext,
+    ) -> Result<Vec<outbox_engine::Outcome>, outbox_engine::Failure> {
+        Ok(vec![outbox_engine::Outcome::published(); batch.len()])
     }
 }
 

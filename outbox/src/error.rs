@@ -11,9 +11,11 @@ pub enum Error {
     Config(String),
     /// The URL's scheme needs a Cargo feature that is not enabled.
     #[error(
-        "{what} URL scheme {scheme:?} needs the `{feature}` feature of the `outbox` crate, which is not enabled"
+        "{setting}: {what} URL scheme {scheme:?} needs the `{feature}` feature of the `outbox` crate, which is not enabled"
     )]
     FeatureDisabled {
+        /// The setting that holds the URL: `store.url`, `routes.billing.url`.
+        setting: String,
         /// `store` or `sink`.
         what: &'static str,
         /// The scheme.
@@ -22,8 +24,10 @@ pub enum Error {
         feature: &'static str,
     },
     /// No installed driver handles this URL.
-    #[error("unsupported {what} URL {url} (known schemes: {known})")]
+    #[error("{setting}: unsupported {what} URL {url} (known schemes: {known})")]
     UnsupportedScheme {
+        /// The setting that holds the URL: `store.url`, `routes.billing.url`.
+        setting: String,
         /// `store` or `sink`.
         what: &'static str,
         /// The URL, secrets hidden.

@@ -42,6 +42,8 @@ pub use outbox_engine::*;
 pub struct ReadmeDoctests;
 
 pub mod config;
+#[cfg(feature = "endpoints")]
+pub mod endpoints;
 mod error;
 mod outbox;
 pub mod registry;
@@ -51,16 +53,16 @@ pub use error::Error;
 pub use outbox::{Outbox, OutboxBuilder};
 pub use registry::Registry;
 
-/// The HTTP / webhook sink (feature `http`).
+/// The web dashboard (feature `dashboard`).
 #[cfg(feature = "dashboard")]
 pub use outbox_dashboard as dashboard;
-
+/// Enqueue and the inbox on diesel connections (feature `diesel`).
 #[cfg(feature = "diesel")]
 pub use outbox_diesel as diesel;
 /// The RabbitMQ (AMQP 0-9-1) sink (feature `amqp`).
 #[cfg(feature = "amqp")]
 pub use outbox_sink_amqp as amqp;
-
+/// The HTTP / webhook sink (feature `http`).
 #[cfg(feature = "http")]
 pub use outbox_sink_http as http;
 /// The Kafka sink (feature `kafka`).

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 pub use outbox_engine::registry::{
-    BuildError, RouteSettings, SchemaScript, SinkDriver, StoreDriver, scheme,
+    BuildError, CheckSink, RouteSettings, SchemaScript, SinkDriver, StoreDriver, no_check, scheme,
 };
 use outbox_engine::{AnyStore, DynSink, StoreSettings, redact};
 
@@ -104,12 +104,13 @@ mod diesel {
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
 /// use std::sync::Arc;
 /// use outbox::config::RouteTable;
-/// use outbox::registry::SinkDriver;
+/// use outbox::registry::{SinkDriver, no_check};
 /// use outbox::{DynSink, Registry, testkit::RecordingSink};
 ///
 /// const MEMORY: SinkDriver = SinkDriver {
 ///     schemes: &["memory"],
 ///     build: |_| Box::pin(async { Ok(Arc::new(RecordingSink::new()) as Arc<dyn DynSink>) }),
+///     check: no_check,
 /// };
 /// let registry = Registry::default().with_sink(MEMORY);
 /// let route = RouteTable::new([("url", "memory://billing".into())]);
@@ -190,7 +191,12 @@ impl Registry {
     pub async fn connect_store(&self, settings: &StoreSettings) -> Result<AnyStore, Error> {
         let Some(driver) = self.stores.iter().find(|d| d.handles(&settings.url)) else {
             let known = self.stores.iter().flat_map(|d| d.schemes.iter().copied());
-            return Err(unknown("store", &settings.url, known));
+            return Err(unknown(
+                "store.url".to_owned(),
+                "store",
+                &settings.url,
+                known,
+            ));
         };
         (driver.connect)(settings)
             .await
@@ -211,7 +217,12 @@ impl Registry {
     pub fn store_schema(&self, settings: &StoreSettings) -> Result<String, Error> {
         let Some(driver) = self.stores.iter().find(|d| d.handles(&settings.url)) else {
             let known = self.stores.iter().flat_map(|d| d.schemes.iter().copied());
-            return Err(unknown("store", &settings.url, known));
+            return Err(unknown(
+                "store.url".to_owned(),
+                "store",
+                &settings.url,
+                known,
+            ));
         };
         let build = |source| Error::Build {
             what: "store".to_owned(),
@@ -221,6 +232,31 @@ impl Registry {
             .schema
             .ok_or_else(|| build(BuildError::config("this store has no schema to print")))?;
         schema(settings).map_err(build)
+    }
+
+    /// Checks the store `settings` without connecting: a driver for the URL's scheme,
+    /// and, where the store has an SQL schema, the table names.
+    ///
+    /// # Errors
+    ///
+    /// As for [`store_schema`](Self::store_schema).
+    pub fn check_store(&self, settings: &StoreSettings) -> Result<(), Error> {
+        let Some(driver) = self.stores.iter().find(|d| d.handles(&settings.url)) else {
+            let known = self.stores.iter().flat_map(|d| d.schemes.iter().copied());
+            return Err(unknown(
+                "store.url".to_owned(),
+                "store",
+                &settings.url,
+                known,
+            ));
+        };
+        match driver.schema {
+            Some(schema) => schema(settings).map(drop).map_err(|source| Error::Build {
+                what: "store".to_owned(),
+                source,
+            }),
+            None => Ok(()),
+        }
     }
 
     /// Builds the sink of `route` from its table (its `url` scheme picks the driver),
@@ -240,7 +276,7 @@ impl Registry {
             .ok_or_else(|| Error::Config(format!("routes.{route}: missing `url`")))?;
         let Some(driver) = self.sinks.iter().find(|d| d.handles(url)) else {
             let known = self.sinks.iter().flat_map(|d| d.schemes.iter().copied());
-            return Err(unknown("sink", url, known));
+            return Err(unknown(format!("routes.{route}.url"), "sink", url, known));
         };
         let policy = table.policy(route)?;
         let sink = (driver.build)(&table.sink_settings(route))
@@ -249,17 +285,47 @@ impl Registry {
                 what: format!("route {route:?}"),
                 source,
             })?;
-        Ok(policy.apply(sink))
+        Ok(policy.apply(route, sink))
     }
 }
 
-fn unknown<'a>(what: &'static str, url: &str, known: impl Iterator<Item = &'a str>) -> Error {
+impl Registry {
+    /// Checks the sink settings of `route` without reaching a server: a driver for its
+    /// `url` scheme, its policies, and the driver's own check (values, templates, the
+    /// files and variables it names, read but never shown).
+    ///
+    /// # Errors
+    ///
+    /// As for [`build_sink`](Self::build_sink).
+    pub fn check_sink(&self, route: &str, table: &RouteTable) -> Result<(), Error> {
+        let url = table
+            .url()
+            .ok_or_else(|| Error::Config(format!("routes.{route}: missing `url`")))?;
+        let Some(driver) = self.sinks.iter().find(|d| d.handles(url)) else {
+            let known = self.sinks.iter().flat_map(|d| d.schemes.iter().copied());
+            return Err(unknown(format!("routes.{route}.url"), "sink", url, known));
+        };
+        table.policy(route)?;
+        (driver.check)(&table.sink_settings(route)).map_err(|source| Error::Build {
+            what: format!("route {route:?}"),
+            source,
+        })
+    }
+}
+
+fn unknown<'a>(
+    setting: String,
+    what: &'static str,
+    url: &str,
+    known: impl Iterator<Item = &'a str>,
+) -> Error {
     let wanted = scheme(url);
     if let Some((_, _, feature)) = KNOWN
         .iter()
         .find(|(kind, scheme, _)| *kind == what && *scheme == wanted)
     {
         return Error::FeatureDisabled {
+            setting,
             what,
             scheme: wanted.to_owned(),
             feature,
@@ -267,6 +333,7 @@ fn unknown<'a>(what: &'static str, url: &str, known: impl Iterator<Item = &'a st
     }
     let known: Vec<String> = known.map(|s| format!("{s}:")).collect();
     Error::UnsupportedScheme {
+        setting,
         what,
         url: redact::url(url),
         known: if known.is_empty() {

@@ -65,6 +65,7 @@ const TEST_SINKS: SinkDriver = SinkDriver {
             Ok(Arc::new(sink) as Arc<dyn DynSink>)
         })
     },
+    check: |route| route.parse::<TestSettings>().map(drop),
 };
 
 /// One in-memory store shared by every `memory:` URL of this test process.

@@ -99,6 +99,10 @@ impl outbox_engine::registry::RouteSink for AmqpSink {
     fn is_retryable(error: &AmqpSinkError) -> bool {
         error.is_retryable()
     }
+
+    fn check(config: &AmqpSinkConfig) -> Result<(), AmqpSinkError> {
+        config.validate()
+    }
 }
 
 /// The `lapin` client crate this sink is built on, for matching versions.

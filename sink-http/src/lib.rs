@@ -105,4 +105,9 @@ impl outbox_engine::registry::RouteSink for HttpSink {
     fn is_retryable(_error: &HttpSinkError) -> bool {
         false
     }
+
+    /// Offline: the sink is built (its client, secrets and SSRF guard), nothing is sent.
+    fn check(config: &HttpSinkConfig) -> Result<(), HttpSinkError> {
+        HttpSink::new(config.clone()).map(drop)
+    }
 }

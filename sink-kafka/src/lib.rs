@@ -96,6 +96,10 @@ impl outbox_engine::registry::RouteSink for KafkaSink {
     fn is_retryable(error: &KafkaSinkError) -> bool {
         error.is_retryable()
     }
+
+    fn check(config: &KafkaSinkConfig) -> Result<(), KafkaSinkError> {
+        config.validate()
+    }
 }
 
 /// The `rdkafka` client crate this sink is built on, for matching versions.

@@ -99,6 +99,10 @@ impl outbox_engine::registry::RouteSink for MqttSink {
     fn is_retryable(error: &MqttSinkError) -> bool {
         error.is_retryable()
     }
+
+    fn check(config: &MqttSinkConfig) -> Result<(), MqttSinkError> {
+        config.validate()
+    }
 }
 
 /// The `rumqttc` client crate this sink is built on, for matching versions.

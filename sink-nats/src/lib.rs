@@ -92,6 +92,10 @@ impl outbox_engine::registry::RouteSink for NatsSink {
     fn is_retryable(error: &NatsSinkError) -> bool {
         error.is_retryable()
     }
+
+    fn check(config: &NatsSinkConfig) -> Result<(), NatsSinkError> {
+        config.validate()
+    }
 }
 
 /// The `async-nats` client crate this sink is built on, for matching versions.

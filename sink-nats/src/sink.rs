@@ -101,6 +101,10 @@ impl NatsSink {
     /// A [`NatsSinkError`] saying what is wrong; the route must not start.
     pub async fn connect(config: NatsSinkConfig) -> Result<Self, NatsSinkError> {
         let checked = config.check()?;
+        metrics::describe_counter!(
+            "outbox_nats_duplicates_total",
+            "Re-sends that JetStream's duplicate window already held (PubAck with duplicate: true)."
+        );
         let url = outbox_engine::redact::url(&config.url);
         let denied = Arc::new(Mutex::new(HashMap::new()));
         let options = connect_options(&config, &checked, Arc::clone(&denied)).await?;

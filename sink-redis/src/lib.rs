@@ -126,6 +126,10 @@ impl outbox_engine::registry::RouteSink for RedisSink {
     fn is_retryable(error: &RedisSinkError) -> bool {
         error.is_retryable()
     }
+
+    fn check(config: &RedisSinkConfig) -> Result<(), RedisSinkError> {
+        config.validate().map(drop)
+    }
 }
 
 /// The `redis` client crate this sink is built on, for matching versions.

@@ -105,6 +105,10 @@ impl outbox_engine::registry::RouteSink for SqsSink {
     fn is_retryable(error: &SqsSinkError) -> bool {
         error.is_retryable()
     }
+
+    fn check(config: &SqsSinkConfig) -> Result<(), SqsSinkError> {
+        config.validate()
+    }
 }
 
 /// The `aws-sdk-sqs` client crate this sink is built on, for matching versions.

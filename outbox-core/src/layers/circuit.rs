@@ -9,10 +9,15 @@
 //!   others still fail fast. A probe that succeeds closes the circuit; one that fails
 //!   opens it for another cool-down.
 //!
-//! Separately, a retryable failure with a retry-after (HTTP `Retry-After`, say) pauses the
-//! route until then. When the circuit opens or a pause starts in the middle of a call, the
-//! inner sink's [context](crate::PublishContext::stopped) is stopped, so a sink that
-//! sends message by message sends no more of the batch.
+//! Separately, the receiver's pauses: a retryable failure with a retry-after (HTTP
+//! `Retry-After`, say) pauses the whole route until then, and a throttle without one
+//! (class `RateLimited`: HTTP 429) for 1 s, doubling with each throttle in a row up to
+//! [`MAX_THROTTLE_PAUSE`]. When a pause ends, one message goes first as a probe; the
+//! others wait for its answer. [`CircuitBreaker::pause_only`] keeps only this part, and
+//! route policies apply it to every route that has no circuit breaker. When the circuit
+//! opens or a pause starts in the middle of a call, the inner sink's
+//! [context](crate::PublishContext::stopped) is stopped, so a sink that sends message by
+//! message sends no more of the batch.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -22,6 +27,12 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 
 use crate::message::Message;
+
+/// The longest pause a throttle without a retry-after starts.
+pub const MAX_THROTTLE_PAUSE: Duration = Duration::from_secs(60);
+
+/// How long a message waits while a pause's probe is out.
+const PROBE_WAIT: Duration = Duration::from_secs(1);
 use crate::sink::{Failure, FailureClass, Outcome, Outcomes, PublishContext, ReportingSink, Sink};
 
 /// Circuit breaker settings.
@@ -123,6 +134,11 @@ struct Inner {
     state: State,
     consecutive: u32,
     paused_until: Option<Instant>,
+    /// After a pause, one message goes first: `Some(false)` until it is admitted,
+    /// `Some(true)` while it is out, `None` once the receiver answered it.
+    pause_probe: Option<bool>,
+    /// Throttles without a retry-after in a row.
+    throttles: u32,
     /// The last failure the receiver answered with, so a refusal names the real cause.
     last_failure: Option<String>,
 }
@@ -139,6 +155,8 @@ enum Refusal {
 #[derive(Debug, Clone)]
 struct Breaker {
     config: CircuitConfig,
+    /// False for [`CircuitBreaker::pause_only`]: the circuit never opens.
+    opens: bool,
     inner: Arc<Mutex<Inner>>,
 }
 
@@ -148,17 +166,21 @@ struct Breaker {
 struct Admission {
     breaker: Breaker,
     probe: bool,
+    pause_probe: bool,
     done: bool,
 }
 
 impl Breaker {
-    fn new(config: CircuitConfig) -> Self {
+    fn new(config: CircuitConfig, opens: bool) -> Self {
         Self {
             config,
+            opens,
             inner: Arc::new(Mutex::new(Inner {
                 state: State::Closed,
                 consecutive: 0,
                 paused_until: None,
+                pause_probe: None,
+                throttles: 0,
                 last_failure: None,
             })),
         }
@@ -187,6 +209,9 @@ impl Breaker {
             Some(until) if now < until => Some(Refusal::Paused {
                 retry_after: until - now,
             }),
+            _ if inner.pause_probe == Some(true) => Some(Refusal::Paused {
+                retry_after: PROBE_WAIT,
+            }),
             _ => None,
         }
     }
@@ -204,9 +229,14 @@ impl Breaker {
                 true
             }
         };
+        let pause_probe = inner.pause_probe == Some(false);
+        if pause_probe {
+            inner.pause_probe = Some(true);
+        }
         Ok(Admission {
             breaker: self.clone(),
             probe,
+            pause_probe,
             done: false,
         })
     }
@@ -221,16 +251,31 @@ impl Breaker {
         self.lock().last_failure.clone()
     }
 
-    /// Pauses the route for `delay`, unless already paused longer.
-    fn pause(&self, now: Instant, delay: Duration) {
+    /// The pause a throttle without a retry-after starts: 1 s, doubled for each one in a
+    /// row before it, at most [`MAX_THROTTLE_PAUSE`].
+    fn throttled(&self) -> Duration {
+        let mut inner = self.lock();
+        let doublings = inner.throttles.min(6);
+        inner.throttles = inner.throttles.saturating_add(1);
+        (Duration::from_secs(1) * 2u32.pow(doublings)).min(MAX_THROTTLE_PAUSE)
+    }
+
+    /// Pauses the route for `delay`, unless already paused longer; true when the route
+    /// was not paused before.
+    fn pause(&self, now: Instant, delay: Duration) -> bool {
         if delay.is_zero() {
-            return;
+            return false;
         }
         let mut inner = self.lock();
         let until = now + delay;
+        let started = inner.paused_until.is_none_or(|current| current <= now);
         if inner.paused_until.is_none_or(|current| current < until) {
             inner.paused_until = Some(until);
         }
+        if inner.pause_probe.is_none() {
+            inner.pause_probe = Some(false);
+        }
+        started
     }
 
     fn health(&self, now: Instant) -> Health {
@@ -260,13 +305,19 @@ impl Admission {
         self.done = true;
         let config = &self.breaker.config;
         let mut inner = self.breaker.lock();
+        if self.pause_probe {
+            // Answered: the next pause (if this answer started one) has its own probe.
+            let paused = inner.paused_until.is_some_and(|until| now < until);
+            inner.pause_probe = (!healthy && paused).then_some(false);
+        }
         let before = inner.state;
         if healthy {
             inner.consecutive = 0;
+            inner.throttles = 0;
             inner.state = State::Closed;
         } else {
             inner.consecutive = inner.consecutive.saturating_add(1);
-            let trips = inner.consecutive >= config.failures;
+            let trips = self.breaker.opens && inner.consecutive >= config.failures;
             if self.probe || (trips && inner.state == State::Closed) {
                 inner.state = State::Open {
                     until: now + config.cool_down,
@@ -285,11 +336,15 @@ impl Admission {
 
 impl Drop for Admission {
     fn drop(&mut self) {
-        if self.probe && !self.done {
-            let mut inner = self.breaker.lock();
-            if inner.state == (State::HalfOpen { probing: true }) {
-                inner.state = State::HalfOpen { probing: false };
-            }
+        if self.done {
+            return;
+        }
+        let mut inner = self.breaker.lock();
+        if self.probe && inner.state == (State::HalfOpen { probing: true }) {
+            inner.state = State::HalfOpen { probing: false };
+        }
+        if self.pause_probe && inner.pause_probe == Some(true) {
+            inner.pause_probe = Some(false);
         }
     }
 }
@@ -317,10 +372,13 @@ fn is_local(class: FailureClass) -> bool {
 ///   others still fail fast. A probe that succeeds closes the circuit; one that fails
 ///   opens it for another cool-down.
 ///
-/// Separately, a retryable failure with a retry-after (HTTP `Retry-After`, say) pauses the
-/// route until then. When the circuit opens or a pause starts in the middle of a call, the
-/// inner sink's [context](crate::PublishContext::stopped) is stopped, so a sink that
-/// sends message by message sends no more of the batch.
+/// Separately, the receiver's pauses: a retryable failure with a retry-after pauses the
+/// route until then, a throttle without one (class `RateLimited`) for 1 s doubling up to
+/// [`MAX_THROTTLE_PAUSE`]; after a pause one message goes first, as a probe. Messages held
+/// back fail deferred, so waiting never spends their attempts. When the circuit opens or a
+/// pause starts in the middle of a call, the inner sink's
+/// [context](crate::PublishContext::stopped) is stopped, so a sink that sends message by
+/// message sends no more of the batch.
 #[derive(Debug)]
 pub struct CircuitBreaker<S> {
     inner: S,
@@ -341,7 +399,25 @@ impl<S> CircuitBreaker<S> {
         }
         Self {
             inner,
-            breaker: Breaker::new(config),
+            breaker: Breaker::new(config, true),
+            name: String::new(),
+        }
+    }
+
+    /// Wraps `inner` in the receiver's pauses alone: retry-afters and throttles pause the
+    /// route, and the circuit never opens.
+    ///
+    /// ```
+    /// use outbox_engine::layers::{CircuitBreaker, CircuitState};
+    /// use outbox_engine::testkit::RecordingSink;
+    ///
+    /// let sink = CircuitBreaker::pause_only(RecordingSink::new()).named("billing");
+    /// assert_eq!(sink.health().circuit, CircuitState::Closed);
+    /// ```
+    pub fn pause_only(inner: S) -> Self {
+        Self {
+            inner,
+            breaker: Breaker::new(CircuitConfig::default(), false),
             name: String::new(),
         }
     }
@@ -424,8 +500,15 @@ impl<S: Sink> ReportingSink for CircuitBreaker<S> {
                     }
                     Outcome::Failed(f) if f.retryable => {
                         breaker.remember(f);
-                        if let Some(delay) = f.retry_after.filter(|d| !d.is_zero()) {
-                            breaker.pause(now, delay);
+                        let pause = f.retry_after.filter(|d| !d.is_zero()).or_else(|| {
+                            (f.class == FailureClass::RateLimited).then(|| breaker.throttled())
+                        });
+                        if let Some(delay) = pause {
+                            f.retry_after.get_or_insert(delay);
+                            if breaker.pause(now, delay) {
+                                warn!(route = %name, pause = ?delay, failure = %f, "route paused: nothing is sent to it until the pause ends, then one message probes");
+                                metrics::counter!("outbox_route_pauses_total", "route" => name.clone()).increment(1);
+                            }
                             stop.stop(format!("the receiver asked to wait {delay:?}"));
                         }
                         if admission.record(false, now) == Some(CircuitState::Open) {
@@ -462,6 +545,7 @@ mod tests {
             CircuitConfig::default()
                 .failures(failures)
                 .cool_down(Duration::from_secs(10)),
+            true,
         )
     }
 
@@ -523,5 +607,45 @@ mod tests {
             Err(Refusal::Paused { retry_after }) if retry_after == Duration::from_secs(3)
         ));
         assert!(c.admit(t + Duration::from_secs(5)).is_ok());
+    }
+
+    #[test]
+    fn after_a_pause_one_probe_goes_first() {
+        let c = Breaker::new(CircuitConfig::default(), false);
+        let t = Instant::now();
+        assert!(c.pause(t, Duration::from_secs(20)), "a new pause");
+        assert!(!c.pause(t, Duration::from_secs(5)), "already paused");
+        let later = t + Duration::from_secs(20);
+        let probe = c.admit(later).unwrap();
+        assert!(matches!(
+            c.admit(later),
+            Err(Refusal::Paused { retry_after }) if retry_after == PROBE_WAIT
+        ));
+        // Refused again with a retry-after: another pause, and another single probe.
+        assert!(c.pause(later, Duration::from_secs(20)));
+        probe.record(false, later);
+        let again = later + Duration::from_secs(20);
+        let probe = c.admit(again).unwrap();
+        assert!(c.admit(again).is_err(), "one probe at a time");
+        probe.record(true, again);
+        assert!(
+            c.admit(again).is_ok() && c.admit(again).is_ok(),
+            "open again"
+        );
+        // The pause-only breaker never opens its circuit.
+        for _ in 0..100 {
+            c.admit(again).unwrap().record(false, again);
+        }
+        assert_eq!(c.health(again).circuit, CircuitState::Closed);
+    }
+
+    #[test]
+    fn throttles_in_a_row_double_the_pause_up_to_the_limit() {
+        let c = Breaker::new(CircuitConfig::default(), false);
+        let pauses: Vec<u64> = (0..8).map(|_| c.throttled().as_secs()).collect();
+        assert_eq!(pauses, [1, 2, 4, 8, 16, 32, 60, 60]);
+        let t = Instant::now();
+        c.admit(t).unwrap().record(true, t);
+        assert_eq!(c.throttled(), Duration::from_secs(1), "reset by a success");
     }
 }

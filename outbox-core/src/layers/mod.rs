@@ -31,7 +31,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-pub use circuit::{CircuitBreaker, CircuitConfig, CircuitState, Health};
+pub use circuit::{CircuitBreaker, CircuitConfig, CircuitState, Health, MAX_THROTTLE_PAUSE};
 pub use concurrency::ConcurrencyLimit;
 pub use rate::{RateLimit, RateLimited};
 pub use timeout::Timeout;
@@ -71,7 +71,9 @@ pub trait SinkExt: Sink + Sized {
 
 impl<S: Sink> SinkExt for S {}
 
-/// The policies of one route, as a route's settings give them; each is off when absent.
+/// The policies of one route, as a route's settings give them; each is off when absent,
+/// except that a route without a circuit breaker still honours the receiver's pauses
+/// ([`CircuitBreaker::pause_only`]).
 ///
 /// ```toml
 /// [routes.billing]
@@ -121,16 +123,18 @@ impl RoutePolicy {
         Ok(())
     }
 
-    /// Wraps `sink` in the configured policies: the timeout outermost, then the
-    /// concurrency cap, the circuit breaker and the rate limit next to the sink.
-    pub fn apply(&self, sink: Arc<dyn DynSink>) -> Arc<dyn DynSink> {
+    /// Wraps the sink of `route` in the configured policies: the timeout outermost, then
+    /// the concurrency cap, the circuit breaker (or the receiver's pauses alone) and the
+    /// rate limit next to the sink.
+    pub fn apply(&self, route: &str, sink: Arc<dyn DynSink>) -> Arc<dyn DynSink> {
         let mut sink = sink;
         if let Some(rate) = &self.rate_limit {
             sink = Arc::new(sink.rate_limited(rate.clone()));
         }
-        if let Some(circuit) = &self.circuit {
-            sink = Arc::new(sink.circuit_breaker(circuit.clone()));
-        }
+        sink = match &self.circuit {
+            Some(circuit) => Arc::new(sink.circuit_breaker(circuit.clone()).named(route)),
+            None => Arc::new(CircuitBreaker::pause_only(sink).named(route)),
+        };
         if let Some(calls) = self.concurrency {
             sink = Arc::new(sink.concurrency_limit(calls));
         }
