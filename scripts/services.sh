@@ -33,14 +33,15 @@
 #   Chromium (Debian) and playwright-core (npm) for the dashboard's browser test
 #   libpq and libmariadb (Debian's -dev packages), which diesel's connections link to;
 #   libfaketime, which skews a relay's clock in the battery's clock-skew fault; debootstrap
-#   for scripts/fresh-root.sh
+#   for scripts/fresh-root.sh; systemd for systemd-analyze, which scripts/check-deploy.sh
+#   runs on the relay's unit file (systemd need not be running)
 set -euo pipefail
 
 # Every Debian package the tests need; the README's "Testing" section shows this list.
 DEBIAN_PACKAGES=(
     postgresql postgresql-client mariadb-server mariadb-client redis-server rabbitmq-server
     nats-server mosquitto build-essential pkg-config libpq-dev libmariadb-dev libmariadb-dev-compat libfaketime
-    python3 python3-venv nodejs npm curl chromium debootstrap
+    python3 python3-venv nodejs npm curl chromium debootstrap systemd
 )
 
 if [[ ${1:-} == --packages ]]; then
@@ -71,6 +72,7 @@ present() {
     python3) command -v python3 ;;
     python3-venv) python3 -c 'import ensurepip, venv' ;;
     nodejs) command -v node ;;
+    systemd) command -v systemd-analyze ;;
     npm | curl | debootstrap | pkg-config) command -v "$1" ;;
     *) [[ $(dpkg-query -W -f '${Status}' "$1" 2>/dev/null) == *" installed" ]] ;;
     esac >/dev/null 2>&1

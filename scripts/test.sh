@@ -182,6 +182,9 @@ check scripts/fresh-root.sh
 step "harness self-check (a failing or hanging test ends with its children, red)"
 check scripts/check-harness.sh
 
+step "deployment files (the systemd unit verified, the container's build script run)"
+check scripts/check-deploy.sh
+
 step "build tests"
 check cargo test --workspace --all-features --no-run --quiet
 # The examples' tests run the `outbox` binary this build made.

@@ -123,8 +123,15 @@ impl fmt::Debug for RouteSettings {
 }
 
 /// serde messages quote the offending value (`invalid type: string "hunter2"`); keep
-/// the part that says what was expected.
+/// the part that says what was expected. Messages about a key (`unknown field `colour`,
+/// expected one of …`) quote only key names, kept so that the key is named.
 fn without_values(message: &str) -> String {
+    if ["unknown field", "missing field", "duplicate field"]
+        .iter()
+        .any(|about_a_key| message.starts_with(about_a_key))
+    {
+        return message.to_owned();
+    }
     let mut out = String::with_capacity(message.len());
     let mut quoted = false;
     for c in message.chars() {

@@ -166,8 +166,8 @@ impl fmt::Debug for RouteTable {
 #[serde(deny_unknown_fields, default)]
 #[non_exhaustive]
 pub struct MetricsConfig {
-    /// Address for `/metrics`, `/healthz` and `/readyz`, e.g. `127.0.0.1:9464`; none by
-    /// default.
+    /// Address for `/metrics`, `/healthz`, `/readyz` and `/slo`, e.g. `127.0.0.1:9464`;
+    /// none by default.
     pub listen: Option<String>,
 }
 
@@ -461,6 +461,8 @@ impl Config {
     /// The first problem, as an [`Error`] naming the setting.
     pub fn check(&self, registry: &crate::Registry) -> Result<(), Error> {
         registry.check_store(&self.store)?;
+        // The relay's own checks, on a relay that is built and never run (with a route of
+        // its own when the configuration has none, as `outbox status` needs none).
         let mut relay = outbox_engine::Relay::builder(outbox_engine::MemoryStore::new())
             .settings(&self.relay)
             .retry(self.retry.policy());
@@ -468,9 +470,10 @@ impl Config {
             registry.check_sink(route, table)?;
             relay = relay.route(route.clone(), Unsent);
         }
-        if !self.routes.is_empty() {
-            relay.build()?;
+        if self.routes.is_empty() {
+            relay = relay.route("unrouted", Unsent);
         }
+        relay.build()?;
         if let Some(dashboard) = &self.dashboard {
             dashboard.token()?;
             dashboard.allowed_hosts()?;

@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 
 use quote::ToTokens;
 
-/// One table of the configuration: its heading, the env prefix of its keys, and the
-/// struct (file and name) that reads it.
+/// One table of the configuration: its heading, the env prefix of its keys (or, ending in
+/// `=`, the variable of an inline table), and the struct (file and name) that reads it.
 struct Table {
     heading: &'static str,
     about: &'static str,
@@ -73,14 +73,14 @@ const TABLES: &[Table] = &[
     Table {
         heading: "rate_limit = { … }",
         about: "A route's rate limit (an inline table).",
-        env: "OUTBOX_ROUTES__NAME__RATE_LIMIT={…}: ",
+        env: "OUTBOX_ROUTES__NAME__RATE_LIMIT=",
         file: "outbox-core/src/layers/rate.rs",
         name: "RateLimit",
     },
     Table {
         heading: "circuit = { … }",
         about: "A route's circuit breaker (an inline table).",
-        env: "OUTBOX_ROUTES__NAME__CIRCUIT={…}: ",
+        env: "OUTBOX_ROUTES__NAME__CIRCUIT=",
         file: "outbox-core/src/layers/circuit.rs",
         name: "CircuitConfig",
     },
@@ -101,7 +101,7 @@ const TABLES: &[Table] = &[
     Table {
         heading: "fields = { … }",
         about: "A Redis route's entry field names (an inline table).",
-        env: "OUTBOX_ROUTES__NAME__FIELDS={…}: ",
+        env: "OUTBOX_ROUTES__NAME__FIELDS=",
         file: "sink-redis/src/config.rs",
         name: "FieldLayout",
     },
@@ -196,14 +196,17 @@ fn render(root: &Path) -> String {
             table.heading, table.about
         );
         for key in keys(root, table) {
+            // An inline table's keys are set inside its variable's value.
+            let env = match table.env.strip_suffix('=') {
+                Some(variable) => format!("{variable}={{{}=…}}", key.name),
+                None => format!("{}{}", table.env, key.name.to_ascii_uppercase()),
+            };
             let _ = writeln!(
                 out,
-                "| `{}` | {} | {} | `{}{}` | {} |",
+                "| `{}` | {} | {} | `{env}` | {} |",
                 key.name,
                 key.kind,
                 key.default,
-                table.env,
-                key.name.to_ascii_uppercase(),
                 key.about.replace('|', "\\|")
             );
         }
@@ -459,6 +462,9 @@ fn pretty(expr: &syn::Expr) -> String {
     }
     if text == "None" || text == "Vec :: new ()" || text == "String :: new ()" {
         return String::new();
+    }
+    if text.contains(" ! (") {
+        return "computed".to_owned();
     }
     for suffix in [" . to_owned ()", " . to_string ()", " . into ()"] {
         if let Some(literal) = text.strip_suffix(suffix) {

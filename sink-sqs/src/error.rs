@@ -53,7 +53,7 @@ use outbox_engine::{Failure, FailureClass};
 #[non_exhaustive]
 pub enum SqsSinkError {
     /// The URL does not parse, has the wrong scheme, or names no legal queue.
-    #[error("invalid SQS URL {url}: {reason}")]
+    #[error("invalid url {url} (an SQS queue URL): {reason}")]
     InvalidUrl {
         /// The URL with secrets hidden.
         url: String,
