@@ -249,6 +249,43 @@ mod tests {
         }
     }
 
+    /// `docs/METRICS.md` is this table, rendered; `OUTBOX_WRITE_REFERENCE=1` writes it.
+    #[test]
+    fn the_metrics_reference_is_the_table() {
+        let mut text = String::from(
+            "<!-- Generated from outbox_engine::series::SERIES by a test in \
+             outbox-core/src/series.rs; do not edit. -->\n\n# Metrics\n\n\
+             Every series a relay records, in the order an operator looks at them: the first six \
+             answer \"is it keeping up?\". `outbox relay` serves them on `[metrics] listen` at \
+             `/metrics` with their `# HELP` lines; an embedding application gets the same from \
+             `outbox::endpoints`. Sinks add their own (`outbox_nats_duplicates_total`).\n\n\
+             | series | type | labels | what it measures | alert when |\n|---|---|---|---|---|\n",
+        );
+        for s in SERIES {
+            let kind = match s.kind {
+                Kind::Counter => "counter",
+                Kind::Gauge => "gauge",
+                Kind::Histogram => "histogram",
+            };
+            text.push_str(&format!(
+                "| `{}` | {kind} | {} | {} | {} |\n",
+                s.name,
+                s.labels.join(", "),
+                s.help,
+                s.alert
+            ));
+        }
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/METRICS.md");
+        if std::env::var_os("OUTBOX_WRITE_REFERENCE").is_some() {
+            std::fs::write(path, &text).unwrap();
+        }
+        assert!(
+            std::fs::read_to_string(path).unwrap_or_default() == text,
+            "docs/METRICS.md is not SERIES; regenerate it with \
+             `OUTBOX_WRITE_REFERENCE=1 cargo test -p outbox-engine --lib series`"
+        );
+    }
+
     fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
         let mut files = Vec::new();
         for entry in std::fs::read_dir(dir).unwrap() {
