@@ -1,6 +1,8 @@
-//! The parameters of pages and forms: the dead-letter filter (the one `outbox dead list`
-//! takes), read from a query string or a form body and written back into links and
-//! hidden fields.
+//! The parameters of pages and forms: the filter of `outbox dead list`, under the same
+//! names as its flags (`destination`, `event-type`, `error-contains`, `since`, `until`),
+//! read from a query string or a form body and written back into links and hidden
+//! fields. A parameter a page does not know is refused, so a mistyped filter never
+//! widens a list or an action.
 
 use chrono::{DateTime, NaiveDate, NaiveDateTime, Utc};
 use outbox_engine::{DeadLetterFilter, MessageId};
@@ -27,6 +29,21 @@ impl Params {
         self.all(name).next()
     }
 
+    /// `Err` naming the first parameter that is neither a filter nor in `also`.
+    pub(crate) fn only(&self, also: &[&str]) -> Result<(), String> {
+        match self
+            .0
+            .iter()
+            .find(|(name, _)| !FILTERS.contains(&name.as_str()) && !also.contains(&name.as_str()))
+        {
+            Some((name, _)) => Err(format!(
+                "unknown parameter {name:?}; the filters are {} (as `outbox dead list` names them)",
+                FILTERS.join(", ")
+            )),
+            None => Ok(()),
+        }
+    }
+
     /// The message ids under `name`.
     pub(crate) fn ids(&self, name: &'static str) -> Result<Vec<MessageId>, String> {
         self.all(name).map(message_id).collect()
@@ -39,7 +56,16 @@ pub(crate) fn message_id(text: &str) -> Result<MessageId, String> {
         .map_err(|_| format!("{text:?} is not a message id"))
 }
 
-/// The filter of the dead-letter pages.
+/// The names of the filter's parameters: the flags of `outbox dead list`.
+pub(crate) const FILTERS: &[&str] = &[
+    "destination",
+    "event-type",
+    "error-contains",
+    "since",
+    "until",
+];
+
+/// The filter of the dead-letter and waiting pages.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct ListFilter {
     pub(crate) destinations: Vec<String>,
@@ -53,8 +79,8 @@ impl ListFilter {
     pub(crate) fn from_params(p: &Params) -> Result<Self, String> {
         Ok(Self {
             destinations: p.all("destination").map(str::to_owned).collect(),
-            event_types: p.all("event_type").map(str::to_owned).collect(),
-            error: p.one("error").map(str::to_owned),
+            event_types: p.all("event-type").map(str::to_owned).collect(),
+            error: p.one("error-contains").map(str::to_owned),
             since: p.one("since").map(time).transpose()?,
             until: p.one("until").map(time).transpose()?,
         })
@@ -72,8 +98,8 @@ impl ListFilter {
     pub(crate) fn pairs(&self) -> Vec<(&'static str, String)> {
         let mut pairs = Vec::new();
         pairs.extend(self.destinations.iter().map(|d| ("destination", d.clone())));
-        pairs.extend(self.event_types.iter().map(|e| ("event_type", e.clone())));
-        pairs.extend(self.error.iter().map(|e| ("error", e.clone())));
+        pairs.extend(self.event_types.iter().map(|e| ("event-type", e.clone())));
+        pairs.extend(self.error.iter().map(|e| ("error-contains", e.clone())));
         pairs.extend(self.since.iter().map(|t| ("since", t.to_rfc3339())));
         pairs.extend(self.until.iter().map(|t| ("until", t.to_rfc3339())));
         pairs
@@ -95,6 +121,11 @@ impl ListFilter {
 
     /// In words, for the confirmation page.
     pub(crate) fn describe(&self) -> String {
+        self.describe_as("every dead letter")
+    }
+
+    /// In words, `everything` when it filters nothing.
+    pub(crate) fn describe_as(&self, everything: &str) -> String {
         let mut parts = Vec::new();
         if !self.destinations.is_empty() {
             parts.push(format!("destination {}", self.destinations.join(" or ")));
@@ -112,7 +143,7 @@ impl ListFilter {
             parts.push(format!("created before {}", until.to_rfc3339()));
         }
         if parts.is_empty() {
-            "every dead letter".to_owned()
+            everything.to_owned()
         } else {
             parts.join(", ")
         }
@@ -142,7 +173,7 @@ mod tests {
     #[test]
     fn a_filter_survives_its_own_query_string() {
         let params = Params::parse(
-            b"destination=billing&destination=sms&event_type=&error=404+%26+%3Cb%3E&since=2026-12-01&until=2026-12-02T10:30&page=2",
+            b"destination=billing&destination=sms&event-type=&error-contains=404+%26+%3Cb%3E&since=2026-12-01&until=2026-12-02T10:30&after=x",
         );
         let filter = ListFilter::from_params(&params).unwrap();
         assert_eq!(filter.destinations, ["billing", "sms"]);
@@ -159,5 +190,12 @@ mod tests {
         assert_eq!(dead.error_contains.as_deref(), Some("404 & <b>"));
         assert!(ListFilter::from_params(&Params::parse(b"since=yesterday")).is_err());
         assert_eq!(ListFilter::default().describe(), "every dead letter");
+        assert!(params.only(&["after"]).is_ok());
+        let old = Params::parse(b"destination=billing&error=404");
+        let refused = old.only(&["after"]).unwrap_err();
+        assert!(
+            refused.starts_with("unknown parameter \"error\""),
+            "{refused}"
+        );
     }
 }

@@ -8,7 +8,14 @@
 //!   range, error text), pages of 50, a message's detail (headers, payload preview capped
 //!   at 64 KiB, attempts, last error), and **replay** or **discard** for a selection or a
 //!   whole filter, after a confirmation page that says how many rows it will touch.
+//! - **Waiting**: the rows not yet published (pending, retrying, leased) under the same
+//!   filters, each with its attempts, last error and next attempt: why a backlog does not
+//!   move. Destinations no route of the relay serves are marked, here and on the overview
+//!   ([`Dashboard::routes`]).
 //! - **Lookup** of a message by id or idempotency key, whatever its state.
+//!
+//! The filters' parameters are the flags of `outbox dead list` (`destination`,
+//! `event-type`, `error-contains`, `since`, `until`); a page refuses one it does not know.
 //!
 //! Plain server-rendered HTML with no scripts and nothing loaded from elsewhere: it works
 //! offline, and the content security policy forbids scripts outright.
@@ -74,6 +81,8 @@ struct Shared {
     store: AnyStore,
     access: Access,
     relay: Option<RelayHealth>,
+    /// The destinations that have a route, when known.
+    routes: Option<Vec<String>>,
 }
 
 impl std::fmt::Debug for Dashboard {
@@ -99,6 +108,7 @@ impl Dashboard {
                 store,
                 access: Access::new(token.into())?,
                 relay: None,
+                routes: None,
             },
         })
     }
@@ -143,12 +153,21 @@ impl Dashboard {
         self
     }
 
+    /// The destinations the relay has routes for: the others are marked "no route" (rows
+    /// for them wait until a relay with such a route runs).
+    #[must_use]
+    pub fn routes<S: Into<String>>(mut self, destinations: impl IntoIterator<Item = S>) -> Self {
+        self.shared.routes = Some(destinations.into_iter().map(Into::into).collect());
+        self
+    }
+
     /// The dashboard's routes, to serve alone or to `nest` under a path of your app.
     pub fn router(&self) -> Router {
         let shared = Arc::new(self.shared.clone());
         Router::new()
             .route("/", get(routes::overview))
             .route("/dead", get(routes::dead_letters))
+            .route("/waiting", get(routes::waiting))
             .route("/dead/review", post(routes::review_page))
             .route("/dead/apply", post(routes::apply))
             .route("/messages/{id}", get(routes::message))

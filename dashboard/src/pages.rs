@@ -80,6 +80,7 @@ fn layout(base: &Base, title: &str, body: Markup) -> Markup {
                 header {
                     a href={ (root) "/" } { "outbox" }
                     a href={ (root) "/" } { "Overview" }
+                    a href={ (root) "/waiting" } { "Waiting" }
                     a href={ (root) "/dead" } { "Dead letters" }
                     form method="get" action={ (root) "/lookup" } {
                         input type="search" name="q" placeholder="message id or idempotency key" size="38";
@@ -126,6 +127,7 @@ pub(crate) fn overview(
     capabilities: &Capabilities,
     gauges: Option<&Gauges>,
     relay: Option<&RelayHealth>,
+    routes: Option<&[String]>,
 ) -> Markup {
     let activity = relay.map(RelayHealth::activity).unwrap_or_default();
     let newest = Utc::now().timestamp().div_euclid(WINDOW.as_secs() as i64);
@@ -193,8 +195,13 @@ pub(crate) fn overview(
                     @let (counts, minute) = recent(destination);
                     @let at_least = if gauges.is_some_and(|g| g.truncated) { "≥ " } else { "" };
                     tr {
-                        td { (destination) }
-                        td.n { (at_least) (d.map_or(0, |d| d.pending)) }
+                        td { (destination) (unrouted(destination, routes)) }
+                        td.n {
+                            @let backlog = d.map_or(0, |d| d.pending);
+                            @if backlog > 0 {
+                                a href={ (root) "/waiting?" (ListFilter { destinations: vec![destination.clone()], ..ListFilter::default() }.query(&[])) } { (at_least) (backlog) }
+                            } @else { "0" }
+                        }
                         td.n { (d.map_or(0, |d| d.leased)) }
                         td.n { (d.and_then(|d| d.oldest_pending_age).map_or_else(|| "–".to_owned(), age)) }
                         td.n {
@@ -218,6 +225,91 @@ pub(crate) fn overview(
         p { small { "Counts come from the store's gauges (unfinished and dead rows, read through their indexes on each view); rates and latency from the attached relay alone." } }
     };
     layout(base, "Overview", body)
+}
+
+/// " no route" after a destination that no route serves, when the routes are known.
+fn unrouted(destination: &str, routes: Option<&[String]>) -> Markup {
+    html! {
+        @if routes.is_some_and(|r| !r.iter().any(|r| r == destination)) {
+            " " span.warn.unrouted title="No route of this relay serves it: its rows wait for a relay that has one." { "no route" }
+        }
+    }
+}
+
+/// When `t` comes, from now: "due", "in 12s", "3m ago".
+fn relative(t: DateTime<Utc>) -> String {
+    let now = Utc::now();
+    match (t - now).to_std() {
+        Ok(ahead) if ahead.as_secs() > 0 => format!("in {}", age(ahead)),
+        _ => "due".to_owned(),
+    }
+}
+
+/// The rows still waiting under a filter: status, attempts, next attempt, last error.
+pub(crate) fn waiting(
+    base: &Base,
+    filter: &ListFilter,
+    rows: &[FoundMessage],
+    routes: Option<&[String]>,
+) -> Markup {
+    let root = &base.0;
+    let body = html! {
+        (filter_form(base, "/waiting", filter))
+        p { "Rows not yet published (pending, retrying or leased) that match " (filter.describe_as("no filter")) ", oldest first." }
+        table {
+            thead { tr {
+                th { "id" } th { "destination" } th { "event type" } th { "status" } th { "attempts" }
+                th { "next attempt" } th { "last error" }
+            } }
+            tbody {
+                @for f in rows {
+                    tr.waiting {
+                        td { a href={ (root) "/messages/" (f.message.id) } { code { (f.message.id) } } }
+                        td { (f.message.destination) (unrouted(&f.message.destination, routes)) }
+                        td { (f.message.event_type) }
+                        td {
+                            @if f.status == Status::Pending && f.message.attempts > 0 { "retrying" } @else { (f.status) }
+                        }
+                        td.n { (f.message.attempts) }
+                        td title=(f.next_attempt.map(time).unwrap_or_default()) {
+                            (f.next_attempt.map_or_else(|| "–".to_owned(), relative))
+                        }
+                        td { (f.last_error.as_deref().map(|e| truncate(e, REASON_CHARS)).unwrap_or_default()) }
+                    }
+                }
+                @if rows.is_empty() {
+                    tr { td colspan="7" { "Nothing waits under this filter." } }
+                }
+            }
+        }
+        @if rows.len() == PAGE {
+            @if let Some(last) = rows.last() {
+                p { a #next-page href={ (root) "/waiting?" (filter.query(&[("after", last.message.id.to_string())])) } { "Next " (PAGE) " →" } }
+            }
+        }
+    };
+    layout(base, "Waiting", body)
+}
+
+/// The filter form of the list pages, its names those of `outbox dead list`'s flags.
+fn filter_form(base: &Base, path: &str, filter: &ListFilter) -> Markup {
+    let root = &base.0;
+    let value = |v: Option<&String>| v.cloned().unwrap_or_default();
+    let date = |t: Option<DateTime<Utc>>| {
+        t.map(|t| t.format("%Y-%m-%dT%H:%M").to_string())
+            .unwrap_or_default()
+    };
+    html! {
+        form.filter method="get" action={ (root) (path) } {
+            label { "destination" input name="destination" value=(value(filter.destinations.first())); }
+            label { "event type" input name="event-type" value=(value(filter.event_types.first())); }
+            label { "error contains" input name="error-contains" value=(value(filter.error.as_ref())); }
+            label { "created since (UTC)" input type="datetime-local" name="since" value=(date(filter.since)); }
+            label { "created before (UTC)" input type="datetime-local" name="until" value=(date(filter.until)); }
+            button id="apply-filter" { "Filter" }
+            a href={ (root) (path) } { "clear" }
+        }
+    }
 }
 
 /// Published messages per window as a small bar chart.
@@ -265,24 +357,11 @@ pub(crate) fn dead_letters(
     csrf: &str,
 ) -> Markup {
     let root = &base.0;
-    let value = |v: Option<&String>| v.cloned().unwrap_or_default();
-    let date = |t: Option<DateTime<Utc>>| {
-        t.map(|t| t.format("%Y-%m-%dT%H:%M").to_string())
-            .unwrap_or_default()
-    };
     let body = html! {
         @if let Some((verb, n)) = done {
             p.done id="done" { (verb) " " span #done-count { (n) } " dead letter" @if n != 1 { "s" } "." }
         }
-        form.filter method="get" action={ (root) "/dead" } {
-            label { "destination" input name="destination" value=(value(filter.destinations.first())); }
-            label { "event type" input name="event_type" value=(value(filter.event_types.first())); }
-            label { "error contains" input name="error" value=(value(filter.error.as_ref())); }
-            label { "created since (UTC)" input type="datetime-local" name="since" value=(date(filter.since)); }
-            label { "created before (UTC)" input type="datetime-local" name="until" value=(date(filter.until)); }
-            button id="apply-filter" { "Filter" }
-            a href={ (root) "/dead" } { "clear" }
-        }
+        (filter_form(base, "/dead", filter))
         p { span #match-count { (count) } " dead letter" @if count != 1 { "s" } " match " (filter.describe()) "." }
         form method="post" action={ (root) "/dead/review" } {
             input type="hidden" name="csrf" value=(csrf);

@@ -20,7 +20,7 @@ use crate::auth::Authorized;
 use crate::filter::{ListFilter, Params, message_id};
 use crate::pages::{self, Base, Change, Review};
 
-/// Dead letters per page.
+/// Dead letters (and waiting rows) per page.
 pub(crate) const PAGE: usize = 50;
 /// At most this many unfinished and dead rows are read per gauge (as the relay does).
 const GAUGE_LIMIT: usize = 50_000;
@@ -78,10 +78,29 @@ impl<S: Send + Sync> FromRequestParts<S> for Params {
 pub(crate) async fn overview(State(shared): AppState, Extension(base): Extension<Base>) -> Page {
     let gauges = read(shared.store.gauges(GAUGE_LIMIT)).await?;
     let capabilities = shared.store.capabilities();
-    Ok(
-        pages::overview(&base, &capabilities, gauges.as_ref(), shared.relay.as_ref())
-            .into_response(),
+    Ok(pages::overview(
+        &base,
+        &capabilities,
+        gauges.as_ref(),
+        shared.relay.as_ref(),
+        shared.routes.as_deref(),
     )
+    .into_response())
+}
+
+pub(crate) async fn waiting(
+    State(shared): AppState,
+    Extension(base): Extension<Base>,
+    params: Params,
+) -> Page {
+    params.only(&["after"]).map_err(bad_request)?;
+    let filter = ListFilter::from_params(&params).map_err(bad_request)?;
+    let mut page_filter = filter.to_filter();
+    if let Some(after) = params.one("after") {
+        page_filter = page_filter.after_id(message_id(after).map_err(bad_request)?);
+    }
+    let rows = read(shared.store.list_waiting(&page_filter, PAGE)).await?;
+    Ok(pages::waiting(&base, &filter, &rows, shared.routes.as_deref()).into_response())
 }
 
 pub(crate) async fn dead_letters(
@@ -89,6 +108,9 @@ pub(crate) async fn dead_letters(
     Extension(base): Extension<Base>,
     params: Params,
 ) -> Page {
+    params
+        .only(&["after", "replayed", "discarded"])
+        .map_err(bad_request)?;
     let filter = ListFilter::from_params(&params).map_err(bad_request)?;
     let mut page_filter = filter.to_filter();
     if let Some(after) = params.one("after") {
@@ -107,6 +129,7 @@ pub(crate) async fn dead_letters(
 
 /// What a form asks: the change, and either the selected ids or the list's filter.
 fn review(params: &Params) -> Result<Review, String> {
+    params.only(&["csrf", "do", "id"])?;
     let (change, scope) = params
         .one("do")
         .and_then(|action| action.split_once('-'))

@@ -184,13 +184,15 @@ async fn a_replay_is_confirmed_with_its_count_and_moves_exactly_the_filtered_row
     dead(&app.store, "billing", 4, "404 not found", "{}").await;
     dead(&app.store, "billing", 2, "503 unavailable", "{}").await;
     dead(&app.store, "sms", 3, "404 unknown number", "{}").await;
-    let (status, page, _) = app.get("/dead?destination=billing&error=404", true).await;
+    let (status, page, _) = app
+        .get("/dead?destination=billing&error-contains=404", true)
+        .await;
     assert_eq!(status, StatusCode::OK);
     assert!(page.contains("<span id=\"match-count\">4</span>"), "{page}");
     assert_eq!(page.matches("class=\"letter\"").count(), 4);
 
     let form = format!(
-        "csrf={}&do=replay-all&destination=billing&error=404",
+        "csrf={}&do=replay-all&destination=billing&error-contains=404",
         csrf(&page)
     );
     let (status, confirm, _) = app.post("/dead/review", &form, true, None).await;
@@ -205,7 +207,7 @@ async fn a_replay_is_confirmed_with_its_count_and_moves_exactly_the_filtered_row
     assert_eq!(status, StatusCode::SEE_OTHER);
     assert_eq!(
         headers[header::LOCATION],
-        "/dead?destination=billing&error=404&replayed=4"
+        "/dead?destination=billing&error-contains=404&replayed=4"
     );
     let stats = app.store.stats().await.unwrap();
     let billing = stats.destination("billing").unwrap();
@@ -445,4 +447,87 @@ async fn the_overview_shows_what_the_store_declares() {
         page.contains(&declared),
         "the overview names {declared:?}: {page}"
     );
+}
+
+/// The waiting page lists the rows not yet published with their attempts, last error and
+/// next attempt, under the filters of `outbox dead list`; a destination no route serves
+/// is marked there and on the overview; a parameter the page does not know is refused.
+#[tokio::test]
+async fn waiting_rows_show_why_a_backlog_does_not_move() {
+    let store = MemoryStore::new();
+    let messages: Vec<_> = ["billing", "billing", "ledger"]
+        .iter()
+        .map(|d| {
+            NewMessage::builder(*d, "invoice.paid")
+                .json(&1)
+                .build()
+                .unwrap()
+        })
+        .collect();
+    let ids: Vec<_> = messages.iter().map(NewMessage::id).collect();
+    store.enqueue_all(messages).unwrap();
+    let claim = store
+        .claim(
+            &ClaimRequest::new("test", 10, std::time::Duration::from_secs(30))
+                .destinations(vec!["billing".into()]),
+        )
+        .await
+        .unwrap();
+    let retry = Completion::retry(
+        ids[0],
+        std::time::Duration::from_secs(600),
+        "HTTP 503 <busy>",
+    );
+    store.complete(claim.lease.token, &[retry]).await.unwrap();
+    let app = App {
+        store: store.clone(),
+        router: Dashboard::new(AnyStore::new(store), TOKEN)
+            .unwrap()
+            .routes(["billing"])
+            .router(),
+    };
+
+    let (status, page, _) = app.get("/waiting", true).await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    assert_eq!(page.matches("<tr class=\"waiting\">").count(), 3, "{page}");
+    assert!(
+        page.contains("HTTP 503 &lt;busy&gt;"),
+        "the last error, escaped: {page}"
+    );
+    assert!(
+        page.contains("in 9m"),
+        "the retry's next attempt, ten minutes out: {page}"
+    );
+    assert!(page.contains(">leased<"), "the leased row: {page}");
+    assert_eq!(
+        page.matches("no route").count(),
+        1,
+        "the ledger row is marked, the billing rows are not: {page}"
+    );
+
+    let (_, filtered, _) = app.get("/waiting?error-contains=503", true).await;
+    assert_eq!(
+        filtered.matches("<tr class=\"waiting\">").count(),
+        1,
+        "{filtered}"
+    );
+    let (_, ledger, _) = app.get("/waiting?destination=ledger", true).await;
+    assert!(ledger.contains(&ids[2].to_string()) && !ledger.contains(&ids[0].to_string()));
+
+    let (_, overview, _) = app.get("/", true).await;
+    assert!(overview.contains("no route"), "{overview}");
+    assert!(
+        overview.contains("/waiting?destination=billing"),
+        "the backlog links to its waiting rows: {overview}"
+    );
+
+    for path in [
+        "/waiting?error=503",
+        "/dead?event_type=order.paid",
+        "/waiting?page=2",
+    ] {
+        let (status, page, _) = app.get(path, true).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{path}: {page}");
+        assert!(page.contains("unknown parameter"), "{path}: {page}");
+    }
 }

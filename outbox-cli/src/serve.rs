@@ -31,7 +31,13 @@ pub(crate) async fn relay(config: &Config) -> Result<(), String> {
         ));
     }
     if let Some(dashboard) = &config.dashboard {
-        serve_dashboard(dashboard, outbox.store().clone(), Some(outbox.health())).await?;
+        serve_dashboard(
+            config,
+            dashboard,
+            outbox.store().clone(),
+            Some(outbox.health()),
+        )
+        .await?;
     }
     crate::log_status(&format!(
         "relay running with {} route(s){}; Ctrl-C or SIGTERM stops it",
@@ -53,13 +59,14 @@ pub(crate) async fn dashboard(config: &Config, store: AnyStore) -> Result<(), St
         .dashboard
         .as_ref()
         .ok_or("`outbox dashboard` needs a [dashboard] table in the config (listen, token_env)")?;
-    serve_dashboard(settings, store, None).await?;
+    serve_dashboard(config, settings, store, None).await?;
     shutdown_signal().await;
     Ok(())
 }
 
 /// Binds the dashboard's address and serves it in the background.
 async fn serve_dashboard(
+    config: &Config,
     settings: &DashboardConfig,
     store: AnyStore,
     relay: Option<RelayHealth>,
@@ -70,6 +77,10 @@ async fn serve_dashboard(
         .map_err(|e| format!("dashboard: {e}"))?
         .hosts(hosts)
         .public_read(settings.public_read);
+    // A configuration without routes (the dashboard's own) says nothing about them.
+    if !config.routes.is_empty() {
+        dashboard = dashboard.routes(config.routes.keys().cloned());
+    }
     if let Some(relay) = relay {
         dashboard = dashboard.relay(relay);
     }

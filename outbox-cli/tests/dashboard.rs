@@ -2,7 +2,9 @@
 //! three destinations; the count the page shows for a filter equals what `outbox dead list
 //! --json` lists; replaying the filtered set through the confirmation leaves exactly those
 //! rows pending; the page's numbers follow. Without the token the action endpoints answer
-//! 401 and change nothing; a payload holding `<script>` is shown as text.
+//! 401 and change nothing; a payload holding `<script>` is shown as text. The waiting page
+//! shows retrying rows with their error and next attempt, and marks the rows no route
+//! serves.
 //!
 //! Needs PostgreSQL, Chromium and playwright-core (`scripts/services.sh` installs them:
 //! `OUTBOX_TEST_CHROMIUM`, `OUTBOX_TEST_PLAYWRIGHT_PATH`). With `OUTBOX_SCREENSHOTS_DIR`
@@ -339,6 +341,60 @@ async fn every_page_answers_503_in_time_when_the_database_stops_answering() {
         assert!(took < Duration::from_secs(8), "{path} took {took:?}");
     }
     proxy.set(outbox_test_support::proxy::Net::Pass);
+    setup.drop_table().await;
+}
+
+/// The waiting page in Chromium: rows retrying after a 503 with their error and next
+/// attempt, leased rows, and rows of a destination no route serves, marked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_waiting_page_shows_why_rows_wait() {
+    let setup = setup().await;
+    let store = PgOutbox::with_names(
+        setup.pool.clone(),
+        TableNames::default().outbox(&setup.table).unwrap(),
+    );
+    let busy = "HTTP 503 Service Unavailable: the ledger is closing its books (Retry-After: 600)";
+    let mut messages = Vec::new();
+    let mut fates = Vec::new();
+    for (destination, fate, n) in [
+        ("billing", common::Fate::Retry(busy), 6),
+        ("sms", common::Fate::Leased, 2),
+        ("ledger", common::Fate::Pending, 3),
+    ] {
+        for i in 0..n {
+            messages.push(
+                NewMessage::builder(destination, "invoice.paid")
+                    .json(&serde_json::json!({ "invoice": i }))
+                    .build()
+                    .unwrap(),
+            );
+            fates.push(fate);
+        }
+    }
+    common::settle(&store, &messages, &fates).await;
+    let config = setup.dir.path().join("routed.toml");
+    let base = std::fs::read_to_string(&setup.config).unwrap();
+    std::fs::write(
+        &config,
+        format!(
+            "{base}\n[routes.billing]\nurl = \"https://billing.example.com/hooks\"\n\n\
+             [routes.sms]\nurl = \"https://sms.example.com/hooks\"\n"
+        ),
+    )
+    .unwrap();
+    let _dashboard = setup.outbox("dashboard", &config);
+    setup.started().await;
+
+    let run = browser(&["waiting", &format!("http://{}", setup.addr), TOKEN]);
+    let seen: serde_json::Value = serde_json::from_slice(&run.stdout).unwrap();
+    eprintln!("browser saw: {seen}");
+    assert_eq!(seen["rows"], 11, "every waiting row, none of the 100 dead");
+    assert_eq!(seen["unrouted"], 3, "the ledger rows are marked");
+    assert_eq!(seen["retrying"], 6, "the billing rows show their error");
+    assert_eq!(
+        seen["nextAttempts"], 6,
+        "and their next attempt, minutes away"
+    );
     setup.drop_table().await;
 }
 

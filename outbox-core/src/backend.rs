@@ -120,6 +120,12 @@ pub trait DynStore: Send + Sync + 'static {
         key: &'a str,
         limit: usize,
     ) -> BoxFuture<'a, Result<Vec<FoundMessage>, StoreError>>;
+    /// See [`FindMessages::list_waiting`].
+    fn list_waiting_dyn<'a>(
+        &'a self,
+        filter: &'a DeadLetterFilter,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<FoundMessage>, StoreError>>;
     /// See [`Purge::purge`].
     fn purge_dyn<'a>(&'a self, request: &'a PurgeRequest)
     -> BoxFuture<'a, Result<u64, StoreError>>;
@@ -198,6 +204,13 @@ where
         limit: usize,
     ) -> BoxFuture<'a, Result<Vec<FoundMessage>, StoreError>> {
         Box::pin(self.find_messages(key, limit))
+    }
+    fn list_waiting_dyn<'a>(
+        &'a self,
+        filter: &'a DeadLetterFilter,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<FoundMessage>, StoreError>> {
+        Box::pin(self.list_waiting(filter, limit))
     }
     fn purge_dyn<'a>(
         &'a self,
@@ -316,6 +329,13 @@ impl FindMessages for AnyStore {
         limit: usize,
     ) -> Result<Vec<FoundMessage>, StoreError> {
         self.0.find_messages_dyn(key, limit).await
+    }
+    async fn list_waiting(
+        &self,
+        filter: &DeadLetterFilter,
+        limit: usize,
+    ) -> Result<Vec<FoundMessage>, StoreError> {
+        self.0.list_waiting_dyn(filter, limit).await
     }
 }
 

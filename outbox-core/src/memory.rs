@@ -440,6 +440,33 @@ impl FindMessages for MemoryStore {
             })
             .collect())
     }
+
+    async fn list_waiting(
+        &self,
+        filter: &DeadLetterFilter,
+        limit: usize,
+    ) -> Result<Vec<FoundMessage>, StoreError> {
+        let inner = self.lock();
+        Ok(inner
+            .rows
+            .values()
+            .filter_map(|e| {
+                let next = match &e.row.state {
+                    RowState::Pending { available_at } => *available_at,
+                    RowState::Leased(lease) => lease.until,
+                    RowState::Published { .. } | RowState::Dead { .. } => return None,
+                };
+                let error = e.row.last_error.as_deref().unwrap_or_default();
+                filter.matches(&e.message, error).then(|| {
+                    let mut found = FoundMessage::new(e.message.clone(), e.row.status());
+                    found.last_error = e.row.last_error.clone();
+                    found.next_attempt = Some(next);
+                    found
+                })
+            })
+            .take(limit)
+            .collect())
+    }
 }
 
 impl DeadLetters for MemoryStore {

@@ -572,6 +572,9 @@ pub struct FoundMessage {
     pub published_at: Option<DateTime<Utc>>,
     /// When it was dead-lettered, if it is dead.
     pub dead_at: Option<DateTime<Utc>>,
+    /// When it may be claimed next, if it waits (pending: its next attempt; leased: when
+    /// its lease lapses).
+    pub next_attempt: Option<DateTime<Utc>>,
 }
 
 impl FoundMessage {
@@ -583,6 +586,7 @@ impl FoundMessage {
             last_error: None,
             published_at: None,
             dead_at: None,
+            next_attempt: None,
         }
     }
 }
@@ -595,6 +599,17 @@ pub trait FindMessages: Send + Sync {
     fn find_messages(
         &self,
         key: &str,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<FoundMessage>, StoreError>> + Send;
+
+    /// Up to `limit` rows still waiting to be published (pending or leased) that `filter`
+    /// matches (its fields as for dead letters: ids, destinations, event types, creation
+    /// times, text of the last error, ids above), in id order: what an operator reads to
+    /// see why a backlog does not move. Each has its attempts, last error and
+    /// [`next_attempt`](FoundMessage::next_attempt).
+    fn list_waiting(
+        &self,
+        filter: &DeadLetterFilter,
         limit: usize,
     ) -> impl Future<Output = Result<Vec<FoundMessage>, StoreError>> + Send;
 }

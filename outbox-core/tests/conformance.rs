@@ -289,6 +289,13 @@ mod tampered {
         async fn find_messages(&self, k: &str, n: usize) -> Result<Vec<FoundMessage>, StoreError> {
             self.store.find_messages(k, n).await
         }
+        async fn list_waiting(
+            &self,
+            f: &DeadLetterFilter,
+            n: usize,
+        ) -> Result<Vec<FoundMessage>, StoreError> {
+            self.store.list_waiting(f, n).await
+        }
     }
     impl Purge for Tampered {
         async fn purge(&self, r: &PurgeRequest) -> Result<u64, StoreError> {

@@ -371,6 +371,9 @@ pub struct Shared {
 pub struct Admin {
     /// Lists matching dead letters.
     pub list_dead: String,
+    /// Lists the pending and leased rows the same filter matches, in id order, with
+    /// `status`, `last_error` and `available_at` (the next attempt).
+    pub list_waiting: String,
     /// Counts matching dead letters (column `dead`).
     pub count_dead: String,
     /// Replays matching dead letters.
@@ -381,6 +384,17 @@ pub struct Admin {
     pub find: String,
     /// Deletes one bounded batch of old finished rows.
     pub purge: String,
+}
+
+/// A dead-letter filter's `WHERE` clause turned to the rows still waiting to be
+/// published (pending or leased), with the same parameters.
+pub(crate) fn waiting_filter(dead_filter: &str) -> String {
+    const DEAD: &str = "status = 'dead'";
+    assert!(
+        dead_filter.starts_with(DEAD),
+        "a dead-letter filter starts with its status"
+    );
+    dead_filter.replacen(DEAD, "status IN ('pending', 'leased')", 1)
 }
 
 /// The table names a store's settings ask for (`store.schema`, `store.table`,

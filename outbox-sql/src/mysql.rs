@@ -519,6 +519,16 @@ impl Statements {
         )
     }
 
+    /// Lists the pending and leased rows the filter matches, oldest first, with `status`,
+    /// `last_error` and `available_at`; the last parameter is the limit.
+    pub fn list_waiting(&self, shape: DeadFilterShape) -> String {
+        format!(
+            "SELECT {MESSAGE_COLUMNS}, status, last_error, available_at FROM {} WHERE {} ORDER BY id LIMIT ?",
+            self.outbox,
+            crate::waiting_filter(&self.dead_filter(shape))
+        )
+    }
+
     /// Replays matching dead letters: pending, due now, zero attempts, reason kept.
     pub fn replay_dead(&self, shape: DeadFilterShape) -> String {
         format!(

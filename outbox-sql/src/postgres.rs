@@ -32,7 +32,7 @@
 //! commit, or the transaction's start without commit timestamps, to the claim) and
 //! `from_commit` (1 or 0).
 
-use crate::{Admin, Dialect, KEY_IDLE, Shared, TableNames};
+use crate::{Admin, Dialect, KEY_IDLE, Shared, TableNames, waiting_filter};
 
 /// Migration files of the outbox table.
 pub const OUTBOX_MIGRATIONS: &[(&str, &str)] = &[
@@ -118,6 +118,7 @@ impl Statements {
     pub fn new(names: &TableNames) -> Self {
         let r = |t: &str| names.render(Dialect::Postgres, t);
         let dead = |t: &str| r(&t.replace("{dead_filter}", DEAD_FILTER));
+        let waiting = |t: &str| r(&t.replace("{dead_filter}", &waiting_filter(DEAD_FILTER)));
         Self {
             migration_lock: "SELECT pg_advisory_xact_lock($1)".to_owned(),
             insert: r(INSERT),
@@ -134,6 +135,7 @@ impl Statements {
             rotate: r("SELECT {outbox_fn:rotate}($1, $2) AS emptied"),
             admin: Admin {
                 list_dead: dead(LIST_DEAD),
+                list_waiting: waiting(LIST_WAITING),
                 count_dead: dead("SELECT COUNT(*) AS dead FROM {outbox} WHERE {dead_filter}"),
                 replay_dead: dead(
                     "UPDATE {outbox} SET status = 'pending', available_at = now(), attempts = 0, dead_at = NULL WHERE {dead_filter}",
@@ -457,6 +459,9 @@ FROM (SELECT destination FROM {outbox} WHERE status = 'dead' LIMIT $1) AS dead
 GROUP BY destination";
 
 const LIST_DEAD: &str = "SELECT id, destination, event_type, aggregate_type, aggregate_id, partition_key, tenant_id, idempotency_key, payload, content_type, headers::text AS headers, attempts, created_at, last_error, dead_at
+FROM {outbox} WHERE {dead_filter} ORDER BY id LIMIT $8";
+
+const LIST_WAITING: &str = "SELECT id, destination, event_type, aggregate_type, aggregate_id, partition_key, tenant_id, idempotency_key, payload, content_type, headers::text AS headers, attempts, created_at, status, last_error, available_at
 FROM {outbox} WHERE {dead_filter} ORDER BY id LIMIT $8";
 
 const FIND: &str = "SELECT id, destination, event_type, aggregate_type, aggregate_id, partition_key, tenant_id, idempotency_key, payload, content_type, headers::text AS headers, attempts, created_at, status, last_error, published_at, dead_at

@@ -48,7 +48,7 @@
 //! `seq` is pending or leased (or dead, under [`DeadHead::Halt`](outbox_engine::DeadHead)).
 //! The claim is one statement, so it sees one consistent state of the table.
 
-use crate::{Admin, Dialect, KEY_IDLE, Shared, TableNames};
+use crate::{Admin, Dialect, KEY_IDLE, Shared, TableNames, waiting_filter};
 
 /// Migration files of the outbox table.
 pub const OUTBOX_MIGRATIONS: &[(&str, &str)] = &[
@@ -146,6 +146,9 @@ impl Statements {
             release: r(RELEASE),
             admin: Admin {
                 list_dead: dead(LIST_DEAD),
+                list_waiting: r(
+                    &LIST_WAITING.replace("{dead_filter}", &waiting_filter(DEAD_FILTER))
+                ),
                 count_dead: dead("SELECT COUNT(*) AS dead FROM {outbox} WHERE {dead_filter}"),
                 replay_dead: dead(
                     "UPDATE {outbox} SET status = 'pending', available_at = {now}, attempts = 0, dead_at = NULL WHERE {dead_filter}",
@@ -376,6 +379,9 @@ const DEAD_FILTER: &str = "status = 'dead'
   AND (?7 IS NULL OR id > ?7)";
 
 const LIST_DEAD: &str = "SELECT id, destination, event_type, aggregate_type, aggregate_id, partition_key, tenant_id, idempotency_key, payload, content_type, headers, attempts, created_at, last_error, dead_at
+FROM {outbox} WHERE {dead_filter} ORDER BY id LIMIT ?8";
+
+const LIST_WAITING: &str = "SELECT id, destination, event_type, aggregate_type, aggregate_id, partition_key, tenant_id, idempotency_key, payload, content_type, headers, attempts, created_at, status, last_error, available_at
 FROM {outbox} WHERE {dead_filter} ORDER BY id LIMIT ?8";
 
 const FIND: &str = "SELECT id, destination, event_type, aggregate_type, aggregate_id, partition_key, tenant_id, idempotency_key, payload, content_type, headers, attempts, created_at, status, last_error, published_at, dead_at

@@ -144,6 +144,15 @@ pub trait AdminDialect: SqlDialect {
         limit: usize,
     ) -> impl Future<Output = Result<Vec<Self::Row>, StoreError>> + Send;
 
+    /// The pending and leased rows `filter` matches, at most `limit`, with the message
+    /// columns, `status`, `last_error` and `available_at`.
+    #[doc(hidden)]
+    fn waiting_rows(
+        store: &SqlOutbox<Self>,
+        filter: &DeadLetterFilter,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<Self::Row>, StoreError>> + Send;
+
     /// How many dead rows `filter` matches.
     #[doc(hidden)]
     fn count_dead(

@@ -56,6 +56,18 @@ where
             .map_err(classify)
     }
 
+    async fn waiting_rows(
+        store: &SqlOutbox<DB>,
+        filter: &DeadLetterFilter,
+        limit_rows: usize,
+    ) -> Result<Vec<DB::Row>, StoreError> {
+        DB::dead_query(&DB::admin(&store.sql).list_waiting, filter)
+            .bind(limit(limit_rows))
+            .fetch_all(&store.pool)
+            .await
+            .map_err(classify)
+    }
+
     async fn count_dead(
         store: &SqlOutbox<DB>,
         filter: &DeadLetterFilter,

@@ -107,6 +107,18 @@ pub(crate) fn found<DB: SqlDialect>(row: &DB::Row) -> Result<FoundMessage, Strin
     Ok(found)
 }
 
+/// A row of the `list_waiting` statement: its message, status, last failure and next
+/// attempt.
+pub(crate) fn waiting<DB: SqlDialect>(row: &DB::Row) -> Result<FoundMessage, String> {
+    let status = text::<DB>(row, "status")?;
+    let status =
+        Status::parse(&status).ok_or_else(|| undecodable("status", format!("{status:?}")))?;
+    let mut found = FoundMessage::new(message::<DB>(row, false)?, status);
+    found.last_error = optional::<DB>(row, "last_error")?;
+    found.next_attempt = DB::time(row, "available_at")?;
+    Ok(found)
+}
+
 /// A row of the `stats` statement.
 pub(crate) fn destination_stats<DB: SqlDialect>(
     row: &DB::Row,

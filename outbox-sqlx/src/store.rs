@@ -292,6 +292,22 @@ impl<DB: AdminDialect> FindMessages for SqlOutbox<DB> {
         }
         Ok(found)
     }
+
+    async fn list_waiting(
+        &self,
+        filter: &DeadLetterFilter,
+        limit: usize,
+    ) -> Result<Vec<FoundMessage>, StoreError> {
+        let rows = DB::waiting_rows(self, filter, limit).await?;
+        let mut found = Vec::with_capacity(rows.len());
+        for row in &rows {
+            match rows::waiting::<DB>(row) {
+                Ok(message) => found.push(message),
+                Err(reason) => warn!(%reason, "a waiting row cannot be listed"),
+            }
+        }
+        Ok(found)
+    }
 }
 
 impl<DB> Purge for SqlOutbox<DB>

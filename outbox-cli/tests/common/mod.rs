@@ -46,6 +46,10 @@ pub enum Fate<'a> {
     Dead(&'a str),
     /// Claimed, then released: pending again.
     Pending,
+    /// Failed for this reason, tried again in ten minutes.
+    Retry(&'a str),
+    /// Still leased by the seeding claim (a minute).
+    Leased,
 }
 
 /// Commits `messages` in one transaction, claims them all, and leaves each as its fate
@@ -74,6 +78,12 @@ pub async fn settle(outbox: &PgOutbox, messages: &[NewMessage], fates: &[Fate<'_
             Fate::Published => finished.push(Completion::published(message.id())),
             Fate::Dead(reason) => finished.push(Completion::dead(message.id(), *reason)),
             Fate::Pending => pending.push(message.id()),
+            Fate::Retry(reason) => finished.push(Completion::retry(
+                message.id(),
+                Duration::from_secs(600),
+                *reason,
+            )),
+            Fate::Leased => {}
         }
     }
     if !finished.is_empty() {

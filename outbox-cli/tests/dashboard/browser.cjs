@@ -4,6 +4,7 @@
 //
 //   node browser.cjs URL TOKEN DESTINATION ERROR_TEXT SCRIPT_MESSAGE_ID [SCREENSHOT_DIR]
 //   node browser.cjs screenshot URL TOKEN SCREENSHOT_DIR   (the overview of a running relay)
+//   node browser.cjs waiting URL TOKEN [SCREENSHOT_DIR]    (the waiting rows, as JSON)
 //
 // Environment: OUTBOX_TEST_CHROMIUM (the browser binary), NODE_PATH (playwright-core).
 'use strict';
@@ -39,8 +40,30 @@ async function overview(url, token, shots) {
   }
 }
 
+// The waiting page: its rows, the ones marked "no route", the last errors and next attempts.
+async function waiting(url, token, shots) {
+  const browser = await launch();
+  try {
+    const page = await (await signedIn(browser, token)).newPage();
+    page.setDefaultTimeout(15000);
+    await page.goto(`${url}/waiting`);
+    const rows = page.locator('tr.waiting');
+    const result = {
+      rows: await rows.count(),
+      unrouted: await page.locator('tr.waiting .unrouted').count(),
+      retrying: await page.locator('tr.waiting:has-text("HTTP 503")').count(),
+      nextAttempts: await page.locator('tr.waiting td:text-matches("^in [0-9]+m")').count(),
+    };
+    if (shots) await page.screenshot({ path: `${shots}/dashboard-waiting.png`, fullPage: true });
+    process.stdout.write(JSON.stringify(result) + '\n');
+  } finally {
+    await browser.close();
+  }
+}
+
 async function main() {
   if (process.argv[2] === 'screenshot') return overview(...process.argv.slice(3));
+  if (process.argv[2] === 'waiting') return waiting(...process.argv.slice(3));
   const [url, token, destination, errorText, scriptId, shots] = process.argv.slice(2);
   const browser = await launch();
   const result = {};
@@ -56,7 +79,7 @@ async function main() {
 
     await page.goto(`${url}/dead`);
     await page.fill('input[name=destination]', destination);
-    await page.fill('input[name=error]', errorText);
+    await page.fill('input[name=error-contains]', errorText);
     await Promise.all([page.waitForNavigation(), page.click('#apply-filter')]);
     result.shown = Number(await page.locator('#match-count').innerText());
     result.rows = await page.locator('tr.letter').count();

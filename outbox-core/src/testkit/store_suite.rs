@@ -127,6 +127,7 @@ pub async fn run_all<H: StoreHarness>(factory: impl AsyncFn() -> H) {
         max_age_follows_the_stores_clock,
         dead_letters_list_replay_discard,
         find_messages_by_id_or_key,
+        waiting_rows_are_listed_with_their_error_and_next_attempt,
         stats_count_each_state,
         purge_is_bounded_and_keeps_unfinished,
     );
@@ -885,6 +886,76 @@ pub async fn find_messages_by_id_or_key<H: StoreHarness>(h: &H) {
             "{absent:?} finds nothing"
         );
     }
+}
+
+/// An operator lists the rows still waiting (pending, retrying, leased) with the dead-letter
+/// filter: each with its status, attempts, last error and next attempt; finished rows are
+/// not listed.
+pub async fn waiting_rows_are_listed_with_their_error_and_next_attempt<H: StoreHarness>(h: &H) {
+    let ids: Vec<_> = (0..4)
+        .map(|n| message(if n == 3 { "sms" } else { "billing" }, n))
+        .collect();
+    let id = |n: usize| ids[n].id();
+    h.enqueue(ids.clone()).await.expect("enqueue");
+    let store = h.store();
+    let claim = store.claim(&request(10)).await.expect("claim");
+    let done = [
+        Completion::published(id(0)),
+        Completion::retry(id(1), Duration::from_secs(60), "503 busy: try later"),
+    ];
+    store
+        .complete(claim.lease.token, &done)
+        .await
+        .expect("complete");
+    store
+        .release(claim.lease.token, &[id(3)])
+        .await
+        .expect("release");
+
+    let all = store
+        .list_waiting(&DeadLetterFilter::all(), 10)
+        .await
+        .expect("list");
+    assert_eq!(
+        all.iter()
+            .map(|f| (f.message.id, f.status))
+            .collect::<Vec<_>>(),
+        [
+            (id(1), Status::Pending),
+            (id(2), Status::Leased),
+            (id(3), Status::Pending)
+        ],
+        "the unfinished rows, in id order"
+    );
+    let retrying = &all[0];
+    assert_eq!(retrying.last_error.as_deref(), Some("503 busy: try later"));
+    assert_eq!(retrying.message.attempts, 1);
+    let next = retrying.next_attempt.expect("a retry has its next attempt");
+    let leased_until = all[1].next_attempt.expect("a lease has its end");
+    assert!(
+        next > leased_until,
+        "the retry (in 60 s) is due after the lease (30 s) ends: {next}, {leased_until}"
+    );
+
+    let by_error = DeadLetterFilter::all().error_contains("503");
+    let found = store.list_waiting(&by_error, 10).await.expect("list");
+    assert_eq!(
+        found.iter().map(|f| f.message.id).collect::<Vec<_>>(),
+        [id(1)]
+    );
+    let sms = DeadLetterFilter::all().destination("sms");
+    let found = store.list_waiting(&sms, 10).await.expect("list");
+    assert_eq!(
+        found.iter().map(|f| f.message.id).collect::<Vec<_>>(),
+        [id(3)]
+    );
+    let page = DeadLetterFilter::all().after_id(id(1));
+    let found = store.list_waiting(&page, 1).await.expect("list");
+    assert_eq!(
+        found.iter().map(|f| f.message.id).collect::<Vec<_>>(),
+        [id(2)],
+        "after an id, limited"
+    );
 }
 
 /// Stats count rows per state and destination and report the oldest unfinished row.

@@ -26,6 +26,19 @@ impl AdminDialect for MySql {
             .map_err(classify)
     }
 
+    async fn waiting_rows(
+        store: &MySqlOutbox,
+        filter: &DeadLetterFilter,
+        limit_rows: usize,
+    ) -> Result<Vec<MySqlRow>, StoreError> {
+        let sql = store.sql.list_waiting(dead_shape(filter)?);
+        bind_dead_filter(sqlx::query(&sql).persistent(false), filter)
+            .bind(limit(limit_rows))
+            .fetch_all(&store.pool)
+            .await
+            .map_err(classify)
+    }
+
     async fn find_rows(
         store: &MySqlOutbox,
         key: &str,
