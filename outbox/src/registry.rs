@@ -189,15 +189,7 @@ impl Registry {
     /// handles; [`Error::Build`] when the driver fails (retryable if the server was not
     /// reachable).
     pub async fn connect_store(&self, settings: &StoreSettings) -> Result<AnyStore, Error> {
-        let Some(driver) = self.stores.iter().find(|d| d.handles(&settings.url)) else {
-            let known = self.stores.iter().flat_map(|d| d.schemes.iter().copied());
-            return Err(unknown(
-                "store.url".to_owned(),
-                "store",
-                &settings.url,
-                known,
-            ));
-        };
+        let driver = self.store_driver(settings)?;
         (driver.connect)(settings)
             .await
             .map_err(|source| Error::Build {
@@ -215,15 +207,7 @@ impl Registry {
     /// As [`connect_store`](Self::connect_store) for the scheme; [`Error::Build`] when the
     /// store has no SQL schema or the table names are invalid.
     pub fn store_schema(&self, settings: &StoreSettings) -> Result<String, Error> {
-        let Some(driver) = self.stores.iter().find(|d| d.handles(&settings.url)) else {
-            let known = self.stores.iter().flat_map(|d| d.schemes.iter().copied());
-            return Err(unknown(
-                "store.url".to_owned(),
-                "store",
-                &settings.url,
-                known,
-            ));
-        };
+        let driver = self.store_driver(settings)?;
         let build = |source| Error::Build {
             what: "store".to_owned(),
             source,
@@ -241,15 +225,7 @@ impl Registry {
     ///
     /// As for [`store_schema`](Self::store_schema).
     pub fn check_store(&self, settings: &StoreSettings) -> Result<(), Error> {
-        let Some(driver) = self.stores.iter().find(|d| d.handles(&settings.url)) else {
-            let known = self.stores.iter().flat_map(|d| d.schemes.iter().copied());
-            return Err(unknown(
-                "store.url".to_owned(),
-                "store",
-                &settings.url,
-                known,
-            ));
-        };
+        let driver = self.store_driver(settings)?;
         match driver.schema {
             Some(schema) => schema(settings).map(drop).map_err(|source| Error::Build {
                 what: "store".to_owned(),
@@ -271,13 +247,7 @@ impl Registry {
         route: &str,
         table: &RouteTable,
     ) -> Result<Arc<dyn DynSink>, Error> {
-        let url = table
-            .url()
-            .ok_or_else(|| Error::Config(format!("routes.{route}: missing `url`")))?;
-        let Some(driver) = self.sinks.iter().find(|d| d.handles(url)) else {
-            let known = self.sinks.iter().flat_map(|d| d.schemes.iter().copied());
-            return Err(unknown(format!("routes.{route}.url"), "sink", url, known));
-        };
+        let driver = self.sink_driver(route, table)?;
         let policy = table.policy(route)?;
         let sink = (driver.build)(&table.sink_settings(route))
             .await
@@ -287,9 +257,7 @@ impl Registry {
             })?;
         Ok(policy.apply(route, sink))
     }
-}
 
-impl Registry {
     /// Checks the sink settings of `route` without reaching a server: a driver for its
     /// `url` scheme, its policies, and the driver's own check (values, templates, the
     /// files and variables it names, read but never shown).
@@ -298,17 +266,33 @@ impl Registry {
     ///
     /// As for [`build_sink`](Self::build_sink).
     pub fn check_sink(&self, route: &str, table: &RouteTable) -> Result<(), Error> {
-        let url = table
-            .url()
-            .ok_or_else(|| Error::Config(format!("routes.{route}: missing `url`")))?;
-        let Some(driver) = self.sinks.iter().find(|d| d.handles(url)) else {
-            let known = self.sinks.iter().flat_map(|d| d.schemes.iter().copied());
-            return Err(unknown(format!("routes.{route}.url"), "sink", url, known));
-        };
+        let driver = self.sink_driver(route, table)?;
         table.policy(route)?;
         (driver.check)(&table.sink_settings(route)).map_err(|source| Error::Build {
             what: format!("route {route:?}"),
             source,
+        })
+    }
+
+    /// The driver of the store URL's scheme.
+    fn store_driver(&self, settings: &StoreSettings) -> Result<&StoreDriver, Error> {
+        self.stores
+            .iter()
+            .find(|d| d.handles(&settings.url))
+            .ok_or_else(|| {
+                let known = self.stores.iter().flat_map(|d| d.schemes.iter().copied());
+                unknown("store.url".to_owned(), "store", &settings.url, known)
+            })
+    }
+
+    /// The driver of the scheme of `route`'s `url`.
+    fn sink_driver(&self, route: &str, table: &RouteTable) -> Result<&SinkDriver, Error> {
+        let url = table
+            .url()
+            .ok_or_else(|| Error::Config(format!("routes.{route}: missing `url`")))?;
+        self.sinks.iter().find(|d| d.handles(url)).ok_or_else(|| {
+            let known = self.sinks.iter().flat_map(|d| d.schemes.iter().copied());
+            unknown(format!("routes.{route}.url"), "sink", url, known)
         })
     }
 }
