@@ -20,6 +20,7 @@ use outbox::{
 };
 
 mod serve;
+mod traces;
 
 /// Operate a transactional outbox.
 #[derive(Debug, Parser)]
@@ -191,9 +192,6 @@ type Result<T, E = String> = std::result::Result<T, E>;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    if let Err(message) = install_logging(cli.log_format) {
-        return fail(message, LogFormat::Plain);
-    }
     let format = cli.log_format;
     // TLS routes (`amqps://`, `rediss://`) need one process-wide rustls provider; more than
     // one is compiled in (the HTTP sink's and the broker sinks'), so choose it here.
@@ -206,7 +204,12 @@ fn main() -> ExitCode {
         Ok(runtime) => runtime,
         Err(e) => return fail(format!("cannot start the runtime: {e}"), format),
     };
+    let traces = match install_logging(format, runtime.handle()) {
+        Ok(traces) => traces,
+        Err(message) => return fail(message, LogFormat::Plain),
+    };
     let result = runtime.block_on(run(cli));
+    traces.shutdown();
     // Work a deadline gave up on (a blocking call on a silent connection) must not keep
     // the process alive: exit without waiting for it.
     runtime.shutdown_timeout(Duration::from_secs(5));
@@ -237,10 +240,13 @@ const QUIET_UNLESS_NAMED: &[&str] = &[
     "aws_smithy_runtime_api",
 ];
 
-/// Logs to stderr what `RUST_LOG` selects (warnings and errors by default).
-fn install_logging(format: LogFormat) -> Result<()> {
-    use tracing_subscriber::EnvFilter;
+/// Logs to stderr what `RUST_LOG` selects (warnings and errors by default), and exports
+/// spans over OTLP when the environment names a collector (see [`traces::otlp`]).
+fn install_logging(format: LogFormat, runtime: &tokio::runtime::Handle) -> Result<traces::Traces> {
     use tracing_subscriber::filter::LevelFilter;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::{EnvFilter, Layer};
 
     let mut filter = EnvFilter::builder()
         .with_default_directive(LevelFilter::WARN.into())
@@ -256,16 +262,32 @@ fn install_logging(format: LogFormat) -> Result<()> {
             filter = filter.add_directive(directive);
         }
     }
-    let logs = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    let installed = match format {
+    // The OpenTelemetry crates (with their `internal-logs` feature) log an export error at
+    // every attempt; `traces::Exporter` says it once.
+    if !named.contains("opentelemetry") {
+        filter = filter.add_directive("opentelemetry=off".parse().expect("a valid directive"));
+    }
+    let logs = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let logs = match format {
         LogFormat::Plain => logs
             .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-            .try_init(),
-        LogFormat::Json => logs.json().try_init(),
+            .boxed(),
+        LogFormat::Json => logs.json().boxed(),
     };
-    installed.map_err(|e| format!("logging: {e}"))
+    let (provider, spans) = match traces::otlp(runtime)? {
+        Some((provider, filter)) => {
+            use opentelemetry::trace::TracerProvider as _;
+            let layer = tracing_opentelemetry::layer().with_tracer(provider.tracer("outbox"));
+            (Some(provider), Some(layer.with_filter(filter)))
+        }
+        None => (None, None),
+    };
+    tracing_subscriber::registry()
+        .with(logs.with_filter(filter))
+        .with(spans)
+        .try_init()
+        .map_err(|e| format!("logging: {e}"))?;
+    Ok(traces::Traces(provider))
 }
 
 /// Prints `message` as one line on stderr, as a JSON object in the JSON log format (the
@@ -298,9 +320,16 @@ fn load_config(cli: &Cli) -> Result<Option<Config>> {
     .map_err(|e| e.to_string())
 }
 
-/// What a command that needs a configuration says without one.
+/// What a command that needs a configuration says without one (and why the variables
+/// that were meant as settings are not).
 fn needs_config(command: &str) -> String {
-    format!("`outbox {command}` needs --config FILE, or OUTBOX_… settings in the environment")
+    let mut message =
+        format!("`outbox {command}` needs --config FILE, or OUTBOX_… settings in the environment");
+    for stray in outbox::config::stray_variables(std::env::vars(), None) {
+        message.push_str("; ");
+        message.push_str(&stray);
+    }
+    message
 }
 
 fn store_settings(cli: &Cli, config: Option<&Config>) -> Result<StoreSettings> {
@@ -345,7 +374,7 @@ async fn run(cli: Cli) -> Result<()> {
         Command::Relay => {
             let mut config = config.ok_or_else(|| needs_config("relay"))?;
             config.store = store_settings(&cli, Some(&config))?;
-            for stray in config.stray_variables(std::env::vars()) {
+            for stray in outbox::config::stray_variables(std::env::vars(), Some(&config)) {
                 tracing::warn!("{stray}");
             }
             serve::relay(&config).await?;
@@ -358,7 +387,7 @@ async fn run(cli: Cli) -> Result<()> {
             config
                 .check(&Registry::default())
                 .map_err(|e| e.to_string())?;
-            let stray = config.stray_variables(std::env::vars());
+            let stray = outbox::config::stray_variables(std::env::vars(), Some(&config));
             if !stray.is_empty() {
                 return Err(stray.join("; "));
             }

@@ -531,7 +531,9 @@ fn config_check_names_the_setting_of_every_malformed_config() {
         // the last line, and the only one.
         let err = stderr(&out);
         let errors: Vec<&str> = err.lines().filter(|l| l.starts_with("error: ")).collect();
-        let named = errors.first().is_some_and(|e| needles.iter().all(|n| e.contains(n)));
+        let named = errors
+            .first()
+            .is_some_and(|e| needles.iter().all(|n| e.contains(n)));
         if out.status.success()
             || !named
             || errors.len() != 1
@@ -571,6 +573,22 @@ fn config_check_names_the_setting_of_every_malformed_config() {
     assert_eq!(
         stdout(&from_env),
         "config ok: a sqlite store, 1 route(s): hooks\n"
+    );
+
+    // A variable meant as a setting, and nothing else: the error says why it is not one.
+    let stray_only = outbox_test_support::output_within(
+        "outbox config check",
+        Duration::from_secs(30),
+        Command::new(env!("CARGO_BIN_EXE_outbox"))
+            .args(["config", "check"])
+            .env_remove("OUTBOX_CONFIG")
+            .env("OUTBOX_STORE_URL", "sqlite::memory:"),
+    );
+    let err = stderr(&stray_only);
+    assert!(!stray_only.status.success());
+    assert!(
+        err.contains("needs --config FILE") && err.contains("as in OUTBOX_STORE__URL"),
+        "{err}"
     );
 }
 

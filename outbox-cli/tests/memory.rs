@@ -9,13 +9,14 @@
 //! instead, and samples every tenth of the time.
 
 use std::process::Command;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use outbox::TableNames;
 use outbox::postgres::PgOutbox;
 use outbox_test_support::{ChildGuard, wait_until};
+
+mod common;
 
 /// How much the relay's RSS may grow after the first fifth of the run.
 const BOUND_MIB: f64 = 2.0;
@@ -36,7 +37,7 @@ async fn relay_memory_stays_flat_when_nothing_scrapes_its_metrics() {
     let outbox = PgOutbox::with_names(pool.clone(), TableNames::default().outbox(&table).unwrap());
     outbox.migrate().await.unwrap();
 
-    let (hook, delivered) = counting_receiver().await;
+    let (hook, delivered) = common::counting_receiver().await;
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("outbox.toml");
     std::fs::write(
@@ -97,7 +98,7 @@ async fn relay_memory_stays_flat_when_nothing_scrapes_its_metrics() {
             .env("RUST_LOG", "error"),
     );
     let pid = relay.id();
-    let limit = soak.unwrap_or_default() + Duration::from_secs(300);
+    let limit = soak.unwrap_or_default() + Duration::from_secs(540);
     let started = Instant::now();
     let mut samples: Vec<(u64, f64)> = Vec::new();
     for tenth in 1..=10u64 {
@@ -151,24 +152,4 @@ fn rss_mib(pid: u32) -> f64 {
         .and_then(|v| v.parse().ok())
         .expect("VmRSS in /proc/PID/status");
     kib / 1024.0
-}
-
-/// A webhook receiver that counts what it gets and answers 204.
-async fn counting_receiver() -> (String, Arc<AtomicU64>) {
-    let count = Arc::new(AtomicU64::new(0));
-    let counted = count.clone();
-    let app = axum::Router::new().route(
-        "/hook",
-        axum::routing::post(move || {
-            let counted = counted.clone();
-            async move {
-                counted.fetch_add(1, Ordering::Relaxed);
-                axum::http::StatusCode::NO_CONTENT
-            }
-        }),
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/hook", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    (url, count)
 }

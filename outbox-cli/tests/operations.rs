@@ -324,10 +324,16 @@ async fn readyz_follows_the_store_not_unrouted_rows() {
     assert!(relay.terminate(LIMIT).is_some(), "graceful stop");
 
     let mut relay = s.relay_on("no_such_outbox", &routes, "error");
-    let answer = wait_for("/readyz answering 503", LIMIT, || async {
-        let answer = s.get("/readyz").await;
-        answer.starts_with("HTTP/1.1 503").then_some(answer)
-    })
+    // Before the first claim is answered, /readyz says so; then it names the store's error.
+    let answer = wait_for(
+        "/readyz answering 503 with the store's error",
+        LIMIT,
+        || async {
+            let answer = s.get("/readyz").await;
+            (answer.starts_with("HTTP/1.1 503") && answer.contains("the store fails to claim"))
+                .then_some(answer)
+        },
+    )
     .await;
     assert!(
         answer.contains("the store fails to claim") && answer.contains("no_such_outbox"),

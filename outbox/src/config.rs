@@ -481,44 +481,6 @@ impl Config {
         Ok(())
     }
 
-    /// `OUTBOX_…` variables among `env` that look like settings but are not read: a
-    /// section name with one `_` where settings take `__` (`OUTBOX_STORE_URL` for
-    /// `OUTBOX_STORE__URL`). Variables the configuration names (`token_env`, a route's
-    /// `…_env`) are not settings and are left out. Each entry says what to write instead.
-    ///
-    /// ```
-    /// let config = outbox::Config::from_toml("[store]\nurl = \"sqlite::memory:\"\n", Vec::<(String, String)>::new())?;
-    /// let stray = config.stray_variables([("OUTBOX_STORE_URL".to_owned(), String::new())]);
-    /// assert_eq!(stray, ["OUTBOX_STORE_URL is not read: settings join their parts with `__`, as in OUTBOX_STORE__URL"]);
-    /// # Ok::<(), outbox::Error>(())
-    /// ```
-    pub fn stray_variables(&self, env: impl IntoIterator<Item = (String, String)>) -> Vec<String> {
-        const SECTIONS: &[&str] = &[
-            "STORE",
-            "RELAY",
-            "RETRY",
-            "ROUTES",
-            "METRICS",
-            "HEALTH",
-            "DASHBOARD",
-        ];
-        let named = self.variables_named();
-        env.into_iter()
-            .filter_map(|(name, _)| {
-                let rest = name.strip_prefix(ENV_PREFIX)?;
-                if rest.contains("__") || named.contains(&name) {
-                    return None;
-                }
-                let (section, key) = rest.split_once('_')?;
-                SECTIONS.contains(&section).then(|| {
-                    format!(
-                        "{name} is not read: settings join their parts with `__`, as in {ENV_PREFIX}{section}__{key}"
-                    )
-                })
-            })
-            .collect()
-    }
-
     /// The environment variables the configuration names as holding secrets.
     fn variables_named(&self) -> Vec<String> {
         let mut named: Vec<String> = self
@@ -546,6 +508,45 @@ impl Config {
         }
         Ok(config)
     }
+}
+
+/// `OUTBOX_…` variables among `env` that look like settings but are not read: a section
+/// name with one `_` where settings take `__` (`OUTBOX_STORE_URL` for
+/// `OUTBOX_STORE__URL`). Variables `config` names (`token_env`, a route's `…_env`) are not
+/// settings and are left out. Each entry says what to write instead.
+///
+/// ```
+/// let stray = outbox::config::stray_variables([("OUTBOX_STORE_URL".to_owned(), String::new())], None);
+/// assert_eq!(stray, ["OUTBOX_STORE_URL is not read: settings join their parts with `__`, as in OUTBOX_STORE__URL"]);
+/// ```
+pub fn stray_variables(
+    env: impl IntoIterator<Item = (String, String)>,
+    config: Option<&Config>,
+) -> Vec<String> {
+    const SECTIONS: &[&str] = &[
+        "STORE",
+        "RELAY",
+        "RETRY",
+        "ROUTES",
+        "METRICS",
+        "HEALTH",
+        "DASHBOARD",
+    ];
+    let named = config.map(Config::variables_named).unwrap_or_default();
+    env.into_iter()
+        .filter_map(|(name, _)| {
+            let rest = name.strip_prefix(ENV_PREFIX)?;
+            if rest.contains("__") || named.contains(&name) {
+                return None;
+            }
+            let (section, key) = rest.split_once('_')?;
+            SECTIONS.contains(&section).then(|| {
+                format!(
+                    "{name} is not read: settings join their parts with `__`, as in {ENV_PREFIX}{section}__{key}"
+                )
+            })
+        })
+        .collect()
 }
 
 /// The sink [`Config::check`] gives the relay's settings check: never called.

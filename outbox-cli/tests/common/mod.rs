@@ -12,6 +12,27 @@ pub use outbox_battery::consumers::{
     nats_consumer, recording_receiver, sqs_consumer,
 };
 
+/// A webhook receiver that counts what it gets and answers 204: its URL and the count.
+pub async fn counting_receiver() -> (String, std::sync::Arc<std::sync::atomic::AtomicU64>) {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let count = std::sync::Arc::new(AtomicU64::new(0));
+    let counted = count.clone();
+    let app = axum::Router::new().route(
+        "/hook",
+        axum::routing::post(move || {
+            let counted = counted.clone();
+            async move {
+                counted.fetch_add(1, Ordering::SeqCst);
+                axum::http::StatusCode::NO_CONTENT
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (url, count)
+}
+
 /// The whole response, or an empty string when the relay does not answer (yet).
 pub async fn http_get(addr: &str, path: &str) -> String {
     http(
