@@ -347,15 +347,17 @@ async fn readyz_follows_the_store_not_unrouted_rows() {
 }
 
 /// A receiver that answers 503 with `Retry-After: 20` for 20 s gets, in that window, the
-/// requests already in flight when it first refused (at most `max_in_flight` per worker)
-/// and one probe per Retry-After: the whole route pauses, not each message. Afterwards
+/// requests already in flight when it first refused (at most `max_in_flight` per worker,
+/// all within a second of the first refusal) and after them at most one request, the
+/// probe at the end of the pause: the whole route pauses, not each message. Afterwards
 /// every message is delivered and none is dead-lettered; the pause is logged and counted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_overloaded_receiver_pauses_the_whole_route() {
     const WINDOW: Duration = Duration::from_secs(20);
     let s = setup("overload").await;
     let refusing = Arc::new(AtomicBool::new(true));
-    let (refused, delivered) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let refused: Arc<std::sync::Mutex<Vec<std::time::Instant>>> = Arc::default();
+    let delivered = Arc::new(AtomicU64::new(0));
     let app = axum::Router::new().route(
         "/hook",
         axum::routing::post({
@@ -366,7 +368,7 @@ async fn an_overloaded_receiver_pauses_the_whole_route() {
                     (refusing.clone(), refused.clone(), delivered.clone());
                 async move {
                     if refusing.load(Ordering::SeqCst) {
-                        refused.fetch_add(1, Ordering::SeqCst);
+                        refused.lock().unwrap().push(std::time::Instant::now());
                         (
                             axum::http::StatusCode::SERVICE_UNAVAILABLE,
                             [("retry-after", "20")],
@@ -400,12 +402,17 @@ async fn an_overloaded_receiver_pauses_the_whole_route() {
     s.outbox.enqueue_all(&mut tx, &messages).await.unwrap();
     tx.commit().await.unwrap();
     wait_until("the first refusal", LIMIT, || async {
-        refused.load(Ordering::SeqCst) > 0
+        !refused.lock().unwrap().is_empty()
     })
     .await;
     tokio::time::sleep(WINDOW).await;
     refusing.store(false, Ordering::SeqCst);
-    let during = refused.load(Ordering::SeqCst);
+    let refusals = refused.lock().unwrap().clone();
+    let during = refusals.len() as u64;
+    let after_the_wave = refusals
+        .iter()
+        .filter(|t| **t > refusals[0] + Duration::from_secs(1))
+        .count();
 
     wait_until("every message delivered", LIMIT * 2, || async {
         delivered.load(Ordering::SeqCst) >= 500
@@ -416,6 +423,10 @@ async fn an_overloaded_receiver_pauses_the_whole_route() {
         during <= bound,
         "{during} requests while the receiver asked to wait 20 s (bound: {bound}, the first \
          wave in flight and one probe)"
+    );
+    assert!(
+        after_the_wave <= 1,
+        "{after_the_wave} requests after the first second of the refusal: one probe per Retry-After at most"
     );
     let counts: (i64, i64) = sqlx::query_as(&format!(
         "SELECT count(*) FILTER (WHERE status = 'published'), count(*) FILTER (WHERE status = 'dead') FROM {}",
@@ -435,7 +446,10 @@ async fn an_overloaded_receiver_pauses_the_whole_route() {
     );
     assert!(relay.terminate(LIMIT).is_some(), "graceful stop");
     assert!(s.log().contains("route paused"), "logged:\n{}", s.log());
-    eprintln!("overload: {during} requests in the 20 s refusal window (bound {bound})");
+    eprintln!(
+        "overload: {during} requests in the 20 s refusal window (bound {bound}), \
+         {after_the_wave} after its first second"
+    );
 }
 
 /// With `RUST_LOG=info`, a message that cannot be delivered (nothing listens on its
