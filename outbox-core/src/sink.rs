@@ -81,6 +81,10 @@ pub struct Failure {
     /// pause the receiver asked for): the relay schedules it again and gives the attempt
     /// back, so waiting out an outage never exhausts `max_attempts`.
     pub deferred: bool,
+    /// The receiver said it is overloaded (HTTP 429 or 503): an answer about the
+    /// endpoint, not this message, so the route pauses (see
+    /// [`CircuitBreaker`](crate::layers::CircuitBreaker)).
+    pub overloaded: bool,
 }
 
 impl Failure {
@@ -92,6 +96,7 @@ impl Failure {
             retryable: true,
             retry_after: None,
             deferred: false,
+            overloaded: false,
         }
     }
 
@@ -103,7 +108,15 @@ impl Failure {
             retryable: false,
             retry_after: None,
             deferred: false,
+            overloaded: false,
         }
+    }
+
+    /// Marks the failure as the receiver saying it is overloaded (see
+    /// [`overloaded`](Self::overloaded)).
+    pub fn overloaded(mut self) -> Self {
+        self.overloaded = true;
+        self
     }
 
     /// Marks the failure as *not sent*: retryable, and the attempt does not count.

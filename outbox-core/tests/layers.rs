@@ -159,6 +159,25 @@ async fn a_retry_after_pauses_the_route_and_a_success_closes_the_circuit() {
             .is_some_and(|p| p <= Duration::from_millis(300))
     );
 
+    // A 503 without Retry-After (overloaded) pauses the route too, for a second, even
+    // in the pause-only layer every route from configuration gets.
+    let sent = Arc::new(AtomicUsize::new(0));
+    let unavailable = OneByOne {
+        outcome: Failure::retryable(FailureClass::Unavailable, "503")
+            .overloaded()
+            .into(),
+        sent: Arc::clone(&sent),
+    };
+    let sink = outbox_engine::layers::CircuitBreaker::pause_only(unavailable);
+    let outcomes = publish(&sink, 5).await;
+    assert_eq!(sent.load(Ordering::SeqCst), 1, "one 503 stops the rest");
+    assert!(outcomes[1..].iter().all(deferred));
+    assert!(
+        sink.health()
+            .paused_for
+            .is_some_and(|p| p > Duration::ZERO && p <= Duration::from_secs(1))
+    );
+
     let healthy = RecordingSink::new().circuit_breaker(CircuitConfig::default().failures(1));
     assert!(publish(&healthy, 2).await.iter().all(Outcome::is_published));
     assert_eq!(healthy.health().circuit, CircuitState::Closed);

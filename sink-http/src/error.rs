@@ -6,8 +6,9 @@
 //! | 2xx | published, receipt `HTTP <code>` | — |
 //! | 408 Request Timeout | retryable | `Timeout` |
 //! | 425 Too Early | retryable | `Unavailable` |
-//! | 429 Too Many Requests | retryable | `RateLimited` |
-//! | 5xx | retryable | `Unavailable` |
+//! | 429 Too Many Requests | retryable, overloaded | `RateLimited` |
+//! | 503 Service Unavailable | retryable, overloaded | `Unavailable` |
+//! | other 5xx | retryable | `Unavailable` |
 //! | 413 Content Too Large | permanent | `TooLarge` |
 //! | other 4xx | permanent, the (truncated) body in the reason | `Rejected` |
 //! | 301, 308 (permanent redirect) | permanent: redirects are not followed | `Rejected` |
@@ -144,10 +145,16 @@ pub(crate) fn classify_response(
     let retryable = |class| {
         with_retry_after(Failure::retryable(class, message.clone()), headers, limits).into()
     };
+    let overloaded = |class| {
+        let failure = Failure::retryable(class, message.clone()).overloaded();
+        with_retry_after(failure, headers, limits).into()
+    };
     match code {
         408 => retryable(FailureClass::Timeout),
         425 => retryable(FailureClass::Unavailable),
-        429 => retryable(FailureClass::RateLimited),
+        // 429 and 503 speak for the endpoint: with or without Retry-After, the route pauses.
+        429 => overloaded(FailureClass::RateLimited),
+        503 => overloaded(FailureClass::Unavailable),
         413 => Outcome::permanent(FailureClass::TooLarge, message),
         400..=499 => Outcome::permanent(FailureClass::Rejected, message),
         500..=599 => retryable(FailureClass::Unavailable),
@@ -323,6 +330,11 @@ mod tests {
                 f.message
             );
             assert_eq!(f.retry_after, None);
+            assert_eq!(
+                f.overloaded,
+                matches!(code, 429 | 503),
+                "{code}: only 429 and 503 say the endpoint is overloaded"
+            );
         }
     }
 

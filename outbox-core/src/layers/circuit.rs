@@ -11,7 +11,8 @@
 //!
 //! Separately, the receiver's pauses: a retryable failure with a retry-after (HTTP
 //! `Retry-After`, say) pauses the whole route until then, and a throttle without one
-//! (class `RateLimited`: HTTP 429) for 1 s, doubling with each throttle in a row up to
+//! (class `RateLimited`, or marked [`overloaded`](crate::Failure::overloaded): HTTP 429
+//! and 503) for 1 s, doubling with each throttle in a row up to
 //! [`MAX_THROTTLE_PAUSE`]. When a pause ends, one message goes first as a probe; the
 //! others wait for its answer. [`CircuitBreaker::pause_only`] keeps only this part, and
 //! route policies apply it to every route that has no circuit breaker. When the circuit
@@ -373,7 +374,8 @@ fn is_local(class: FailureClass) -> bool {
 ///   opens it for another cool-down.
 ///
 /// Separately, the receiver's pauses: a retryable failure with a retry-after pauses the
-/// route until then, a throttle without one (class `RateLimited`) for 1 s doubling up to
+/// route until then, a throttle without one (class `RateLimited`, or
+/// [`overloaded`](crate::Failure::overloaded)) for 1 s doubling up to
 /// [`MAX_THROTTLE_PAUSE`]; after a pause one message goes first, as a probe. Messages held
 /// back fail deferred, so waiting never spends their attempts. When the circuit opens or a
 /// pause starts in the middle of a call, the inner sink's
@@ -501,7 +503,8 @@ impl<S: Sink> ReportingSink for CircuitBreaker<S> {
                     Outcome::Failed(f) if f.retryable => {
                         breaker.remember(f);
                         let pause = f.retry_after.filter(|d| !d.is_zero()).or_else(|| {
-                            (f.class == FailureClass::RateLimited).then(|| breaker.throttled())
+                            (f.overloaded || f.class == FailureClass::RateLimited)
+                                .then(|| breaker.throttled())
                         });
                         if let Some(delay) = pause {
                             f.retry_after.get_or_insert(delay);
