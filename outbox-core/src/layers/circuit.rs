@@ -28,13 +28,13 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 
 use crate::message::Message;
+use crate::sink::{Failure, FailureClass, Outcome, Outcomes, PublishContext, ReportingSink, Sink};
 
 /// The longest pause a throttle without a retry-after starts.
 pub const MAX_THROTTLE_PAUSE: Duration = Duration::from_secs(60);
 
 /// How long a message waits while a pause's probe is out.
 const PROBE_WAIT: Duration = Duration::from_secs(1);
-use crate::sink::{Failure, FailureClass, Outcome, Outcomes, PublishContext, ReportingSink, Sink};
 
 /// Circuit breaker settings.
 ///
@@ -252,10 +252,14 @@ impl Breaker {
         self.lock().last_failure.clone()
     }
 
-    /// The pause a throttle without a retry-after starts: 1 s, doubled for each one in a
-    /// row before it, at most [`MAX_THROTTLE_PAUSE`].
-    fn throttled(&self) -> Duration {
+    /// The pause a throttle without a retry-after asks for: while the route is paused,
+    /// what is left of the pause (the answers of one wave count once); else 1 s, doubled
+    /// for each pause in a row before it, at most [`MAX_THROTTLE_PAUSE`].
+    fn throttled(&self, now: Instant) -> Duration {
         let mut inner = self.lock();
+        if let Some(until) = inner.paused_until.filter(|until| now < *until) {
+            return until - now;
+        }
         let doublings = inner.throttles.min(6);
         inner.throttles = inner.throttles.saturating_add(1);
         (Duration::from_secs(1) * 2u32.pow(doublings)).min(MAX_THROTTLE_PAUSE)
@@ -504,7 +508,7 @@ impl<S: Sink> ReportingSink for CircuitBreaker<S> {
                         breaker.remember(f);
                         let pause = f.retry_after.filter(|d| !d.is_zero()).or_else(|| {
                             (f.overloaded || f.class == FailureClass::RateLimited)
-                                .then(|| breaker.throttled())
+                                .then(|| breaker.throttled(now))
                         });
                         if let Some(delay) = pause {
                             f.retry_after.get_or_insert(delay);
@@ -645,10 +649,21 @@ mod tests {
     #[test]
     fn throttles_in_a_row_double_the_pause_up_to_the_limit() {
         let c = Breaker::new(CircuitConfig::default(), false);
-        let pauses: Vec<u64> = (0..8).map(|_| c.throttled().as_secs()).collect();
+        let mut t = Instant::now();
+        let mut pauses = Vec::new();
+        for _ in 0..8 {
+            let pause = c.throttled(t);
+            c.pause(t, pause);
+            // The rest of a wave, answered during the pause, does not double it again.
+            assert_eq!(
+                c.throttled(t + Duration::from_millis(500)),
+                pause - Duration::from_millis(500)
+            );
+            pauses.push(pause.as_secs());
+            t += pause;
+        }
         assert_eq!(pauses, [1, 2, 4, 8, 16, 32, 60, 60]);
-        let t = Instant::now();
         c.admit(t).unwrap().record(true, t);
-        assert_eq!(c.throttled(), Duration::from_secs(1), "reset by a success");
+        assert_eq!(c.throttled(t), Duration::from_secs(1), "reset by a success");
     }
 }
