@@ -414,10 +414,21 @@ async fn an_overloaded_receiver_pauses_the_whole_route() {
         .filter(|t| **t > refusals[0] + Duration::from_secs(1))
         .count();
 
-    wait_until("every message delivered", LIMIT * 2, || async {
-        delivered.load(Ordering::SeqCst) >= 500
+    let counts = || async {
+        sqlx::query_as::<_, (i64, i64)>(&format!(
+            "SELECT count(*) FILTER (WHERE status = 'published'), count(*) FILTER (WHERE status = 'dead') FROM {}",
+            s.table
+        ))
+        .fetch_one(&s.pool)
+        .await
+        .unwrap()
+    };
+    // The receiver counts a delivery before the relay marks it: wait for the table.
+    wait_until("every message delivered and marked", LIMIT * 2, || async {
+        counts().await.0 == 500
     })
     .await;
+    assert!(delivered.load(Ordering::SeqCst) >= 500);
     let bound = workers * max_in_flight + 1;
     assert!(
         during <= bound,
@@ -428,14 +439,7 @@ async fn an_overloaded_receiver_pauses_the_whole_route() {
         after_the_wave <= 1,
         "{after_the_wave} requests after the first second of the refusal: one probe per Retry-After at most"
     );
-    let counts: (i64, i64) = sqlx::query_as(&format!(
-        "SELECT count(*) FILTER (WHERE status = 'published'), count(*) FILTER (WHERE status = 'dead') FROM {}",
-        s.table
-    ))
-    .fetch_one(&s.pool)
-    .await
-    .unwrap();
-    assert_eq!(counts, (500, 0), "all published, none dead");
+    assert_eq!(counts().await, (500, 0), "all published, none dead");
     let pauses = sample(
         &s.get("/metrics").await,
         "outbox_route_pauses_total{route=\"events\"}",

@@ -272,8 +272,8 @@ fn enqueue(store: &MemoryStore, destination: &str, n: usize) -> Vec<MessageId> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_503_storm_opens_the_circuit_and_the_rest_wait_without_using_attempts() {
-    let server = TestServer::with(|_, _| Reply::status(503)).await;
+async fn a_500_storm_opens_the_circuit_and_the_rest_wait_without_using_attempts() {
+    let server = TestServer::with(|_, _| Reply::status(500)).await;
     // One request at a time, so the breaker's stop is seen by every message after the
     // third failure.
     let sink = Arc::new(
@@ -299,7 +299,7 @@ async fn a_503_storm_opens_the_circuit_and_the_rest_wait_without_using_attempts(
     let before_first = Utc::now();
     let report = relay.run_once().await.unwrap();
     assert_eq!((report.claimed, report.retried), (12, 12), "{report:?}");
-    // The breaker wraps the whole publish call: the third 503 opens it and stops the
+    // The breaker wraps the whole publish call: the third 500 opens it and stops the
     // call, and the sink sends none of the rest of the batch.
     assert_eq!(server.count(), 3, "requests after the circuit opened");
     let health = sink.health();
@@ -310,11 +310,11 @@ async fn a_503_storm_opens_the_circuit_and_the_rest_wait_without_using_attempts(
     let after_first = rows(&store, &ids);
     let sent: Vec<_> = after_first
         .iter()
-        .filter(|(_, e)| e.contains("HTTP 503"))
+        .filter(|(_, e)| e.contains("HTTP 500"))
         .collect();
     assert_eq!(sent.len(), 3, "{after_first:?}");
     assert!(sent.iter().all(|(attempts, _)| *attempts == 1), "{sent:?}");
-    for (attempts, error) in after_first.iter().filter(|(_, e)| !e.contains("HTTP 503")) {
+    for (attempts, error) in after_first.iter().filter(|(_, e)| !e.contains("HTTP 500")) {
         assert_eq!(
             *attempts, 0,
             "a message never sent used no attempt: {error}"

@@ -506,10 +506,13 @@ impl<S: Sink> ReportingSink for CircuitBreaker<S> {
                     }
                     Outcome::Failed(f) if f.retryable => {
                         breaker.remember(f);
-                        let pause = f.retry_after.filter(|d| !d.is_zero()).or_else(|| {
-                            (f.overloaded || f.class == FailureClass::RateLimited)
-                                .then(|| breaker.throttled(now))
-                        });
+                        // A retry-after says how long (zero: no wait); without one, a
+                        // throttle pauses as `throttled` says.
+                        let pause = match f.retry_after {
+                            Some(delay) => (!delay.is_zero()).then_some(delay),
+                            None => (f.overloaded || f.class == FailureClass::RateLimited)
+                                .then(|| breaker.throttled(now)),
+                        };
                         if let Some(delay) = pause {
                             f.retry_after.get_or_insert(delay);
                             if breaker.pause(now, delay) {
