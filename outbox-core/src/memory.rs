@@ -324,6 +324,13 @@ impl Inner {
 }
 
 impl Entry {
+    /// The entry as an operator finds it: message, status and last failure.
+    fn found(&self) -> FoundMessage {
+        let mut found = FoundMessage::new(self.message.clone(), self.row.status());
+        found.last_error = self.row.last_error.clone();
+        found
+    }
+
     fn snapshot(&self) -> RowSnapshot {
         RowSnapshot {
             message: self.message.clone(),
@@ -429,8 +436,7 @@ impl FindMessages for MemoryStore {
             .filter(|e| e.message.id.to_string() == key || e.message.idempotency_key == key)
             .take(limit)
             .map(|e| {
-                let mut found = FoundMessage::new(e.message.clone(), e.row.status());
-                found.last_error = e.row.last_error.clone();
+                let mut found = e.found();
                 match &e.row.state {
                     RowState::Published { at } => found.published_at = Some(*at),
                     RowState::Dead { at, .. } => found.dead_at = Some(*at),
@@ -458,8 +464,7 @@ impl FindMessages for MemoryStore {
                 };
                 let error = e.row.last_error.as_deref().unwrap_or_default();
                 filter.matches(&e.message, error).then(|| {
-                    let mut found = FoundMessage::new(e.message.clone(), e.row.status());
-                    found.last_error = e.row.last_error.clone();
+                    let mut found = e.found();
                     found.next_attempt = Some(next);
                     found
                 })

@@ -135,20 +135,12 @@ pub trait RelayDialect: SqlDialect {
 /// `admin.rs`).
 #[doc(hidden)]
 pub trait AdminDialect: SqlDialect {
-    /// The dead rows `filter` matches, at most `limit`, with the message columns,
-    /// `last_error` and `dead_at`.
+    /// The rows of `listing` that `filter` matches, at most `limit`, in id order, with the
+    /// message columns and the listing's own (see [`Listing`]).
     #[doc(hidden)]
-    fn dead_rows(
+    fn listed_rows(
         store: &SqlOutbox<Self>,
-        filter: &DeadLetterFilter,
-        limit: usize,
-    ) -> impl Future<Output = Result<Vec<Self::Row>, StoreError>> + Send;
-
-    /// The pending and leased rows `filter` matches, at most `limit`, with the message
-    /// columns, `status`, `last_error` and `available_at`.
-    #[doc(hidden)]
-    fn waiting_rows(
-        store: &SqlOutbox<Self>,
+        listing: Listing,
         filter: &DeadLetterFilter,
         limit: usize,
     ) -> impl Future<Output = Result<Vec<Self::Row>, StoreError>> + Send;
@@ -228,6 +220,16 @@ impl Tables {
             Self::Inbox => outbox_sql::inbox_migrations(DB::DIALECT, names),
         }
     }
+}
+
+/// Which rows an operator lists with a dead-letter filter.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Listing {
+    /// Dead letters, with `last_error` and `dead_at`.
+    Dead,
+    /// Pending and leased rows, with `status`, `last_error` and `available_at`.
+    Waiting,
 }
 
 /// What an operator does with dead letters.

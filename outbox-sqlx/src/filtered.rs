@@ -7,7 +7,7 @@ use outbox_sql::Admin;
 use sqlx::query::Query;
 
 use crate::common::{limit, millis};
-use crate::dialect::{AdminDialect, DeadChange, SqlDialect};
+use crate::dialect::{AdminDialect, DeadChange, Listing, SqlDialect};
 use crate::error::classify;
 use crate::store::SqlOutbox;
 
@@ -44,24 +44,18 @@ where
     for<'q> i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
     for<'q> Option<i64>: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
 {
-    async fn dead_rows(
+    async fn listed_rows(
         store: &SqlOutbox<DB>,
+        listing: Listing,
         filter: &DeadLetterFilter,
         limit_rows: usize,
     ) -> Result<Vec<DB::Row>, StoreError> {
-        DB::dead_query(&DB::admin(&store.sql).list_dead, filter)
-            .bind(limit(limit_rows))
-            .fetch_all(&store.pool)
-            .await
-            .map_err(classify)
-    }
-
-    async fn waiting_rows(
-        store: &SqlOutbox<DB>,
-        filter: &DeadLetterFilter,
-        limit_rows: usize,
-    ) -> Result<Vec<DB::Row>, StoreError> {
-        DB::dead_query(&DB::admin(&store.sql).list_waiting, filter)
+        let admin = DB::admin(&store.sql);
+        let statement = match listing {
+            Listing::Dead => &admin.list_dead,
+            Listing::Waiting => &admin.list_waiting,
+        };
+        DB::dead_query(statement, filter)
             .bind(limit(limit_rows))
             .fetch_all(&store.pool)
             .await

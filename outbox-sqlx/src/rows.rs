@@ -95,13 +95,20 @@ pub(crate) fn dead_letter<DB: SqlDialect>(row: &DB::Row) -> Result<DeadLetter, S
     })
 }
 
-/// A row of the `find` statement: its message, status, failure and finish times.
-pub(crate) fn found<DB: SqlDialect>(row: &DB::Row) -> Result<FoundMessage, String> {
+/// A row's message, `status` and `last_error`: what the `find` and `list_waiting`
+/// statements share.
+fn found_message<DB: SqlDialect>(row: &DB::Row) -> Result<FoundMessage, String> {
     let status = text::<DB>(row, "status")?;
     let status =
         Status::parse(&status).ok_or_else(|| undecodable("status", format!("{status:?}")))?;
     let mut found = FoundMessage::new(message::<DB>(row, false)?, status);
     found.last_error = optional::<DB>(row, "last_error")?;
+    Ok(found)
+}
+
+/// A row of the `find` statement: its message, status, failure and finish times.
+pub(crate) fn found<DB: SqlDialect>(row: &DB::Row) -> Result<FoundMessage, String> {
+    let mut found = found_message::<DB>(row)?;
     found.published_at = DB::time(row, "published_at")?;
     found.dead_at = DB::time(row, "dead_at")?;
     Ok(found)
@@ -110,11 +117,7 @@ pub(crate) fn found<DB: SqlDialect>(row: &DB::Row) -> Result<FoundMessage, Strin
 /// A row of the `list_waiting` statement: its message, status, last failure and next
 /// attempt.
 pub(crate) fn waiting<DB: SqlDialect>(row: &DB::Row) -> Result<FoundMessage, String> {
-    let status = text::<DB>(row, "status")?;
-    let status =
-        Status::parse(&status).ok_or_else(|| undecodable("status", format!("{status:?}")))?;
-    let mut found = FoundMessage::new(message::<DB>(row, false)?, status);
-    found.last_error = optional::<DB>(row, "last_error")?;
+    let mut found = found_message::<DB>(row)?;
     found.next_attempt = DB::time(row, "available_at")?;
     Ok(found)
 }

@@ -14,7 +14,7 @@ use outbox_sql::TableNames;
 use tracing::warn;
 
 use crate::PublishedRows;
-use crate::dialect::{AdminDialect, DeadChange, RelayDialect, SqlDialect, Tables};
+use crate::dialect::{AdminDialect, DeadChange, Listing, RelayDialect, SqlDialect, Tables};
 use crate::error::classify;
 use crate::rows;
 
@@ -252,7 +252,7 @@ impl<DB: AdminDialect> DeadLetters for SqlOutbox<DB> {
         filter: &DeadLetterFilter,
         limit: usize,
     ) -> Result<Vec<DeadLetter>, StoreError> {
-        let rows = DB::dead_rows(self, filter, limit).await?;
+        let rows = DB::listed_rows(self, Listing::Dead, filter, limit).await?;
         let mut dead = Vec::with_capacity(rows.len());
         for row in &rows {
             match rows::dead_letter::<DB>(row) {
@@ -298,7 +298,7 @@ impl<DB: AdminDialect> FindMessages for SqlOutbox<DB> {
         filter: &DeadLetterFilter,
         limit: usize,
     ) -> Result<Vec<FoundMessage>, StoreError> {
-        let rows = DB::waiting_rows(self, filter, limit).await?;
+        let rows = DB::listed_rows(self, Listing::Waiting, filter, limit).await?;
         let mut found = Vec::with_capacity(rows.len());
         for row in &rows {
             match rows::waiting::<DB>(row) {

@@ -9,29 +9,21 @@ use sqlx::query::Query;
 use super::{MAX_FILTER_VALUES, MySqlOutbox, db_time, interval_ms};
 use crate::common::{count, limit};
 use crate::dialect::SqlDialect;
-use crate::dialect::{AdminDialect, DeadChange};
+use crate::dialect::{AdminDialect, DeadChange, Listing};
 use crate::error::classify;
 
 impl AdminDialect for MySql {
-    async fn dead_rows(
+    async fn listed_rows(
         store: &MySqlOutbox,
+        listing: Listing,
         filter: &DeadLetterFilter,
         limit_rows: usize,
     ) -> Result<Vec<MySqlRow>, StoreError> {
-        let sql = store.sql.list_dead(dead_shape(filter)?);
-        bind_dead_filter(sqlx::query(&sql).persistent(false), filter)
-            .bind(limit(limit_rows))
-            .fetch_all(&store.pool)
-            .await
-            .map_err(classify)
-    }
-
-    async fn waiting_rows(
-        store: &MySqlOutbox,
-        filter: &DeadLetterFilter,
-        limit_rows: usize,
-    ) -> Result<Vec<MySqlRow>, StoreError> {
-        let sql = store.sql.list_waiting(dead_shape(filter)?);
+        let shape = dead_shape(filter)?;
+        let sql = match listing {
+            Listing::Dead => store.sql.list_dead(shape),
+            Listing::Waiting => store.sql.list_waiting(shape),
+        };
         bind_dead_filter(sqlx::query(&sql).persistent(false), filter)
             .bind(limit(limit_rows))
             .fetch_all(&store.pool)
