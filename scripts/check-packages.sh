@@ -19,12 +19,21 @@ scratch=$target/package-check/crates
 rm -rf "$target/package" "$scratch"
 mkdir -p "$scratch"
 
-# name version of every package that is published (`publish = false` ones are not)
-mapfile -t packages < <(cargo metadata --format-version 1 --no-deps |
+# name version of every package that is published (`publish = false` ones are not), and
+# each one's crates.io metadata: a package without one of these fields fails here.
+listing=$(cargo metadata --format-version 1 --no-deps |
     python3 -c 'import json, sys
+missing = []
 for p in json.load(sys.stdin)["packages"]:
-    if p.get("publish") != []:
-        print(p["name"], p["version"])')
+    if p.get("publish") == []:
+        continue
+    for field in ("description", "license", "repository", "homepage", "documentation", "keywords", "categories"):
+        if not p.get(field):
+            missing.append(p["name"] + " has no `" + field + "`")
+    print(p["name"], p["version"])
+if missing:
+    sys.exit("\n".join(missing))')
+mapfile -t packages <<<"$listing"
 selected=()
 for entry in "${packages[@]}"; do selected+=(-p "${entry%% *}"); done
 cargo package "${selected[@]}" --no-verify --allow-dirty --quiet

@@ -176,6 +176,9 @@ check scripts/check-architecture.sh
 step "publishable (every library crate packages and compiles from its package)"
 check scripts/check-packages.sh
 
+step "outside users (tests/outside: each builds alone, with only what the README names)"
+check scripts/check-outside.sh
+
 step "the README's first command on a bare machine (scripts/fresh-root.sh)"
 check scripts/fresh-root.sh
 

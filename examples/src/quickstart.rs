@@ -11,7 +11,7 @@ use axum::http::{HeaderMap, StatusCode};
 use outbox::http::{HttpSink, HttpSinkConfig};
 use outbox::receiver::WebhookReceiver;
 use outbox::sqlite::{SqliteInbox, SqliteOutbox};
-use outbox::{Backend, DeadLetterFilter, DeadLetters, NewMessage, Outbox, RetryPolicy, StoreStats};
+use outbox::{DeadLetterFilter, DeadLetters, NewMessage, Outbox, RetryPolicy, StoreStats};
 use sqlx::SqlitePool;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
 

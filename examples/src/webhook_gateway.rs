@@ -39,7 +39,7 @@ use outbox::http::{HttpSink, HttpSinkConfig, fan_out};
 use outbox::layers::{CircuitConfig, SinkExt};
 use outbox::postgres::{PgInbox, PgNotifier, PgOutbox};
 use outbox::receiver::WebhookReceiver;
-use outbox::{Backend, DeadLetterFilter, DeadLetters, Relay, RetryPolicy, deterministic_key};
+use outbox::{DeadLetterFilter, DeadLetters, Relay, RetryPolicy, deterministic_key};
 use serde_json::json;
 use sqlx::PgPool;
 use uuid::Uuid;

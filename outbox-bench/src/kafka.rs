@@ -12,7 +12,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use outbox_engine::{Backend, Relay};
+use outbox_engine::Relay;
 use outbox_sink_kafka::client::ClientConfig;
 use outbox_sink_kafka::client::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use outbox_sink_kafka::client::client::DefaultClientContext;

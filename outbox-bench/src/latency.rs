@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use outbox_engine::{Backend, Failure, Message, MessageId, NewMessage, Outcome, Relay, Sink};
+use outbox_engine::{Failure, Message, MessageId, NewMessage, Outcome, Relay, Sink};
 use outbox_sqlx::PublishedRows;
 use outbox_sqlx::postgres::{PgNotifier, PgOutbox};
 

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use outbox_engine::{Backend, NewMessage, Relay};
+use outbox_engine::{NewMessage, Relay};
 use outbox_sqlx::PublishedRows;
 
 use crate::Scale;

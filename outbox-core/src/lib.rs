@@ -47,6 +47,7 @@ mod health;
 pub mod layers;
 mod memory;
 mod message;
+pub mod prelude;
 pub mod receive;
 pub mod redact;
 pub mod registry;
@@ -82,7 +83,7 @@ pub use message::{
 pub use receive::{Delivery, Inbox, NotAnOutboxMessage, Received};
 pub use registry::{PublishedRows, StoreSettings};
 pub use relay::{BatchReport, Relay, RelayBuilder};
-pub use retry::{Decision, RetryPolicy};
+pub use retry::{Decision, RetryPolicy, full_jitter};
 pub use sink::{
     BoxFuture, DEFAULT_PUBLISH_TIMEOUT, DynSink, Failure, FailureClass, Outcome, Outcomes,
     PublishContext, ReportingSink, Sink, Stopper,

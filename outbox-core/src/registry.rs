@@ -291,6 +291,96 @@ impl StoreSettings {
     }
 }
 
+impl StoreSettings {
+    /// The settings a store URL's query may carry, as in a config table; every other
+    /// query option is the database client's.
+    pub const URL_OPTIONS: &'static [&'static str] = &[
+        "schema",
+        "table",
+        "inbox_table",
+        "max_connections",
+        "published_rows",
+    ];
+
+    /// Moves the settings written in the URL's query (see [`URL_OPTIONS`](Self::URL_OPTIONS))
+    /// into the fields, so a store URL and a `[store]` table take the same settings; the
+    /// database client's own options stay in the URL. The registry does this before it
+    /// opens a store.
+    ///
+    /// ```
+    /// use outbox_engine::{PublishedRows, StoreSettings};
+    ///
+    /// let settings = StoreSettings::new("postgres://db/app?sslmode=require&schema=shop&published_rows=delete")
+    ///     .with_url_options()?;
+    /// assert_eq!(settings.url, "postgres://db/app?sslmode=require");
+    /// assert_eq!(settings.schema.as_deref(), Some("shop"));
+    /// assert_eq!(settings.published_rows, PublishedRows::Delete);
+    /// # Ok::<(), outbox_engine::registry::BuildError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// A [`BuildError::config`] for a value that does not parse, or a setting given both
+    /// in the URL and (with another value than its default) in the fields.
+    pub fn with_url_options(mut self) -> Result<Self, BuildError> {
+        let Some((base, query)) = self.url.split_once('?') else {
+            return Ok(self);
+        };
+        let (base, query) = (base.to_owned(), query.to_owned());
+        let defaults = Self::new("");
+        let mut kept = Vec::new();
+        for raw in query.split('&').filter(|pair| !pair.is_empty()) {
+            let Some((name, value)) = url::form_urlencoded::parse(raw.as_bytes()).next() else {
+                continue;
+            };
+            let both = |given: bool| {
+                if given {
+                    Err(BuildError::config(format!(
+                        "store.{name} is given both in the URL and as a setting"
+                    )))
+                } else {
+                    Ok(())
+                }
+            };
+            let parsed =
+                |what: &str| BuildError::config(format!("store.{name} in the URL: {what}"));
+            match name.as_ref() {
+                "schema" => {
+                    both(self.schema.is_some())?;
+                    self.schema = Some(value.into_owned());
+                }
+                "table" => {
+                    both(self.table.is_some())?;
+                    self.table = Some(value.into_owned());
+                }
+                "inbox_table" => {
+                    both(self.inbox_table.is_some())?;
+                    self.inbox_table = Some(value.into_owned());
+                }
+                "max_connections" => {
+                    both(self.max_connections != defaults.max_connections)?;
+                    self.max_connections = value
+                        .parse()
+                        .map_err(|_| parsed("must be a whole number of connections"))?;
+                }
+                "published_rows" => {
+                    both(self.published_rows != defaults.published_rows)?;
+                    self.published_rows =
+                        PublishedRows::deserialize(serde_json::Value::String(value.into_owned()))
+                            .map_err(|_| parsed("must be keep, delete or rotate"))?;
+                }
+                _ => kept.push(raw.to_owned()),
+            }
+        }
+        self.url = if kept.is_empty() {
+            base
+        } else {
+            format!("{base}?{}", kept.join("&"))
+        };
+        Ok(self)
+    }
+}
+
 impl fmt::Debug for StoreSettings {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("StoreSettings")
@@ -363,10 +453,32 @@ pub trait RouteSink: Sink + Sized {
         let _ = config;
         Ok(())
     }
+
+    /// Moves the sink options written in the query of `config`'s URL into its fields,
+    /// as the sink's `from_url` reads them, so that a route's settings and its URL take
+    /// the same options; returns the settings they set (a setting given both ways is
+    /// an error). By default the URL is left as it is, for sinks that read their URL's
+    /// query themselves.
+    fn url_options(config: &mut Self::Config) -> Result<Vec<&'static str>, Self::Error> {
+        let _ = config;
+        Ok(Vec::new())
+    }
+}
+
+/// The route's settings as `S::Config`, with the options of its URL moved in.
+fn parse_route<S: RouteSink>(route: &RouteSettings) -> Result<S::Config, BuildError> {
+    let mut config: S::Config = route.parse()?;
+    let set = S::url_options(&mut config).map_err(|e| BuildError::config(e.to_string()))?;
+    if let Some(key) = set.iter().find(|key| route.settings.get(**key).is_some()) {
+        return Err(BuildError::config(format!(
+            "`{key}` is given both in the URL and as a setting"
+        )));
+    }
+    Ok(config)
 }
 
 fn check_route<S: RouteSink>(route: &RouteSettings) -> Result<(), BuildError> {
-    let config: S::Config = route.parse()?;
+    let config = parse_route::<S>(route)?;
     S::check(&config).map_err(|e| BuildError::config(e.to_string()))
 }
 
@@ -374,7 +486,7 @@ fn build_route<S: RouteSink>(
     route: &RouteSettings,
 ) -> BoxFuture<'_, Result<Arc<dyn DynSink>, BuildError>> {
     Box::pin(async move {
-        let config: S::Config = route.parse()?;
+        let config = parse_route::<S>(route)?;
         let sink = S::connect(config)
             .await
             .map_err(|e| BuildError::new(e.to_string(), S::is_retryable(&e)))?;
@@ -413,6 +525,51 @@ pub fn scheme(url: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// One vocabulary: every setting of a `[store]` table is a store URL option, and a
+    /// setting given both ways is refused; the client's own options stay in the URL.
+    #[test]
+    fn every_store_setting_is_a_url_option_and_the_reverse() {
+        use serde_json::json;
+        let base = "postgres://app@db/app?sslmode=require";
+        let cases = [
+            ("schema", json!("shop"), "schema=shop"),
+            ("table", json!("events"), "table=events"),
+            ("inbox_table", json!("seen"), "inbox_table=seen"),
+            ("max_connections", json!(3), "max_connections=3"),
+            ("published_rows", json!("delete"), "published_rows=delete"),
+        ];
+        let defaults = StoreSettings::new(base);
+        for (key, value, query) in &cases {
+            let via_url = StoreSettings::new(format!("{base}&{query}"))
+                .with_url_options()
+                .unwrap();
+            let via_table: StoreSettings =
+                serde_json::from_value(json!({ "url": base, *key: value })).unwrap();
+            let via_table = via_table.with_url_options().unwrap();
+            assert_eq!(via_url, via_table, "`{query}` against `{key}`");
+            assert_ne!(via_url, defaults, "`{query}` changes nothing");
+            assert_eq!(via_url.url, base, "the client's options stay, ours leave");
+
+            let both: StoreSettings =
+                serde_json::from_value(json!({ "url": format!("{base}&{query}"), *key: value }))
+                    .unwrap();
+            let refused = both.with_url_options().unwrap_err().to_string();
+            assert!(
+                refused.contains(key) && refused.contains("given both"),
+                "{refused}"
+            );
+        }
+        for name in crate::testkit::setting_names::<StoreSettings>() {
+            assert!(
+                *name == "url" || cases.iter().any(|(key, _, _)| key == name),
+                "store setting `{name}` has no URL case"
+            );
+        }
+        assert_eq!(StoreSettings::URL_OPTIONS.len(), cases.len());
+        let bad = StoreSettings::new("sqlite:app.db?max_connections=many").with_url_options();
+        assert!(bad.unwrap_err().to_string().contains("max_connections"));
+    }
 
     #[test]
     fn parse_errors_never_quote_values() {

@@ -587,7 +587,11 @@ impl<S: Store> Inner<S> {
                         // A batch already claimed goes on at once: its lease is running.
                         continue;
                     }
-                    (poll * 2u32.saturating_pow(failures.min(5))).min(Duration::from_secs(30))
+                    // Full jitter: relays that lost the database together do not all
+                    // come back in the same instant.
+                    crate::retry::full_jitter(
+                        (poll * 2u32.saturating_pow(failures.min(5))).min(Duration::from_secs(30)),
+                    )
                 }
             };
             tokio::select! {
@@ -865,7 +869,7 @@ impl<S: Store> Inner<S> {
                 Err(error) if error.is_retryable() && tries < 3 => {
                     warn!(%error, "completion failed; retrying");
                     tries += 1;
-                    tokio::time::sleep(delay).await;
+                    tokio::time::sleep(crate::retry::full_jitter(delay)).await;
                     delay *= 4;
                 }
                 Err(error) => return Err(error),

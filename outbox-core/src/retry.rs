@@ -90,11 +90,7 @@ impl RetryPolicy {
 
     /// A random backoff in `[0, backoff_ceiling(attempts)]`.
     pub fn backoff(&self, attempts: u32) -> Duration {
-        let ceiling = self
-            .backoff_ceiling(attempts)
-            .as_nanos()
-            .min(u64::MAX as u128) as u64;
-        Duration::from_nanos(fastrand::u64(0..=ceiling))
+        full_jitter(self.backoff_ceiling(attempts))
     }
 
     /// Decides what happens to a message that was not sent (a deferred failure): wait for
@@ -150,6 +146,23 @@ impl RetryPolicy {
         }
         Decision::Retry(delay)
     }
+}
+
+/// A wait drawn uniformly from `[0, ceiling]` ("full jitter"): every backoff of the
+/// outbox (message retries, store errors, reconnects, route pauses) draws its wait this
+/// way, so processes that failed together do not retry together.
+///
+/// ```
+/// use std::time::Duration;
+/// use outbox_engine::full_jitter;
+///
+/// let wait = full_jitter(Duration::from_secs(2));
+/// assert!(wait <= Duration::from_secs(2));
+/// assert_eq!(full_jitter(Duration::ZERO), Duration::ZERO);
+/// ```
+pub fn full_jitter(ceiling: Duration) -> Duration {
+    let nanos = ceiling.as_nanos().min(u128::from(u64::MAX)) as u64;
+    Duration::from_nanos(fastrand::u64(0..=nanos))
 }
 
 #[cfg(test)]

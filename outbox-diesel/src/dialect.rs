@@ -21,22 +21,84 @@ use crate::error::classify;
 /// A statement with its binds, for any backend.
 pub(crate) type Query<B> = Statement<B>;
 
-/// One of `outbox-sql`'s statements (its placeholders written in) and the values bound
-/// to them. Unlike diesel's `sql_query`, diesel keeps its prepared form per connection,
-/// keyed by its text, so a statement run again is not parsed and planned again; build
-/// statements whose text varies without bound with [`uncached`](Self::uncached).
+/// One of `outbox-sql`'s statements and the values bound to its placeholders. Unlike
+/// diesel's `sql_query`, diesel keeps its prepared form per connection, keyed by its
+/// text, so a statement run again is not parsed and planned again; build statements
+/// whose text varies without bound with [`uncached`](Self::uncached).
+///
+/// The text's placeholders (`$n` on PostgreSQL, `?` or `?n` elsewhere) are handed back
+/// to diesel, which writes its own in their place through its public query builder, so
+/// this works with any diesel 2.x without its opt-in to unstable internals.
 #[doc(hidden)]
 pub struct Statement<DB: Backend> {
-    sql: String,
+    pieces: Vec<Piece>,
     binds: Vec<Box<dyn QueryFragment<DB> + Send>>,
     cache: bool,
+}
+
+/// A stretch of SQL text and the bind that follows it, if any.
+#[derive(Debug, PartialEq, Eq)]
+struct Piece {
+    sql: String,
+    bind: Option<usize>,
+}
+
+/// Splits `sql` at its placeholders: `$n` and `?n` name bind `n`, a bare `?` the one
+/// after the previous placeholder's. Quoted strings and identifiers are left alone.
+fn pieces(sql: &str) -> Vec<Piece> {
+    let bytes = sql.as_bytes();
+    let mut pieces = Vec::new();
+    let (mut start, mut i, mut next) = (0, 0, 0);
+    let mut quote: Option<u8> = None;
+    while i < bytes.len() {
+        let b = bytes[i];
+        if let Some(q) = quote {
+            if b == q {
+                quote = None;
+            }
+            i += 1;
+            continue;
+        }
+        match b {
+            b'\'' | b'"' | b'`' => quote = Some(b),
+            b'$' | b'?' => {
+                let digits = bytes[i + 1..]
+                    .iter()
+                    .take_while(|d| d.is_ascii_digit())
+                    .count();
+                let number = sql[i + 1..i + 1 + digits].parse::<usize>().ok();
+                let bind = match (b, number) {
+                    (_, Some(n)) if n > 0 => Some(n - 1),
+                    (b'?', None) => Some(next),
+                    _ => None,
+                };
+                if let Some(bind) = bind {
+                    pieces.push(Piece {
+                        sql: sql[start..i].to_owned(),
+                        bind: Some(bind),
+                    });
+                    next = bind + 1;
+                    i += 1 + digits;
+                    start = i;
+                    continue;
+                }
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    pieces.push(Piece {
+        sql: sql[start..].to_owned(),
+        bind: None,
+    });
+    pieces
 }
 
 impl<DB: Backend> Statement<DB> {
     /// `sql`, nothing bound yet.
     pub(crate) fn new(sql: &str) -> Self {
         Self {
-            sql: sql.to_owned(),
+            pieces: pieces(sql),
             binds: Vec::new(),
             cache: true,
         }
@@ -90,7 +152,7 @@ impl<DB: Backend> Statement<DB> {
     }
 }
 
-/// One bound value; its placeholder is in the statement's text already.
+/// One bound value, written by diesel as its own placeholder.
 struct Bind<ST, V> {
     value: V,
     sql_type: PhantomData<fn() -> ST>,
@@ -102,7 +164,7 @@ where
     V: ToSql<ST, DB>,
 {
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
-        out.push_bind_param_value_only::<ST, V>(&self.value)
+        out.push_bind_param::<ST, V>(&self.value)
     }
 }
 
@@ -111,9 +173,16 @@ impl<DB: Backend> QueryFragment<DB> for Statement<DB> {
         if !self.cache {
             out.unsafe_to_cache_prepared();
         }
-        out.push_sql(&self.sql);
-        for bind in &self.binds {
-            bind.walk_ast(out.reborrow())?;
+        for piece in &self.pieces {
+            out.push_sql(&piece.sql);
+            if let Some(n) = piece.bind {
+                let bind = self.binds.get(n).ok_or_else(|| {
+                    diesel::result::Error::QueryBuilderError(
+                        format!("placeholder {} has no bound value", n + 1).into(),
+                    )
+                })?;
+                bind.walk_ast(out.reborrow())?;
+            }
         }
         Ok(())
     }
@@ -208,4 +277,47 @@ where
 
 pub(crate) mod sealed {
     pub trait Sealed {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Piece, pieces};
+
+    fn parts(sql: &str) -> Vec<(&str, Option<usize>)> {
+        let p = pieces(sql);
+        let leaked: &'static [Piece] = Box::leak(p.into_boxed_slice());
+        leaked.iter().map(|p| (p.sql.as_str(), p.bind)).collect()
+    }
+
+    #[test]
+    fn placeholders_split_the_text_and_name_their_bind() {
+        assert_eq!(
+            parts("DELETE FROM t WHERE a = $2 AND b = $1 OR $2 IS NULL"),
+            [
+                ("DELETE FROM t WHERE a = ", Some(1)),
+                (" AND b = ", Some(0)),
+                (" OR ", Some(1)),
+                (" IS NULL", None)
+            ]
+        );
+        assert_eq!(
+            parts("INSERT INTO t VALUES (?, ?, ?)"),
+            [
+                ("INSERT INTO t VALUES (", Some(0)),
+                (", ", Some(1)),
+                (", ", Some(2)),
+                (")", None)
+            ]
+        );
+        assert_eq!(
+            parts("SELECT ?2, ?1"),
+            [("SELECT ", Some(1)), (", ", Some(0)), ("", None)]
+        );
+    }
+
+    #[test]
+    fn quoted_text_and_dollar_signs_that_are_no_placeholders_stay() {
+        let sql = "SELECT '$1 ?', \"a?b\", `c$2`, j->'$.x', $$ body $$ FROM t";
+        assert_eq!(parts(sql), [(sql, None)]);
+    }
 }

@@ -82,3 +82,55 @@ async fn passes_the_store_and_ordering_suites_in_rotate_mode() {
     store_suite::run_all(|| harness(PublishedRows::Rotate)).await;
     store_suite::run_ordering(|| harness(PublishedRows::Rotate)).await;
 }
+
+/// The enqueue statement stays prepared on its connection: diesel's statement cache keys
+/// it by its text, so enqueues after the first reuse the first one's prepared form
+/// instead of parsing and planning it again.
+#[test]
+fn an_enqueue_is_prepared_once_per_connection() {
+    use diesel::sql_types::BigInt;
+    use diesel::{Connection, RunQueryDsl};
+
+    #[derive(diesel::QueryableByName)]
+    struct Count {
+        #[diesel(sql_type = BigInt)]
+        n: i64,
+    }
+    let schema = common::fresh_table("diesel_prepared");
+    let names = outbox_sql::TableNames::default().schema(&schema).unwrap();
+    let writer = PgOutbox::with_names(names);
+    let mut conn = PgConnection::establish(&url())
+        .unwrap_or_else(|e| panic!("no PostgreSQL at {VAR} ({e}); scripts/services.sh starts one"));
+    diesel::sql_query(format!("CREATE SCHEMA {schema}"))
+        .execute(&mut conn)
+        .unwrap();
+    writer.migrate(&mut conn).unwrap();
+    let prepared = |conn: &mut PgConnection| {
+        diesel::sql_query(
+            "SELECT count(*) AS n FROM pg_prepared_statements WHERE statement LIKE 'INSERT INTO%'",
+        )
+        .get_result::<Count>(conn)
+        .unwrap()
+        .n
+    };
+    let before = prepared(&mut conn);
+    for order in 0..5 {
+        let message = outbox_engine::NewMessage::builder("billing", "order.paid")
+            .json(&order)
+            .build()
+            .unwrap();
+        writer.enqueue(&mut conn, &message).unwrap();
+    }
+    let rows: Count = diesel::sql_query(format!("SELECT count(*) AS n FROM {schema}.outbox"))
+        .get_result(&mut conn)
+        .unwrap();
+    assert_eq!(rows.n, 5, "every enqueue inserted its row");
+    assert_eq!(
+        prepared(&mut conn) - before,
+        1,
+        "five enqueues, one prepared INSERT on the connection"
+    );
+    diesel::sql_query(format!("DROP SCHEMA {schema} CASCADE"))
+        .execute(&mut conn)
+        .unwrap();
+}

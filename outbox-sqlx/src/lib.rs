@@ -85,3 +85,10 @@ pub use pool::release_check;
 pub use store::SqlOutbox;
 
 pub use outbox_engine::{Delivery, Inbox, PublishedRows};
+
+/// The `sqlx` this crate is built on (runtime Tokio, with the `uuid` and `chrono` types
+/// and the drivers of the features that are on), for your pool and transactions at the
+/// version the stores are tested with: `outbox_sqlx::sqlx::PgPool`, say. Add your own
+/// `sqlx` dependency (same minor version) for its macros.
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+pub use sqlx;

@@ -90,6 +90,31 @@ impl<DB: SqlDialect> SqlOutbox<DB> {
         let migrations = Tables::Outbox.migrations::<DB>(&self.names, self.published);
         DB::migrate(&self.pool, &self.sql, &migrations, Tables::Outbox).await
     }
+
+    /// Wakes the relays that listen, after your transaction committed: on PostgreSQL a
+    /// NOTIFY that reaches relays in every process (for many writers, share a coalescing
+    /// `PgOutbox::notifier`); on SQLite and MySQL the relays of this process, through
+    /// the signal [`listen`](Self::listen) hands out. Relays that are not woken find the
+    /// rows at their next poll.
+    ///
+    /// # Errors
+    ///
+    /// PostgreSQL's error when the NOTIFY fails; the rows are committed anyway and the
+    /// relays' poll finds them.
+    pub async fn notify(&self) -> Result<(), StoreError> {
+        DB::notify(self).await
+    }
+
+    /// The wakeup a relay of this process listens to: a LISTEN connection on PostgreSQL
+    /// (which reconnects by itself), the in-process signal that [`notify`](Self::notify)
+    /// raises on SQLite and MySQL. `outbox::Outbox` listens by itself.
+    ///
+    /// # Errors
+    ///
+    /// PostgreSQL's error when the LISTEN connection cannot be opened.
+    pub async fn listen(&self) -> Result<Option<Listener>, StoreError> {
+        DB::listen(self).await
+    }
 }
 
 impl<DB: SqlDialect> Clone for SqlOutbox<DB> {
@@ -120,11 +145,11 @@ impl<DB: SqlDialect> Backend for SqlOutbox<DB> {
     }
 
     async fn listen(&self) -> Result<Option<Listener>, StoreError> {
-        DB::listen(self).await
+        SqlOutbox::listen(self).await
     }
 
     async fn notify(&self) -> Result<(), StoreError> {
-        DB::notify(self).await
+        SqlOutbox::notify(self).await
     }
 }
 

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use outbox_engine::testkit::{RecordingSink, StoreHarness, inbox_suite, store_suite};
-use outbox_engine::{Backend, NewMessage, Relay, StoreError, StoreStats};
+use outbox_engine::{NewMessage, Relay, StoreError, StoreStats};
 use outbox_sql::Dialect;
 use outbox_sqlx::postgres::{PgInbox, PgOutbox};
 use outbox_sqlx::{PublishedRows, TableNames};

@@ -96,3 +96,7 @@ pub use outbox_sqlx::postgres;
 /// The SQLite store (feature `sqlite`).
 #[cfg(feature = "sqlite")]
 pub use outbox_sqlx::sqlite;
+/// The `sqlx` the stores are built on, for your pool and transactions (features
+/// `postgres`, `sqlite`, `mysql`): `outbox::sqlx::PgPool`, `outbox::sqlx::query`.
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+pub use outbox_sqlx::sqlx;

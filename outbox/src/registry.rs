@@ -189,8 +189,8 @@ impl Registry {
     /// handles; [`Error::Build`] when the driver fails (retryable if the server was not
     /// reachable).
     pub async fn connect_store(&self, settings: &StoreSettings) -> Result<AnyStore, Error> {
-        let driver = self.store_driver(settings)?;
-        (driver.connect)(settings)
+        let (driver, settings) = self.store_driver(settings)?;
+        (driver.connect)(&settings)
             .await
             .map_err(|source| Error::Build {
                 what: "store".to_owned(),
@@ -207,7 +207,7 @@ impl Registry {
     /// As [`connect_store`](Self::connect_store) for the scheme; [`Error::Build`] when the
     /// store has no SQL schema or the table names are invalid.
     pub fn store_schema(&self, settings: &StoreSettings) -> Result<String, Error> {
-        let driver = self.store_driver(settings)?;
+        let (driver, settings) = self.store_driver(settings)?;
         let build = |source| Error::Build {
             what: "store".to_owned(),
             source,
@@ -215,7 +215,7 @@ impl Registry {
         let schema = driver
             .schema
             .ok_or_else(|| build(BuildError::config("this store has no schema to print")))?;
-        schema(settings).map_err(build)
+        schema(&settings).map_err(build)
     }
 
     /// Checks the store `settings` without connecting: a driver for the URL's scheme,
@@ -225,9 +225,9 @@ impl Registry {
     ///
     /// As for [`store_schema`](Self::store_schema).
     pub fn check_store(&self, settings: &StoreSettings) -> Result<(), Error> {
-        let driver = self.store_driver(settings)?;
+        let (driver, settings) = self.store_driver(settings)?;
         match driver.schema {
-            Some(schema) => schema(settings).map(drop).map_err(|source| Error::Build {
+            Some(schema) => schema(&settings).map(drop).map_err(|source| Error::Build {
                 what: "store".to_owned(),
                 source,
             }),
@@ -275,14 +275,28 @@ impl Registry {
     }
 
     /// The driver of the store URL's scheme.
-    fn store_driver(&self, settings: &StoreSettings) -> Result<&StoreDriver, Error> {
-        self.stores
+    /// The driver of the store URL's scheme, and the settings with the URL's own
+    /// options ([`StoreSettings::with_url_options`]) moved in.
+    fn store_driver(
+        &self,
+        settings: &StoreSettings,
+    ) -> Result<(&StoreDriver, StoreSettings), Error> {
+        let driver = self
+            .stores
             .iter()
             .find(|d| d.handles(&settings.url))
             .ok_or_else(|| {
                 let known = self.stores.iter().flat_map(|d| d.schemes.iter().copied());
                 unknown("store.url".to_owned(), "store", &settings.url, known)
-            })
+            })?;
+        let settings = settings
+            .clone()
+            .with_url_options()
+            .map_err(|source| Error::Build {
+                what: "store".to_owned(),
+                source,
+            })?;
+        Ok((driver, settings))
     }
 
     /// The driver of the scheme of `route`'s `url`.

@@ -177,23 +177,36 @@ impl AmqpSinkConfig {
     /// [`AmqpSinkError::InvalidUrl`] for an unparsable URL or an unknown option,
     /// [`AmqpSinkError::InvalidSetting`] for an option with a bad value.
     pub fn from_url(url: &str) -> Result<Self, AmqpSinkError> {
-        let mut parsed = parse_url(url)?;
-        let mut config = Self::default();
+        let mut config = Self::new(url);
+        config.take_url_options()?;
+        Ok(config)
+    }
+
+    /// Moves the options of [`from_url`](Self::from_url) out of `self.url`'s query into
+    /// the fields; returns the settings they set.
+    pub(crate) fn take_url_options(&mut self) -> Result<Vec<&'static str>, AmqpSinkError> {
+        let mut parsed = parse_url(&self.url)?;
+        let mut set = Vec::new();
         let mut kept: Vec<(String, String)> = Vec::new();
         for (name, value) in parsed.query_pairs() {
             let (name, value) = (name.into_owned(), value.into_owned());
+            if let Some(option) = SINK_OPTIONS.iter().find(|option| **option == name)
+                && !set.contains(option)
+            {
+                set.push(*option);
+            }
             match name.as_str() {
-                "exchange" => config.exchange = value,
-                "routing_key" => config.routing_key = value,
+                "exchange" => self.exchange = value,
+                "routing_key" => self.routing_key = value,
                 "persistent" => {
-                    config.persistent = match value.as_str() {
+                    self.persistent = match value.as_str() {
                         "true" | "1" | "yes" => true,
                         "false" | "0" | "no" => false,
                         _ => return Err(invalid("persistent", "must be true or false")),
                     }
                 }
                 "max_payload_bytes" => {
-                    config.max_payload_bytes = value.parse().map_err(|_| {
+                    self.max_payload_bytes = value.parse().map_err(|_| {
                         invalid(
                             "max_payload_bytes",
                             format!("{value:?} is not a non-negative integer"),
@@ -201,16 +214,16 @@ impl AmqpSinkConfig {
                     })?
                 }
                 "connect_timeout" => {
-                    config.connect_timeout = outbox_engine::duration::parse(&value)
+                    self.connect_timeout = outbox_engine::duration::parse(&value)
                         .map_err(|reason| invalid("connect_timeout", reason))?
                 }
-                "tls_ca_file" => config.tls_ca_file = Some(value.into()),
-                "tls_cert_file" => config.tls_cert_file = Some(value.into()),
-                "tls_key_file" => config.tls_key_file = Some(value.into()),
+                "tls_ca_file" => self.tls_ca_file = Some(value.into()),
+                "tls_cert_file" => self.tls_cert_file = Some(value.into()),
+                "tls_key_file" => self.tls_key_file = Some(value.into()),
                 _ if CLIENT_OPTIONS.contains(&name.as_str()) => kept.push((name, value)),
                 _ => {
                     return Err(AmqpSinkError::InvalidUrl {
-                        url: outbox_engine::redact::url(url),
+                        url: outbox_engine::redact::url(&self.url),
                         reason: format!(
                             "unknown option `{name}` (sink options: {}; client options: {})",
                             SINK_OPTIONS.join(", "),
@@ -225,8 +238,8 @@ impl AmqpSinkConfig {
         } else {
             parsed.query_pairs_mut().clear().extend_pairs(kept);
         }
-        config.url = parsed.to_string();
-        Ok(config)
+        self.url = parsed.to_string();
+        Ok(set)
     }
 
     /// Sets the broker URL.
@@ -464,6 +477,46 @@ fn invalid(setting: &'static str, reason: impl Into<String>) -> AmqpSinkError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// One vocabulary: every setting of a route's table is a URL option, and the reverse.
+    #[test]
+    fn every_table_setting_is_a_url_option_and_the_reverse() {
+        use serde_json::json;
+        outbox_engine::testkit::assert_url_parity::<crate::AmqpSink, _>(
+            "amqp://127.0.0.1:5672/%2f",
+            AmqpSinkConfig::from_url,
+            AmqpSinkConfig::clone,
+            &[],
+            &[],
+            SINK_OPTIONS,
+            &[
+                ("exchange", json!("shop"), "exchange=shop"),
+                (
+                    "routing_key",
+                    json!("orders.{event_type}"),
+                    "routing_key=orders.{event_type}",
+                ),
+                ("persistent", json!(false), "persistent=false"),
+                ("max_payload_bytes", json!(1024), "max_payload_bytes=1024"),
+                ("connect_timeout", json!("2s"), "connect_timeout=2s"),
+                (
+                    "tls_ca_file",
+                    json!("/etc/ca.pem"),
+                    "tls_ca_file=/etc/ca.pem",
+                ),
+                (
+                    "tls_cert_file",
+                    json!("/etc/c.pem"),
+                    "tls_cert_file=/etc/c.pem",
+                ),
+                (
+                    "tls_key_file",
+                    json!("/etc/k.pem"),
+                    "tls_key_file=/etc/k.pem",
+                ),
+            ],
+        );
+    }
 
     #[test]
     fn url_options_split_between_sink_and_client() {

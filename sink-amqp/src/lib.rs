@@ -103,6 +103,10 @@ impl outbox_engine::registry::RouteSink for AmqpSink {
     fn check(config: &AmqpSinkConfig) -> Result<(), AmqpSinkError> {
         config.validate()
     }
+
+    fn url_options(config: &mut AmqpSinkConfig) -> Result<Vec<&'static str>, AmqpSinkError> {
+        config.take_url_options()
+    }
 }
 
 /// The `lapin` client crate this sink is built on, for matching versions.

@@ -87,7 +87,8 @@ struct State {
     exchanges: HashSet<String>,
     /// Consecutive failed connection attempts, and when the last one ended.
     failures: u32,
-    last_failure: Option<(Instant, String)>,
+    /// When the last attempt failed, the (jittered) pause drawn then, and why.
+    last_failure: Option<(Instant, Duration, String)>,
 }
 
 impl fmt::Debug for AmqpSink {
@@ -659,14 +660,13 @@ impl Inner {
         state: &mut State,
         deadline: Instant,
     ) -> Result<Connection, lapin::Error> {
-        if let Some((at, last)) = &state.last_failure {
-            let pause = reconnect_pause(state.failures);
-            if at.elapsed() < pause {
-                return Err(lapin::Error::from(std::io::Error::other(format!(
-                    "{WAITING}: the last attempt failed {} ms ago ({last})",
-                    at.elapsed().as_millis()
-                ))));
-            }
+        if let Some((at, pause, last)) = &state.last_failure
+            && at.elapsed() < *pause
+        {
+            return Err(lapin::Error::from(std::io::Error::other(format!(
+                "{WAITING}: the last attempt failed {} ms ago ({last})",
+                at.elapsed().as_millis()
+            ))));
         }
         let limit = deadline.min(Instant::now() + self.config.connect_timeout);
         let properties = ConnectionProperties::default()
@@ -692,7 +692,8 @@ impl Inner {
             }
             Err(e) => {
                 state.failures = state.failures.saturating_add(1);
-                state.last_failure = Some((Instant::now(), e.to_string()));
+                let pause = outbox_engine::full_jitter(reconnect_pause(state.failures));
+                state.last_failure = Some((Instant::now(), pause, e.to_string()));
                 warn!(url = %self.url, error = %e, failures = state.failures, "cannot connect to the AMQP broker");
             }
         }
@@ -721,7 +722,10 @@ fn not_sent(state: &State, error: &lapin::Error) -> Failure {
     let failure = classify(error);
     Failure::retryable(failure.class, failure.message)
         .deferred()
-        .with_retry_after(reconnect_pause(state.failures.max(1)))
+        .with_retry_after(state.last_failure.as_ref().map_or_else(
+            || reconnect_pause(state.failures.max(1)),
+            |(_, pause, _)| *pause,
+        ))
 }
 
 fn reconnect_pause(failures: u32) -> Duration {

@@ -351,6 +351,32 @@ impl fmt::Debug for HttpSinkConfig {
 mod tests {
     use super::*;
 
+    /// The exception to one vocabulary: an HTTP route's URL is its endpoint, query and
+    /// all, so no setting is read from it (a query option named like a setting reaches
+    /// the endpoint as it is), whether the route comes from a URL or a table.
+    #[test]
+    fn an_http_routes_query_belongs_to_its_endpoint() {
+        let url = "https://hooks.example.com/in?request_timeout=1s&method=GET&token=abc";
+        let from_url = HttpSinkConfig::from_url(url);
+        let settings = outbox_engine::registry::RouteSettings {
+            route: "billing".to_owned(),
+            settings: serde_json::json!({ "url": url }),
+        };
+        let mut from_table: HttpSinkConfig = settings.parse().unwrap();
+        let moved =
+            <crate::HttpSink as outbox_engine::registry::RouteSink>::url_options(&mut from_table)
+                .unwrap();
+        assert!(moved.is_empty());
+        for config in [&from_url, &from_table] {
+            assert_eq!(config.url, url, "the query is sent as it is");
+            assert_eq!(config.method, HttpSinkConfig::new(url).method);
+            assert_eq!(
+                config.request_timeout,
+                HttpSinkConfig::new(url).request_timeout
+            );
+        }
+    }
+
     #[test]
     fn secrets_come_from_the_environment_and_files_without_echoing_them() {
         let dir = std::env::temp_dir().join(format!("outbox-http-secrets-{}", std::process::id()));

@@ -542,6 +542,52 @@ fn invalid(setting: &str, reason: impl Into<String>) -> KafkaSinkError {
 mod tests {
     use super::*;
 
+    /// One vocabulary: every setting of a route's table is a URL option (properties as
+    /// flat `name=value` options), and the reverse; both resolve to the same producer.
+    #[test]
+    fn every_table_setting_is_a_url_option_and_the_reverse() {
+        use serde_json::json;
+        type Resolved = (
+            String,
+            Template,
+            Unkeyed,
+            Duration,
+            BTreeMap<String, String>,
+        );
+        fn resolved(config: &KafkaSinkConfig) -> Result<Resolved, String> {
+            let c = config.check().map_err(|e| e.to_string())?;
+            Ok((
+                c.brokers,
+                c.topic,
+                c.unkeyed,
+                c.connect_timeout,
+                c.properties,
+            ))
+        }
+        outbox_engine::testkit::assert_url_parity::<crate::KafkaSink, _>(
+            "kafka://127.0.0.1:9092",
+            KafkaSinkConfig::from_url,
+            resolved,
+            &[],
+            &[],
+            &["topic", "unkeyed", "connect_timeout"],
+            &[
+                (
+                    "topic",
+                    json!("shop.{event_type}"),
+                    "topic=shop.{event_type}",
+                ),
+                ("unkeyed", json!("id"), "unkeyed=id"),
+                ("connect_timeout", json!("9s"), "connect_timeout=9s"),
+                (
+                    "properties",
+                    json!({ "linger.ms": "20", "compression.type": "zstd" }),
+                    "linger.ms=20&compression.type=zstd",
+                ),
+            ],
+        );
+    }
+
     #[test]
     fn one_url_holds_brokers_topic_sink_options_and_properties() {
         let c = KafkaSinkConfig::new(

@@ -186,39 +186,52 @@ impl MqttSinkConfig {
     /// [`MqttSinkError::InvalidUrl`] for an unparsable URL or an unknown option,
     /// [`MqttSinkError::InvalidSetting`] for an option with a bad value.
     pub fn from_url(url: &str) -> Result<Self, MqttSinkError> {
-        let mut parsed = parse_url(url)?;
-        let mut config = Self::default();
+        let mut config = Self::new(url);
+        config.take_url_options()?;
+        Ok(config)
+    }
+
+    /// Moves the options of [`from_url`](Self::from_url) out of `self.url`'s query into
+    /// the fields; returns the settings they set.
+    pub(crate) fn take_url_options(&mut self) -> Result<Vec<&'static str>, MqttSinkError> {
+        let mut parsed = parse_url(&self.url)?;
+        let mut set = Vec::new();
         let duration = |setting: &'static str, value: &str| {
             outbox_engine::duration::parse(value).map_err(|reason| invalid(setting, reason))
         };
         for (name, value) in parsed.query_pairs() {
             let value = value.into_owned();
+            if let Some(option) = OPTIONS.iter().find(|option| **option == name)
+                && !set.contains(option)
+            {
+                set.push(*option);
+            }
             match name.as_ref() {
-                "topic" => config.topic = value,
+                "topic" => self.topic = value,
                 "protocol" => {
-                    config.protocol = match value.as_str() {
+                    self.protocol = match value.as_str() {
                         "5" | "5.0" => Protocol::V5,
                         "3.1.1" => Protocol::V311,
                         _ => return Err(invalid("protocol", "must be 5 or 3.1.1")),
                     }
                 }
-                "client_id" => config.client_id = value,
-                "keep_alive" => config.keep_alive = duration("keep_alive", &value)?,
-                "connect_timeout" => config.connect_timeout = duration("connect_timeout", &value)?,
+                "client_id" => self.client_id = value,
+                "keep_alive" => self.keep_alive = duration("keep_alive", &value)?,
+                "connect_timeout" => self.connect_timeout = duration("connect_timeout", &value)?,
                 "max_payload_bytes" => {
-                    config.max_payload_bytes = value.parse().map_err(|_| {
+                    self.max_payload_bytes = value.parse().map_err(|_| {
                         invalid(
                             "max_payload_bytes",
                             format!("{value:?} is not a non-negative integer"),
                         )
                     })?
                 }
-                "tls_ca_file" => config.tls_ca_file = Some(value.into()),
-                "tls_cert_file" => config.tls_cert_file = Some(value.into()),
-                "tls_key_file" => config.tls_key_file = Some(value.into()),
+                "tls_ca_file" => self.tls_ca_file = Some(value.into()),
+                "tls_cert_file" => self.tls_cert_file = Some(value.into()),
+                "tls_key_file" => self.tls_key_file = Some(value.into()),
                 other => {
                     return Err(MqttSinkError::InvalidUrl {
-                        url: outbox_engine::redact::url(url),
+                        url: outbox_engine::redact::url(&self.url),
                         reason: format!(
                             "unknown option `{other}` (options: {}; QoS is always 1 and retain always off)",
                             OPTIONS.join(", ")
@@ -228,8 +241,8 @@ impl MqttSinkConfig {
             }
         }
         parsed.set_query(None);
-        config.url = parsed.to_string();
-        Ok(config)
+        self.url = parsed.to_string();
+        Ok(set)
     }
 
     /// Sets the broker URL.
@@ -500,6 +513,47 @@ fn invalid(setting: &'static str, reason: impl Into<String>) -> MqttSinkError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// One vocabulary: every setting of a route's table is a URL option, and the reverse.
+    #[test]
+    fn every_table_setting_is_a_url_option_and_the_reverse() {
+        use serde_json::json;
+        outbox_engine::testkit::assert_url_parity::<crate::MqttSink, _>(
+            "mqtt://127.0.0.1:1883",
+            MqttSinkConfig::from_url,
+            MqttSinkConfig::clone,
+            &[],
+            &[],
+            OPTIONS,
+            &[
+                (
+                    "topic",
+                    json!("shop/{event_type}"),
+                    "topic=shop/{event_type}",
+                ),
+                ("protocol", json!("3.1.1"), "protocol=3.1.1"),
+                ("client_id", json!("relay-7"), "client_id=relay-7"),
+                ("keep_alive", json!("20s"), "keep_alive=20s"),
+                ("connect_timeout", json!("3s"), "connect_timeout=3s"),
+                ("max_payload_bytes", json!(1024), "max_payload_bytes=1024"),
+                (
+                    "tls_ca_file",
+                    json!("/etc/ca.pem"),
+                    "tls_ca_file=/etc/ca.pem",
+                ),
+                (
+                    "tls_cert_file",
+                    json!("/etc/c.pem"),
+                    "tls_cert_file=/etc/c.pem",
+                ),
+                (
+                    "tls_key_file",
+                    json!("/etc/k.pem"),
+                    "tls_key_file=/etc/k.pem",
+                ),
+            ],
+        );
+    }
 
     #[test]
     fn url_options_become_settings_and_leave_the_url() {

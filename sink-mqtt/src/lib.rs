@@ -103,6 +103,10 @@ impl outbox_engine::registry::RouteSink for MqttSink {
     fn check(config: &MqttSinkConfig) -> Result<(), MqttSinkError> {
         config.validate()
     }
+
+    fn url_options(config: &mut MqttSinkConfig) -> Result<Vec<&'static str>, MqttSinkError> {
+        config.take_url_options()
+    }
 }
 
 /// The `rumqttc` client crate this sink is built on, for matching versions.

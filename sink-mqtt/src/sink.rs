@@ -86,7 +86,8 @@ struct Inner {
 struct Connection {
     session: Option<Arc<Session>>,
     failures: u32,
-    last_failure: Option<(Instant, String)>,
+    /// When the last attempt failed, the (jittered) pause drawn then, and why.
+    last_failure: Option<(Instant, Duration, String)>,
 }
 
 impl fmt::Debug for MqttSink {
@@ -374,8 +375,8 @@ impl Inner {
             return Ok(Arc::clone(session));
         }
         connection.session = None;
-        if let Some((at, last)) = &connection.last_failure {
-            let pause = reconnect_pause(connection.failures);
+        if let Some((at, pause, last)) = &connection.last_failure {
+            let pause = *pause;
             if at.elapsed() < pause {
                 return Err(Failure::retryable(
                     FailureClass::Connection,
@@ -404,7 +405,8 @@ impl Inner {
             Err(_) => "no CONNACK before the publish deadline".to_owned(),
         };
         connection.failures = connection.failures.saturating_add(1);
-        connection.last_failure = Some((Instant::now(), failed.clone()));
+        let pause = outbox_engine::full_jitter(reconnect_pause(connection.failures));
+        connection.last_failure = Some((Instant::now(), pause, failed.clone()));
         warn!(url = %self.url, error = %failed, failures = connection.failures, "cannot connect to the MQTT broker");
         Err(Failure::retryable(
             FailureClass::Connection,
@@ -414,7 +416,7 @@ impl Inner {
             ),
         )
         .deferred()
-        .with_retry_after(reconnect_pause(connection.failures)))
+        .with_retry_after(pause))
     }
 
     /// Connects, waits for the `CONNACK`, and starts the task that drives the

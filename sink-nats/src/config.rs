@@ -175,25 +175,38 @@ impl NatsSinkConfig {
     /// [`NatsSinkError::InvalidUrl`] for an unparsable URL or an unknown option,
     /// [`NatsSinkError::InvalidSetting`] for an option with a bad value.
     pub fn from_url(url: &str) -> Result<Self, NatsSinkError> {
-        let mut parsed = parse_url(url)?;
-        let mut config = Self::default();
+        let mut config = Self::new(url);
+        config.take_url_options()?;
+        Ok(config)
+    }
+
+    /// Moves the options of [`from_url`](Self::from_url) out of `self.url`'s query into
+    /// the fields; returns the settings they set.
+    pub(crate) fn take_url_options(&mut self) -> Result<Vec<&'static str>, NatsSinkError> {
+        let mut parsed = parse_url(&self.url)?;
+        let mut set = Vec::new();
         let duration = |setting: &'static str, value: &str| {
             outbox_engine::duration::parse(value).map_err(|reason| invalid(setting, reason))
         };
         for (name, value) in parsed.query_pairs() {
             let value = value.into_owned();
+            if let Some(option) = OPTIONS.iter().find(|option| **option == name)
+                && !set.contains(option)
+            {
+                set.push(*option);
+            }
             match name.as_ref() {
-                "subject" => config.subject = value,
-                "ack_timeout" => config.ack_timeout = duration("ack_timeout", &value)?,
-                "connect_timeout" => config.connect_timeout = duration("connect_timeout", &value)?,
-                "credentials_file" => config.credentials_file = Some(value.into()),
-                "nkey_seed_file" => config.nkey_seed_file = Some(value.into()),
-                "tls_ca_file" => config.tls_ca_file = Some(value.into()),
-                "tls_cert_file" => config.tls_cert_file = Some(value.into()),
-                "tls_key_file" => config.tls_key_file = Some(value.into()),
+                "subject" => self.subject = value,
+                "ack_timeout" => self.ack_timeout = duration("ack_timeout", &value)?,
+                "connect_timeout" => self.connect_timeout = duration("connect_timeout", &value)?,
+                "credentials_file" => self.credentials_file = Some(value.into()),
+                "nkey_seed_file" => self.nkey_seed_file = Some(value.into()),
+                "tls_ca_file" => self.tls_ca_file = Some(value.into()),
+                "tls_cert_file" => self.tls_cert_file = Some(value.into()),
+                "tls_key_file" => self.tls_key_file = Some(value.into()),
                 other => {
                     return Err(NatsSinkError::InvalidUrl {
-                        url: outbox_engine::redact::url(url),
+                        url: outbox_engine::redact::url(&self.url),
                         reason: format!(
                             "unknown option `{other}` (options: {})",
                             OPTIONS.join(", ")
@@ -203,8 +216,8 @@ impl NatsSinkConfig {
             }
         }
         parsed.set_query(None);
-        config.url = parsed.to_string();
-        Ok(config)
+        self.url = parsed.to_string();
+        Ok(set)
     }
 
     /// Sets the server URL.
@@ -474,6 +487,54 @@ fn invalid(setting: &'static str, reason: impl Into<String>) -> NatsSinkError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// One vocabulary: every setting of a route's table is a URL option, and the reverse.
+    #[test]
+    fn every_table_setting_is_a_url_option_and_the_reverse() {
+        use serde_json::json;
+        outbox_engine::testkit::assert_url_parity::<crate::NatsSink, _>(
+            "nats://127.0.0.1:4222",
+            NatsSinkConfig::from_url,
+            NatsSinkConfig::clone,
+            &[],
+            &[],
+            OPTIONS,
+            &[
+                (
+                    "subject",
+                    json!("shop.{event_type}"),
+                    "subject=shop.{event_type}",
+                ),
+                ("ack_timeout", json!("2s"), "ack_timeout=2s"),
+                ("connect_timeout", json!("3s"), "connect_timeout=3s"),
+                (
+                    "credentials_file",
+                    json!("/etc/n.creds"),
+                    "credentials_file=/etc/n.creds",
+                ),
+                (
+                    "nkey_seed_file",
+                    json!("/etc/n.nk"),
+                    "nkey_seed_file=/etc/n.nk",
+                ),
+                (
+                    "tls_ca_file",
+                    json!("/etc/ca.pem"),
+                    "tls_ca_file=/etc/ca.pem",
+                ),
+                (
+                    "tls_cert_file",
+                    json!("/etc/c.pem"),
+                    "tls_cert_file=/etc/c.pem",
+                ),
+                (
+                    "tls_key_file",
+                    json!("/etc/k.pem"),
+                    "tls_key_file=/etc/k.pem",
+                ),
+            ],
+        );
+    }
 
     #[test]
     fn url_options_become_settings_and_leave_the_url() {

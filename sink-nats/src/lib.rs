@@ -96,6 +96,10 @@ impl outbox_engine::registry::RouteSink for NatsSink {
     fn check(config: &NatsSinkConfig) -> Result<(), NatsSinkError> {
         config.validate()
     }
+
+    fn url_options(config: &mut NatsSinkConfig) -> Result<Vec<&'static str>, NatsSinkError> {
+        config.take_url_options()
+    }
 }
 
 /// The `async-nats` client crate this sink is built on, for matching versions.

@@ -34,6 +34,11 @@ const SINK_OPTIONS: &[&str] = &[
     "durability_timeout",
     "headers",
     "metadata",
+    "fields.id",
+    "fields.idempotency_key",
+    "fields.event_type",
+    "fields.content_type",
+    "fields.payload",
     "max_payload_bytes",
     "connect_timeout",
     "response_timeout",
@@ -182,10 +187,13 @@ impl RedisSinkConfig {
     /// Query options: `stream` (template), `maxlen`, `dedupe_window` (a duration, or
     /// `off`), `dedupe_prefix`, `durability` (`none`, `wait:<replicas>` or
     /// `waitaof:<numlocal>:<numreplicas>`), `durability_timeout`, `headers` (`fields`,
-    /// `fields:<prefix>`, `json` or `json:<field>`), `metadata` (`true`/`false`),
-    /// `max_payload_bytes`, `connect_timeout`, `response_timeout`, `tls_ca_file`,
-    /// `tls_cert_file`, `tls_key_file`. The Redis client's own
-    /// `protocol` option is passed through. Any other option is an error.
+    /// `fields:<prefix>`, `json` or `json:<field>`), `metadata` (`true`/`false`), the
+    /// field names `fields.id`, `fields.idempotency_key`, `fields.event_type`,
+    /// `fields.content_type` and `fields.payload`, `max_payload_bytes`,
+    /// `connect_timeout`, `response_timeout`, `tls_ca_file`, `tls_cert_file`,
+    /// `tls_key_file`. The Redis client's own `protocol` option is passed through. Any
+    /// other option is an error. A route configured by a table (`outbox.toml`) takes
+    /// the same options in its `url`.
     ///
     /// ```
     /// use std::time::Duration;
@@ -208,51 +216,110 @@ impl RedisSinkConfig {
     /// [`RedisSinkError::InvalidUrl`] for an unparsable URL or an unknown option,
     /// [`RedisSinkError::InvalidSetting`] for an option with a bad value.
     pub fn from_url(url: &str) -> Result<Self, RedisSinkError> {
-        let mut parsed = parse_url(url)?;
-        let mut config = Self::default();
+        let mut config = Self::new(url);
+        config.take_url_options()?;
+        Ok(config)
+    }
+
+    /// Moves the sink options of [`from_url`](Self::from_url) out of `self.url`'s query
+    /// into the fields, keeping the client's own options in the URL; returns the
+    /// settings they set.
+    pub(crate) fn take_url_options(&mut self) -> Result<Vec<&'static str>, RedisSinkError> {
+        let mut parsed = parse_url(&self.url)?;
         let mut durability_kind: Option<String> = None;
         let mut durability_timeout: Option<Duration> = None;
         let mut kept: Vec<(String, String)> = Vec::new();
+        let mut set = Vec::new();
         for (name, value) in parsed.query_pairs() {
             let (name, value) = (name.into_owned(), value.into_owned());
-            match name.as_str() {
-                "stream" => config.stream = value,
-                "maxlen" => config.maxlen = Some(parse_number("maxlen", &value)?),
+            let setting = match name.as_str() {
+                "stream" => {
+                    self.stream = value;
+                    "stream"
+                }
+                "maxlen" => {
+                    self.maxlen = Some(parse_number("maxlen", &value)?);
+                    "maxlen"
+                }
                 "dedupe_window" => {
-                    config.dedupe_window = match value.as_str() {
+                    self.dedupe_window = match value.as_str() {
                         "off" | "none" | "0" => None,
                         text => Some(parse_setting_duration("dedupe_window", text)?),
-                    }
+                    };
+                    "dedupe_window"
                 }
-                "dedupe_prefix" => config.dedupe_prefix = value,
-                "durability" => durability_kind = Some(value),
+                "dedupe_prefix" => {
+                    self.dedupe_prefix = value;
+                    "dedupe_prefix"
+                }
+                "durability" => {
+                    durability_kind = Some(value);
+                    "durability"
+                }
                 "durability_timeout" => {
-                    durability_timeout = Some(parse_setting_duration("durability_timeout", &value)?)
+                    durability_timeout =
+                        Some(parse_setting_duration("durability_timeout", &value)?);
+                    "durability"
                 }
-                "headers" => config.fields.headers = HeaderLayout::parse(&value)?,
+                "headers" => {
+                    self.fields.headers = HeaderLayout::parse(&value)?;
+                    "fields"
+                }
                 "metadata" => {
-                    config.fields.metadata = match value.as_str() {
-                        "true" | "1" | "yes" => true,
-                        "false" | "0" | "no" => false,
-                        _ => return Err(invalid("metadata", "must be true or false")),
-                    }
+                    self.fields.metadata = parse_flag("metadata", &value)?;
+                    "fields"
+                }
+                "fields.id" => {
+                    self.fields.id = value;
+                    "fields"
+                }
+                "fields.idempotency_key" => {
+                    self.fields.idempotency_key = value;
+                    "fields"
+                }
+                "fields.event_type" => {
+                    self.fields.event_type = value;
+                    "fields"
+                }
+                "fields.content_type" => {
+                    self.fields.content_type = value;
+                    "fields"
+                }
+                "fields.payload" => {
+                    self.fields.payload = value;
+                    "fields"
                 }
                 "max_payload_bytes" => {
-                    config.max_payload_bytes = parse_number("max_payload_bytes", &value)?
+                    self.max_payload_bytes = parse_number("max_payload_bytes", &value)?;
+                    "max_payload_bytes"
                 }
                 "connect_timeout" => {
-                    config.connect_timeout = parse_setting_duration("connect_timeout", &value)?
+                    self.connect_timeout = parse_setting_duration("connect_timeout", &value)?;
+                    "connect_timeout"
                 }
                 "response_timeout" => {
-                    config.response_timeout = parse_setting_duration("response_timeout", &value)?
+                    self.response_timeout = parse_setting_duration("response_timeout", &value)?;
+                    "response_timeout"
                 }
-                "tls_ca_file" => config.tls_ca_file = Some(value.into()),
-                "tls_cert_file" => config.tls_cert_file = Some(value.into()),
-                "tls_key_file" => config.tls_key_file = Some(value.into()),
-                _ if is_client_option(&parsed, &name) => kept.push((name, value)),
+                "tls_ca_file" => {
+                    self.tls_ca_file = Some(value.into());
+                    "tls_ca_file"
+                }
+                "tls_cert_file" => {
+                    self.tls_cert_file = Some(value.into());
+                    "tls_cert_file"
+                }
+                "tls_key_file" => {
+                    self.tls_key_file = Some(value.into());
+                    "tls_key_file"
+                }
+                _ if is_client_option(&parsed, &name) => {
+                    kept.push((name, value));
+                    continue;
+                }
                 _ => {
                     return Err(RedisSinkError::InvalidUrl {
-                        url: outbox_engine::redact::url(url),
+                        url: outbox_engine::redact::url(&self.url),
                         reason: format!(
                             "unknown option `{name}` (sink options: {}; client options: {})",
                             SINK_OPTIONS.join(", "),
@@ -260,26 +327,29 @@ impl RedisSinkConfig {
                         ),
                     });
                 }
+            };
+            if !set.contains(&setting) {
+                set.push(setting);
             }
         }
         let timeout = durability_timeout.unwrap_or(Durability::DEFAULT_TIMEOUT);
-        config.durability = match durability_kind {
-            Some(kind) => Durability::parse(&kind, timeout)?,
+        match durability_kind {
+            Some(kind) => self.durability = Durability::parse(&kind, timeout)?,
             None if durability_timeout.is_some() => {
                 return Err(invalid(
                     "durability_timeout",
                     "given without `durability=wait:<n>` or `durability=waitaof:<local>:<n>`",
                 ));
             }
-            None => Durability::None,
-        };
+            None => {}
+        }
         if kept.is_empty() {
             parsed.set_query(None);
         } else {
             parsed.query_pairs_mut().clear().extend_pairs(kept);
         }
-        config.url = parsed.to_string();
-        Ok(config)
+        self.url = parsed.to_string();
+        Ok(set)
     }
 
     /// Sets the server URL.
@@ -570,6 +640,14 @@ fn parse_number<T: std::str::FromStr>(
 ) -> Result<T, RedisSinkError> {
     text.parse()
         .map_err(|_| invalid(setting, format!("{text:?} is not a non-negative integer")))
+}
+
+fn parse_flag(setting: &'static str, text: &str) -> Result<bool, RedisSinkError> {
+    match text {
+        "true" | "1" | "yes" => Ok(true),
+        "false" | "0" | "no" => Ok(false),
+        _ => Err(invalid(setting, "must be true or false")),
+    }
 }
 
 fn parse_setting_duration(setting: &'static str, text: &str) -> Result<Duration, RedisSinkError> {
@@ -1067,6 +1145,81 @@ impl Durability {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// One vocabulary: every setting of a route's table is a URL option, and the reverse.
+    #[test]
+    fn every_table_setting_is_a_url_option_and_the_reverse() {
+        use serde_json::json;
+        outbox_engine::testkit::assert_url_parity::<crate::RedisSink, _>(
+            "redis://127.0.0.1:6379/",
+            RedisSinkConfig::from_url,
+            RedisSinkConfig::clone,
+            &[(
+                "fields",
+                outbox_engine::testkit::setting_names::<FieldLayout>(),
+            )],
+            &[],
+            SINK_OPTIONS,
+            &[
+                (
+                    "stream",
+                    json!("orders.{event_type}"),
+                    "stream=orders.{event_type}",
+                ),
+                ("maxlen", json!(1000), "maxlen=1000"),
+                ("dedupe_window", json!("10m"), "dedupe_window=10m"),
+                ("dedupe_window", json!(null), "dedupe_window=off"),
+                (
+                    "dedupe_prefix",
+                    json!("app:seen:"),
+                    "dedupe_prefix=app:seen:",
+                ),
+                (
+                    "durability",
+                    json!({ "mode": "wait", "replicas": 1, "timeout": "250ms" }),
+                    "durability=wait:1&durability_timeout=250ms",
+                ),
+                (
+                    "durability",
+                    json!({ "mode": "wait_aof", "local": true, "replicas": 0 }),
+                    "durability=waitaof:1:0",
+                ),
+                ("fields.id", json!("msg_id"), "fields.id=msg_id"),
+                (
+                    "fields.idempotency_key",
+                    json!("key"),
+                    "fields.idempotency_key=key",
+                ),
+                ("fields.event_type", json!("type"), "fields.event_type=type"),
+                ("fields.content_type", json!("ct"), "fields.content_type=ct"),
+                ("fields.payload", json!("data"), "fields.payload=data"),
+                ("fields.metadata", json!(false), "metadata=false"),
+                (
+                    "fields.headers",
+                    json!({ "layout": "json", "field": "hdrs" }),
+                    "headers=json:hdrs",
+                ),
+                ("max_payload_bytes", json!(1024), "max_payload_bytes=1024"),
+                ("connect_timeout", json!("2s"), "connect_timeout=2s"),
+                ("response_timeout", json!("3s"), "response_timeout=3s"),
+                (
+                    "tls_ca_file",
+                    json!("/etc/ca.pem"),
+                    "tls_ca_file=/etc/ca.pem",
+                ),
+                (
+                    "tls_cert_file",
+                    json!("/etc/c.pem"),
+                    "tls_cert_file=/etc/c.pem",
+                ),
+                (
+                    "tls_key_file",
+                    json!("/etc/k.pem"),
+                    "tls_key_file=/etc/k.pem",
+                ),
+            ],
+        );
+    }
     use chrono::Utc;
     use outbox_engine::NewMessage;
 

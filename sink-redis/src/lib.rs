@@ -53,8 +53,9 @@
 //! `event_type`, `content_type`; then `partition_key`, `tenant_id`, `aggregate_type`,
 //! `aggregate_id` when the message has them; then one `h:<name>` field per header (or one
 //! JSON `headers` field, see [`HeaderLayout`]); and last `payload`, the raw payload bytes.
-//! Consumers read an entry back with [`FieldLayout::read_entry`] as an
-//! [`outbox_engine::Received`], for deduplication in an inbox.
+//! Consumers read an entry back as an [`outbox_engine::Received`], for deduplication in
+//! an inbox, with [`read_stream_entry`] (the `redis` client's [`StreamId`](client::streams::StreamId))
+//! or [`FieldLayout::read_entry`] (any `(field, value)` pairs).
 //!
 //! ```text
 //! XADD shop.order.paid * id 0190f2c4-… idempotency_key 0190f2c4-… event_type order.paid
@@ -107,6 +108,7 @@ pub use config::{
     StreamTemplate,
 };
 pub use error::{RedisSinkError, classify, classify_reply};
+pub use receive::read_stream_entry;
 pub use sink::RedisSink;
 
 /// The driver for `redis://` and `rediss://` routes: parses the route's settings as a
@@ -130,7 +132,13 @@ impl outbox_engine::registry::RouteSink for RedisSink {
     fn check(config: &RedisSinkConfig) -> Result<(), RedisSinkError> {
         config.validate().map(drop)
     }
+
+    fn url_options(config: &mut RedisSinkConfig) -> Result<Vec<&'static str>, RedisSinkError> {
+        config.take_url_options()
+    }
 }
 
-/// The `redis` client crate this sink is built on, for matching versions.
+/// The `redis` client crate this sink is built on (with its `streams` commands and
+/// reply types, and the Tokio connections), for consumers at the version the sink is
+/// tested with.
 pub use redis as client;

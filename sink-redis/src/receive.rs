@@ -5,6 +5,8 @@ use std::collections::BTreeMap;
 
 use outbox_engine::receive::fields;
 use outbox_engine::{NotAnOutboxMessage, Received};
+use redis::Value;
+use redis::streams::StreamId;
 
 use crate::config::{FieldLayout, HeaderLayout, METADATA_FIELDS};
 
@@ -102,6 +104,60 @@ impl FieldLayout {
     }
 }
 
+/// Reads an entry that a [`RedisSink`](crate::RedisSink) with the default
+/// [`FieldLayout`] appended, as the `redis` client returns it (`StreamReadReply`,
+/// `StreamRangeReply`): one call from `XREADGROUP` to an inbox. With another layout, use
+/// [`FieldLayout::read_stream_entry`].
+///
+/// ```no_run
+/// use outbox_sink_redis::client::AsyncCommands;
+/// use outbox_sink_redis::client::streams::{StreamReadOptions, StreamReadReply};
+///
+/// # async fn consume(mut conn: outbox_sink_redis::client::aio::MultiplexedConnection)
+/// # -> Result<(), Box<dyn std::error::Error>> {
+/// let options = StreamReadOptions::default().group("billing", "worker-1").count(100);
+/// let reply: StreamReadReply = conn.xread_options(&["orders"], &[">"], &options).await?;
+/// for entry in reply.keys.iter().flat_map(|key| &key.ids) {
+///     let received = outbox_sink_redis::read_stream_entry(entry)?;
+///     // record received.idempotency_key in an inbox, handle, commit, then XACK entry.id
+/// }
+/// # Ok(())
+/// # }
+/// ```
+///
+/// # Errors
+///
+/// As for [`FieldLayout::read_entry`]; also when a field's value is not a string.
+pub fn read_stream_entry(entry: &StreamId) -> Result<Received, NotAnOutboxMessage> {
+    FieldLayout::default().read_stream_entry(entry)
+}
+
+impl FieldLayout {
+    /// Reads an entry as the `redis` client returns it (a [`StreamId`] of
+    /// `StreamReadReply` or `StreamRangeReply`), appended by a sink with this layout.
+    ///
+    /// # Errors
+    ///
+    /// As for [`read_entry`](Self::read_entry); also when a field's value is not a string.
+    pub fn read_stream_entry(&self, entry: &StreamId) -> Result<Received, NotAnOutboxMessage> {
+        let mut pairs = Vec::with_capacity(entry.map.len());
+        for (name, value) in &entry.map {
+            let bytes = match value {
+                Value::BulkString(bytes) => bytes.as_slice(),
+                Value::SimpleString(text) => text.as_bytes(),
+                _ => {
+                    return Err(NotAnOutboxMessage::new(format!(
+                        "field {name:?} of entry {} is not a string",
+                        entry.id
+                    )));
+                }
+            };
+            pairs.push((name.as_str(), bytes));
+        }
+        self.read_entry(pairs)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -153,5 +209,30 @@ mod tests {
             ("data", b""),
         ];
         assert!(layout.read_entry(not_text).is_err());
+    }
+
+    #[test]
+    fn a_client_stream_entry_reads_back_and_a_non_string_field_is_refused() {
+        let mut entry = StreamId {
+            id: "1-0".into(),
+            ..StreamId::default()
+        };
+        for (name, value) in [
+            ("id", ID),
+            ("idempotency_key", b"order-7"),
+            ("event_type", b"order.paid"),
+            ("payload", &[0xff, 0x01]),
+        ] {
+            entry
+                .map
+                .insert(name.to_owned(), Value::BulkString(value.to_vec()));
+        }
+        let received = read_stream_entry(&entry).unwrap();
+        assert_eq!(received.idempotency_key, "order-7");
+        assert_eq!(received.payload, [0xff, 0x01]);
+
+        entry.map.insert("event_type".into(), Value::Int(3));
+        let error = read_stream_entry(&entry).unwrap_err();
+        assert!(error.to_string().contains("event_type"), "{error}");
     }
 }

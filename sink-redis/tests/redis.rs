@@ -208,6 +208,56 @@ fn assert_entry_matches(entry: &Entry, m: &NewMessage) {
     );
 }
 
+/// The consumer's one call: the client's typed `XREADGROUP` reply, each entry read as a
+/// `Received` with `read_stream_entry`, equal to what was enqueued.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_reads_received_from_the_clients_stream_entries() {
+    use outbox_sink_redis::client::AsyncCommands;
+    use outbox_sink_redis::client::streams::{StreamReadOptions, StreamReadReply};
+
+    let url = url();
+    let mut conn = reader(&url).await;
+    let stream = fresh_name("typed");
+    let store = MemoryStore::new();
+    let enqueued = varied_messages("billing", 24);
+    store.enqueue_all(enqueued.clone()).unwrap();
+    let sink = sink(RedisSinkConfig::new(url.clone()).stream(stream.clone())).await;
+    let relay = Relay::builder(store)
+        .route("billing", sink)
+        .build()
+        .unwrap();
+    assert_eq!(relay.drain().await.unwrap().published, 24);
+
+    let _: () = conn
+        .xgroup_create(&stream, "readers", "0")
+        .await
+        .expect("XGROUP CREATE");
+    let options = StreamReadOptions::default()
+        .group("readers", "r1")
+        .count(100);
+    let reply: StreamReadReply = conn
+        .xread_options(&[&stream], &[">"], &options)
+        .await
+        .expect("XREADGROUP");
+    let entries: Vec<_> = reply.keys.iter().flat_map(|key| &key.ids).collect();
+    assert_eq!(entries.len(), enqueued.len(), "every entry read");
+    for (entry, message) in entries.into_iter().zip(&enqueued) {
+        let received = outbox_sink_redis::read_stream_entry(entry).expect("an outbox entry");
+        assert_eq!(received.id, message.id());
+        assert_eq!(received.idempotency_key, message.idempotency_key());
+        assert_eq!(received.event_type, message.event_type());
+        assert_eq!(
+            received.content_type.as_deref(),
+            Some(message.content_type())
+        );
+        assert_eq!(received.partition_key.as_deref(), message.partition_key());
+        assert_eq!(received.tenant_id.as_deref(), message.tenant_id());
+        assert_eq!(&received.headers, message.headers());
+        assert_eq!(received.payload, message.payload(), "payload bytes");
+    }
+    del(&mut conn, &[stream]).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn consumer_group_reads_every_message_exactly_as_enqueued() {
     let url = url();

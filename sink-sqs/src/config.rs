@@ -587,6 +587,62 @@ pub(crate) fn is_sqs_id(text: &str) -> bool {
 mod tests {
     use super::*;
 
+    /// One vocabulary: every setting of a route's table is a URL option, and the
+    /// reverse, but for the credentials, which stay out of URLs (the credential chain or
+    /// the settings hold them); both resolve to the same queue and client.
+    #[test]
+    fn every_table_setting_is_a_url_option_and_the_reverse() {
+        use serde_json::json;
+        type Resolved = (
+            Queue,
+            Option<String>,
+            Option<String>,
+            String,
+            Binary,
+            Duration,
+            Option<String>,
+        );
+        fn resolved(config: &SqsSinkConfig) -> Result<Resolved, String> {
+            let c = config.check().map_err(|e| e.to_string())?;
+            Ok((
+                c.queue,
+                c.region,
+                c.endpoint,
+                c.default_group,
+                c.binary,
+                c.connect_timeout,
+                c.profile,
+            ))
+        }
+        outbox_engine::testkit::assert_url_parity::<crate::SqsSink, _>(
+            "sqs:///orders",
+            SqsSinkConfig::from_url,
+            resolved,
+            &[],
+            &["access_key_id", "secret_access_key", "session_token"],
+            &[
+                "endpoint",
+                "region",
+                "default_group",
+                "profile",
+                "binary",
+                "connect_timeout",
+            ],
+            &[
+                (
+                    "endpoint",
+                    json!("http://127.0.0.1:4566"),
+                    "endpoint=http://127.0.0.1:4566",
+                ),
+                ("region", json!("eu-west-1"), "region=eu-west-1"),
+                ("default_group", json!("all"), "default_group=all"),
+                ("profile", json!("relay"), "profile=relay"),
+                ("binary", json!("base64"), "binary=base64"),
+                ("connect_timeout", json!("9s"), "connect_timeout=9s"),
+            ],
+        );
+    }
+
     fn checked(url: &str) -> Checked {
         SqsSinkConfig::new(url).check().unwrap()
     }

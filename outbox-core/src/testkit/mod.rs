@@ -24,12 +24,14 @@ macro_rules! run_checks {
 
 mod inbox;
 pub mod inbox_suite;
+mod settings;
 pub mod sink_suite;
 mod sinks;
 pub mod store_suite;
 
 pub use inbox::{MemoryInbox, MemoryInboxTx};
 pub use inbox_suite::{InboxHarness, MemoryInboxHarness};
+pub use settings::{UrlCase, assert_url_parity, setting_names};
 pub use sink_suite::{BinaryPayloads, Delivered, SinkHarness};
 pub use sinks::{FlakySink, FlakyStats, RecordingSink};
 pub use store_suite::{MemoryHarness, StoreHarness};

@@ -31,9 +31,8 @@
 //!
 //! - **Wakeups**: MySQL has no LISTEN/NOTIFY. Relays poll (`poll_interval`); when the
 //!   writer and the relay share a process, raise an in-process [`Wakeup`] after each
-//!   commit, as above, or call the store's
-//!   [`Backend::notify`](outbox_engine::Backend::notify), which wakes the relays that
-//!   listen to it (`outbox::Outbox` does).
+//!   commit, as above, or call the store's [`notify`](MySqlOutbox::notify), which
+//!   wakes the relays that listen to it (`outbox::Outbox` does).
 //! - **Time** is the server's `UTC_TIMESTAMP(6)`, stored as UTC `DATETIME(6)`, so the
 //!   session `time_zone` does not matter and relays on skewed hosts agree.
 //! - **Claim** is a short `READ COMMITTED` transaction: `SELECT … FOR UPDATE SKIP LOCKED`

@@ -119,9 +119,9 @@ impl SqlDialect for Postgres {
         wakeup::listener(store).await.map(Some)
     }
 
-    /// A NOTIFY: see [`PgOutbox::notify`].
+    /// A NOTIFY to relays in every process.
     async fn notify(store: &PgOutbox) -> Result<(), StoreError> {
-        store.notify().await
+        wakeup::notify(store).await
     }
 
     fn rows_affected(result: &PgQueryResult) -> u64 {

@@ -14,25 +14,19 @@ use tracing::{debug, warn};
 use super::PgOutbox;
 use crate::error::classify;
 
-impl PgOutbox {
-    /// Sends a wakeup to relays listening in other processes. Call it **after** your
-    /// transaction committed: a NOTIFY inside the transaction would serialise all
-    /// committing transactions on the notification queue lock. For many writers, use a
-    /// coalescing [`notifier`](Self::notifier) instead.
-    ///
-    /// # Errors
-    ///
-    /// The database's error; the outbox rows are committed anyway and the relay's poll
-    /// will find them.
-    pub async fn notify(&self) -> Result<(), StoreError> {
-        sqlx::query(&self.sql.notify)
-            .bind(label(self))
-            .execute(&self.pool)
-            .await
-            .map_err(classify)?;
-        Ok(())
-    }
+/// The NOTIFY behind [`SqlOutbox::notify`](crate::SqlOutbox::notify) on PostgreSQL.
+/// Sent after commit: a NOTIFY inside the transaction would serialise all committing
+/// transactions on the notification queue lock.
+pub(super) async fn notify(store: &PgOutbox) -> Result<(), StoreError> {
+    sqlx::query(&store.sql.notify)
+        .bind(label(store))
+        .execute(&store.pool)
+        .await
+        .map_err(classify)?;
+    Ok(())
+}
 
+impl PgOutbox {
     /// A coalescing notifier: [`PgNotifier::notify`] never blocks; calls while a NOTIFY
     /// is in flight, or soon after one, cause one more NOTIFY a little later. A lone
     /// commit's NOTIFY goes out at once. Under load (a call after every commit) the gap
@@ -96,7 +90,7 @@ pub(super) async fn listener(store: &PgOutbox) -> Result<Listener, StoreError> {
                 Err(error) => {
                     warn!(%error, "outbox listener failed; retrying");
                     signal.notify();
-                    tokio::time::sleep(backoff).await;
+                    tokio::time::sleep(outbox_engine::full_jitter(backoff)).await;
                     backoff = (backoff * 2).min(Duration::from_secs(10));
                 }
             }
