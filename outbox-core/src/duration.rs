@@ -103,6 +103,56 @@ pub mod optional {
     }
 }
 
+/// For `#[serde(with = "outbox_engine::duration::or_off")]`: an optional duration that a
+/// table turns off with `"off"` (or `"none"`, `"0"`, or null), as a URL option does,
+/// since TOML has no null.
+///
+/// ```
+/// #[derive(serde::Deserialize)]
+/// struct Settings {
+///     #[serde(with = "outbox_engine::duration::or_off")]
+///     window: Option<std::time::Duration>,
+/// }
+/// let on: Settings = serde_json::from_str(r#"{ "window": "10m" }"#).unwrap();
+/// assert_eq!(on.window, Some(std::time::Duration::from_secs(600)));
+/// let off: Settings = serde_json::from_str(r#"{ "window": "off" }"#).unwrap();
+/// assert_eq!(off.window, None);
+/// ```
+pub mod or_off {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    /// Deserializes a duration or `"off"`.
+    ///
+    /// # Errors
+    ///
+    /// As for [`super::deserialize`].
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Option<Duration>, D::Error> {
+        Option::<super::DurationText>::deserialize(deserializer)?
+            .filter(|text| !matches!(text.0.as_str(), "off" | "none" | "0"))
+            .map(|text| super::parse(&text.0).map_err(serde::de::Error::custom))
+            .transpose()
+    }
+
+    /// Serializes a duration, or `"off"`.
+    ///
+    /// # Errors
+    ///
+    /// The serializer's.
+    pub fn serialize<S: Serializer>(
+        duration: &Option<Duration>,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        match duration {
+            Some(d) => super::serialize(d, serializer),
+            None => serializer.serialize_str("off"),
+        }
+    }
+}
+
 /// A duration as text; a number in its place is refused with the unit hint.
 struct DurationText(String);
 

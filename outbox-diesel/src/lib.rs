@@ -61,3 +61,7 @@ pub use writer::DieselOutbox;
 
 /// The diesel this crate is built on, for matching versions.
 pub use diesel;
+/// The diesel-async this crate is built on (feature `async`), for your async connections
+/// and transactions at the version we test.
+#[cfg(feature = "async")]
+pub use diesel_async;

@@ -99,7 +99,8 @@ pub struct RedisSinkConfig {
     /// Trim the stream to about this many entries on every append (`MAXLEN ~ n`).
     pub maxlen: Option<u64>,
     /// How long a re-sent idempotency key is recognised and not appended again.
-    #[serde(deserialize_with = "outbox_engine::duration::optional::deserialize")]
+    /// (`"off"` turns it off, as in a URL; TOML has no null.)
+    #[serde(deserialize_with = "outbox_engine::duration::or_off::deserialize")]
     pub dedupe_window: Option<Duration>,
     /// The prefix of dedupe keys; the full key is
     /// `<prefix><stream byte length>:<stream>:<idempotency key>`.
@@ -1168,7 +1169,8 @@ mod tests {
                 ),
                 ("maxlen", json!(1000), "maxlen=1000"),
                 ("dedupe_window", json!("10m"), "dedupe_window=10m"),
-                ("dedupe_window", json!(null), "dedupe_window=off"),
+                ("dedupe_window", json!("off"), "dedupe_window=off"),
+                ("dedupe_window", json!(null), "dedupe_window=none"),
                 (
                     "dedupe_prefix",
                     json!("app:seen:"),
