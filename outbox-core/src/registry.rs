@@ -289,9 +289,7 @@ impl StoreSettings {
             published_rows: PublishedRows::Keep,
         }
     }
-}
 
-impl StoreSettings {
     /// The settings a store URL's query may carry, as in a config table; every other
     /// query option is the database client's.
     pub const URL_OPTIONS: &'static [&'static str] = &[

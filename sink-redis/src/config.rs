@@ -99,7 +99,7 @@ pub struct RedisSinkConfig {
     /// Trim the stream to about this many entries on every append (`MAXLEN ~ n`).
     pub maxlen: Option<u64>,
     /// How long a re-sent idempotency key is recognised and not appended again.
-    /// (`"off"` turns it off, as in a URL; TOML has no null.)
+    /// `"off"` turns it off (TOML has no null).
     #[serde(deserialize_with = "outbox_engine::duration::or_off::deserialize")]
     pub dedupe_window: Option<Duration>,
     /// The prefix of dedupe keys; the full key is

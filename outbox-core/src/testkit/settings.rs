@@ -58,13 +58,13 @@ impl<'de> Deserializer<'de> for &mut Names {
 /// nested one), its value there, and the URL query that says the same.
 pub type UrlCase = (&'static str, serde_json::Value, &'static str);
 
-/// Checks that a sink's route table and its URL speak one vocabulary: for every case,
-/// the URL `base?query` read by `from_url`, the table `{url = base, <path> = value}`, and
-/// the table `{url = "base?query"}` (the way the registry reads a route) give the same
+/// Checks that a sink's route table and its URL speak one vocabulary. For every case,
+/// the URL `base?query` read by `from_url`, the table `{url = base, <path> = value}` and
+/// the table `{url = "base?query"}` (read as the registry reads a route) give the same
 /// configuration as `view` sees it (the resolved settings, for a sink that reads its
-/// URL's query when it starts), which differs from `base`'s defaults; every table setting (nested ones
-/// too, through `nested`) has a case, except those in `table_only`; every option in
-/// `url_options` has a case; and a setting given both ways is refused.
+/// URL's query when it starts), which differs from `base`'s defaults, and the setting
+/// given both ways is refused. Every table setting (nested ones through `nested`) has a
+/// case, but those in `table_only`; so has every option in `url_options`.
 ///
 /// # Panics
 ///
@@ -102,7 +102,7 @@ pub fn assert_url_parity<S, V>(
             slot = &mut slot[segment];
         }
         *slot = value.clone();
-        let via_table = parse(table);
+        let via_table = parse(table.clone());
         let via_route_url = parse(serde_json::json!({ "url": url }));
         assert_ne!(via_url, defaults, "`{query}` changes nothing");
         assert_eq!(
@@ -111,16 +111,16 @@ pub fn assert_url_parity<S, V>(
         );
         assert_eq!(via_url, via_route_url, "`{query}` in a route's url");
 
-        let top = path.split('.').next().unwrap_or_default();
+        table["url"] = url.into();
         let both = crate::registry::RouteSettings {
             route: "parity".to_owned(),
-            settings: serde_json::json!({ "url": url, top: value_at(value, path) }),
+            settings: table,
         };
         let refused = (crate::registry::SinkDriver::of::<S>().check)(&both)
             .expect_err("a setting given both in the URL and the table");
         assert!(
             refused.to_string().contains("given both"),
-            "`{query}` and table setting `{top}`: {refused}"
+            "`{query}` and table setting `{path}`: {refused}"
         );
     }
     let covered = |name: &str| cases.iter().any(|(path, _, _)| *path == name);
@@ -146,18 +146,4 @@ pub fn assert_url_parity<S, V>(
             "URL option `{option}` has no case"
         );
     }
-}
-
-/// The value a case gives its top-level setting (a nested path's value wrapped in the
-/// objects above it).
-fn value_at(value: &serde_json::Value, path: &str) -> serde_json::Value {
-    path.split('.')
-        .skip(1)
-        .collect::<Vec<_>>()
-        .into_iter()
-        .rev()
-        .fold(
-            value.clone(),
-            |inner, segment| serde_json::json!({ segment: inner }),
-        )
 }
