@@ -103,14 +103,14 @@ pub mod optional {
     }
 }
 
-/// For `#[serde(with = "outbox_engine::duration::or_off")]`: an optional duration that a
-/// table turns off with `"off"` (or `"none"`, `"0"`, or null), as a URL option does,
-/// since TOML has no null.
+/// For `#[serde(deserialize_with = "outbox_engine::duration::or_off::deserialize")]`: an
+/// optional duration that a table turns off with `"off"` (or `"none"`, `"0"`, or null),
+/// as a URL option does, since TOML has no null.
 ///
 /// ```
 /// #[derive(serde::Deserialize)]
 /// struct Settings {
-///     #[serde(with = "outbox_engine::duration::or_off")]
+///     #[serde(deserialize_with = "outbox_engine::duration::or_off::deserialize")]
 ///     window: Option<std::time::Duration>,
 /// }
 /// let on: Settings = serde_json::from_str(r#"{ "window": "10m" }"#).unwrap();
@@ -121,7 +121,7 @@ pub mod optional {
 pub mod or_off {
     use std::time::Duration;
 
-    use serde::{Deserialize, Deserializer, Serializer};
+    use serde::{Deserialize, Deserializer};
 
     /// Deserializes a duration or `"off"`.
     ///
@@ -135,21 +135,6 @@ pub mod or_off {
             .filter(|text| !matches!(text.0.as_str(), "off" | "none" | "0"))
             .map(|text| super::parse(&text.0).map_err(serde::de::Error::custom))
             .transpose()
-    }
-
-    /// Serializes a duration, or `"off"`.
-    ///
-    /// # Errors
-    ///
-    /// The serializer's.
-    pub fn serialize<S: Serializer>(
-        duration: &Option<Duration>,
-        serializer: S,
-    ) -> Result<S::Ok, S::Error> {
-        match duration {
-            Some(d) => super::serialize(d, serializer),
-            None => serializer.serialize_str("off"),
-        }
     }
 }
 
