@@ -283,41 +283,46 @@ pub(crate) mod sealed {
 mod tests {
     use super::{Piece, pieces};
 
-    fn parts(sql: &str) -> Vec<(&str, Option<usize>)> {
-        let p = pieces(sql);
-        let leaked: &'static [Piece] = Box::leak(p.into_boxed_slice());
-        leaked.iter().map(|p| (p.sql.as_str(), p.bind)).collect()
+    fn piece(sql: &str, bind: Option<usize>) -> Piece {
+        Piece {
+            sql: sql.to_owned(),
+            bind,
+        }
     }
 
     #[test]
     fn placeholders_split_the_text_and_name_their_bind() {
         assert_eq!(
-            parts("DELETE FROM t WHERE a = $2 AND b = $1 OR $2 IS NULL"),
+            pieces("DELETE FROM t WHERE a = $2 AND b = $1 OR $2 IS NULL"),
             [
-                ("DELETE FROM t WHERE a = ", Some(1)),
-                (" AND b = ", Some(0)),
-                (" OR ", Some(1)),
-                (" IS NULL", None)
+                piece("DELETE FROM t WHERE a = ", Some(1)),
+                piece(" AND b = ", Some(0)),
+                piece(" OR ", Some(1)),
+                piece(" IS NULL", None),
             ]
         );
         assert_eq!(
-            parts("INSERT INTO t VALUES (?, ?, ?)"),
+            pieces("INSERT INTO t VALUES (?, ?, ?)"),
             [
-                ("INSERT INTO t VALUES (", Some(0)),
-                (", ", Some(1)),
-                (", ", Some(2)),
-                (")", None)
+                piece("INSERT INTO t VALUES (", Some(0)),
+                piece(", ", Some(1)),
+                piece(", ", Some(2)),
+                piece(")", None),
             ]
         );
         assert_eq!(
-            parts("SELECT ?2, ?1"),
-            [("SELECT ", Some(1)), (", ", Some(0)), ("", None)]
+            pieces("SELECT ?2, ?1"),
+            [
+                piece("SELECT ", Some(1)),
+                piece(", ", Some(0)),
+                piece("", None)
+            ]
         );
     }
 
     #[test]
     fn quoted_text_and_dollar_signs_that_are_no_placeholders_stay() {
         let sql = "SELECT '$1 ?', \"a?b\", `c$2`, j->'$.x', $$ body $$ FROM t";
-        assert_eq!(parts(sql), [(sql, None)]);
+        assert_eq!(pieces(sql), [piece(sql, None)]);
     }
 }

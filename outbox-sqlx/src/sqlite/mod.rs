@@ -63,7 +63,8 @@
 //! SQLite has no LISTEN/NOTIFY. With SQLite the writer and the relay share a process (and
 //! a database file), so the store's wakeup is in-process: a relay that listens (as
 //! `outbox::Outbox` does, through [`listen`](SqliteOutbox::listen)) wakes when you call
-//! [`notify`](SqliteOutbox::notify) **after** your transaction committed. The relay's poll interval remains the fallback.
+//! [`notify`](SqliteOutbox::notify) **after** your transaction committed. The relay's
+//! poll interval remains the fallback.
 //!
 //! ```no_run
 //! # async fn example(pool: sqlx::SqlitePool) -> Result<(), Box<dyn std::error::Error>> {
