@@ -3,6 +3,7 @@
 //! Sealed: the three dialects are the only implementations.
 
 use std::marker::PhantomData;
+use std::ops::Range;
 
 use diesel::backend::Backend;
 use diesel::query_builder::{AstPass, QueryFragment, QueryId};
@@ -31,15 +32,15 @@ pub(crate) type Query<B> = Statement<B>;
 /// this works with any diesel 2.x without its opt-in to unstable internals.
 #[doc(hidden)]
 pub struct Statement<DB: Backend> {
+    sql: String,
     pieces: Vec<Piece>,
     binds: Vec<Box<dyn QueryFragment<DB> + Send>>,
     cache: bool,
 }
 
-/// A stretch of SQL text and the bind that follows it, if any.
-#[derive(Debug, PartialEq, Eq)]
+/// A stretch of the statement's text and the bind that follows it, if any.
 struct Piece {
-    sql: String,
+    text: Range<usize>,
     bind: Option<usize>,
 }
 
@@ -74,7 +75,7 @@ fn pieces(sql: &str) -> Vec<Piece> {
                 };
                 if let Some(bind) = bind {
                     pieces.push(Piece {
-                        sql: sql[start..i].to_owned(),
+                        text: start..i,
                         bind: Some(bind),
                     });
                     next = bind + 1;
@@ -88,7 +89,7 @@ fn pieces(sql: &str) -> Vec<Piece> {
         i += 1;
     }
     pieces.push(Piece {
-        sql: sql[start..].to_owned(),
+        text: start..sql.len(),
         bind: None,
     });
     pieces
@@ -98,6 +99,7 @@ impl<DB: Backend> Statement<DB> {
     /// `sql`, nothing bound yet.
     pub(crate) fn new(sql: &str) -> Self {
         Self {
+            sql: sql.to_owned(),
             pieces: pieces(sql),
             binds: Vec::new(),
             cache: true,
@@ -174,7 +176,7 @@ impl<DB: Backend> QueryFragment<DB> for Statement<DB> {
             out.unsafe_to_cache_prepared();
         }
         for piece in &self.pieces {
-            out.push_sql(&piece.sql);
+            out.push_sql(&self.sql[piece.text.clone()]);
             if let Some(n) = piece.bind {
                 let bind = self.binds.get(n).ok_or_else(|| {
                     diesel::result::Error::QueryBuilderError(
@@ -281,48 +283,45 @@ pub(crate) mod sealed {
 
 #[cfg(test)]
 mod tests {
-    use super::{Piece, pieces};
+    use super::pieces;
 
-    fn piece(sql: &str, bind: Option<usize>) -> Piece {
-        Piece {
-            sql: sql.to_owned(),
-            bind,
-        }
+    /// The pieces of `sql` as text.
+    fn parts(sql: &str) -> Vec<(&str, Option<usize>)> {
+        pieces(sql)
+            .into_iter()
+            .map(|piece| (&sql[piece.text], piece.bind))
+            .collect()
     }
 
     #[test]
     fn placeholders_split_the_text_and_name_their_bind() {
         assert_eq!(
-            pieces("DELETE FROM t WHERE a = $2 AND b = $1 OR $2 IS NULL"),
+            parts("DELETE FROM t WHERE a = $2 AND b = $1 OR $2 IS NULL"),
             [
-                piece("DELETE FROM t WHERE a = ", Some(1)),
-                piece(" AND b = ", Some(0)),
-                piece(" OR ", Some(1)),
-                piece(" IS NULL", None),
+                ("DELETE FROM t WHERE a = ", Some(1)),
+                (" AND b = ", Some(0)),
+                (" OR ", Some(1)),
+                (" IS NULL", None),
             ]
         );
         assert_eq!(
-            pieces("INSERT INTO t VALUES (?, ?, ?)"),
+            parts("INSERT INTO t VALUES (?, ?, ?)"),
             [
-                piece("INSERT INTO t VALUES (", Some(0)),
-                piece(", ", Some(1)),
-                piece(", ", Some(2)),
-                piece(")", None),
+                ("INSERT INTO t VALUES (", Some(0)),
+                (", ", Some(1)),
+                (", ", Some(2)),
+                (")", None),
             ]
         );
         assert_eq!(
-            pieces("SELECT ?2, ?1"),
-            [
-                piece("SELECT ", Some(1)),
-                piece(", ", Some(0)),
-                piece("", None)
-            ]
+            parts("SELECT ?2, ?1"),
+            [("SELECT ", Some(1)), (", ", Some(0)), ("", None)]
         );
     }
 
     #[test]
     fn quoted_text_and_dollar_signs_that_are_no_placeholders_stay() {
         let sql = "SELECT '$1 ?', \"a?b\", `c$2`, j->'$.x', $$ body $$ FROM t";
-        assert_eq!(pieces(sql), [piece(sql, None)]);
+        assert_eq!(parts(sql), [(sql, None)]);
     }
 }

@@ -490,31 +490,20 @@ mod tests {
             &[],
             SINK_OPTIONS,
             &[
-                ("exchange", json!("shop"), "exchange=shop"),
-                (
-                    "routing_key",
-                    json!("orders.{event_type}"),
-                    "routing_key=orders.{event_type}",
-                ),
-                ("persistent", json!(false), "persistent=false"),
-                ("max_payload_bytes", json!(1024), "max_payload_bytes=1024"),
-                ("connect_timeout", json!("2s"), "connect_timeout=2s"),
-                (
-                    "tls_ca_file",
-                    json!("/etc/ca.pem"),
-                    "tls_ca_file=/etc/ca.pem",
-                ),
-                (
-                    "tls_cert_file",
-                    json!("/etc/c.pem"),
-                    "tls_cert_file=/etc/c.pem",
-                ),
-                (
-                    "tls_key_file",
-                    json!("/etc/k.pem"),
-                    "tls_key_file=/etc/k.pem",
-                ),
-            ],
+                &[
+                    ("exchange", json!("shop"), "exchange=shop"),
+                    (
+                        "routing_key",
+                        json!("orders.{event_type}"),
+                        "routing_key=orders.{event_type}",
+                    ),
+                    ("persistent", json!(false), "persistent=false"),
+                    ("max_payload_bytes", json!(1024), "max_payload_bytes=1024"),
+                    ("connect_timeout", json!("2s"), "connect_timeout=2s"),
+                ][..],
+                &outbox_engine::testkit::tls_file_cases(),
+            ]
+            .concat(),
         );
     }
 

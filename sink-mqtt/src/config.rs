@@ -526,32 +526,21 @@ mod tests {
             &[],
             OPTIONS,
             &[
-                (
-                    "topic",
-                    json!("shop/{event_type}"),
-                    "topic=shop/{event_type}",
-                ),
-                ("protocol", json!("3.1.1"), "protocol=3.1.1"),
-                ("client_id", json!("relay-7"), "client_id=relay-7"),
-                ("keep_alive", json!("20s"), "keep_alive=20s"),
-                ("connect_timeout", json!("3s"), "connect_timeout=3s"),
-                ("max_payload_bytes", json!(1024), "max_payload_bytes=1024"),
-                (
-                    "tls_ca_file",
-                    json!("/etc/ca.pem"),
-                    "tls_ca_file=/etc/ca.pem",
-                ),
-                (
-                    "tls_cert_file",
-                    json!("/etc/c.pem"),
-                    "tls_cert_file=/etc/c.pem",
-                ),
-                (
-                    "tls_key_file",
-                    json!("/etc/k.pem"),
-                    "tls_key_file=/etc/k.pem",
-                ),
-            ],
+                &[
+                    (
+                        "topic",
+                        json!("shop/{event_type}"),
+                        "topic=shop/{event_type}",
+                    ),
+                    ("protocol", json!("3.1.1"), "protocol=3.1.1"),
+                    ("client_id", json!("relay-7"), "client_id=relay-7"),
+                    ("keep_alive", json!("20s"), "keep_alive=20s"),
+                    ("connect_timeout", json!("3s"), "connect_timeout=3s"),
+                    ("max_payload_bytes", json!(1024), "max_payload_bytes=1024"),
+                ][..],
+                &outbox_engine::testkit::tls_file_cases(),
+            ]
+            .concat(),
         );
     }
 

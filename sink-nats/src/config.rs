@@ -500,39 +500,28 @@ mod tests {
             &[],
             OPTIONS,
             &[
-                (
-                    "subject",
-                    json!("shop.{event_type}"),
-                    "subject=shop.{event_type}",
-                ),
-                ("ack_timeout", json!("2s"), "ack_timeout=2s"),
-                ("connect_timeout", json!("3s"), "connect_timeout=3s"),
-                (
-                    "credentials_file",
-                    json!("/etc/n.creds"),
-                    "credentials_file=/etc/n.creds",
-                ),
-                (
-                    "nkey_seed_file",
-                    json!("/etc/n.nk"),
-                    "nkey_seed_file=/etc/n.nk",
-                ),
-                (
-                    "tls_ca_file",
-                    json!("/etc/ca.pem"),
-                    "tls_ca_file=/etc/ca.pem",
-                ),
-                (
-                    "tls_cert_file",
-                    json!("/etc/c.pem"),
-                    "tls_cert_file=/etc/c.pem",
-                ),
-                (
-                    "tls_key_file",
-                    json!("/etc/k.pem"),
-                    "tls_key_file=/etc/k.pem",
-                ),
-            ],
+                &[
+                    (
+                        "subject",
+                        json!("shop.{event_type}"),
+                        "subject=shop.{event_type}",
+                    ),
+                    ("ack_timeout", json!("2s"), "ack_timeout=2s"),
+                    ("connect_timeout", json!("3s"), "connect_timeout=3s"),
+                    (
+                        "credentials_file",
+                        json!("/etc/n.creds"),
+                        "credentials_file=/etc/n.creds",
+                    ),
+                    (
+                        "nkey_seed_file",
+                        json!("/etc/n.nk"),
+                        "nkey_seed_file=/etc/n.nk",
+                    ),
+                ][..],
+                &outbox_engine::testkit::tls_file_cases(),
+            ]
+            .concat(),
         );
     }
 

@@ -1162,64 +1162,53 @@ mod tests {
             &[],
             SINK_OPTIONS,
             &[
-                (
-                    "stream",
-                    json!("orders.{event_type}"),
-                    "stream=orders.{event_type}",
-                ),
-                ("maxlen", json!(1000), "maxlen=1000"),
-                ("dedupe_window", json!("10m"), "dedupe_window=10m"),
-                ("dedupe_window", json!("off"), "dedupe_window=off"),
-                ("dedupe_window", json!(null), "dedupe_window=none"),
-                (
-                    "dedupe_prefix",
-                    json!("app:seen:"),
-                    "dedupe_prefix=app:seen:",
-                ),
-                (
-                    "durability",
-                    json!({ "mode": "wait", "replicas": 1, "timeout": "250ms" }),
-                    "durability=wait:1&durability_timeout=250ms",
-                ),
-                (
-                    "durability",
-                    json!({ "mode": "wait_aof", "local": true, "replicas": 0 }),
-                    "durability=waitaof:1:0",
-                ),
-                ("fields.id", json!("msg_id"), "fields.id=msg_id"),
-                (
-                    "fields.idempotency_key",
-                    json!("key"),
-                    "fields.idempotency_key=key",
-                ),
-                ("fields.event_type", json!("type"), "fields.event_type=type"),
-                ("fields.content_type", json!("ct"), "fields.content_type=ct"),
-                ("fields.payload", json!("data"), "fields.payload=data"),
-                ("fields.metadata", json!(false), "metadata=false"),
-                (
-                    "fields.headers",
-                    json!({ "layout": "json", "field": "hdrs" }),
-                    "headers=json:hdrs",
-                ),
-                ("max_payload_bytes", json!(1024), "max_payload_bytes=1024"),
-                ("connect_timeout", json!("2s"), "connect_timeout=2s"),
-                ("response_timeout", json!("3s"), "response_timeout=3s"),
-                (
-                    "tls_ca_file",
-                    json!("/etc/ca.pem"),
-                    "tls_ca_file=/etc/ca.pem",
-                ),
-                (
-                    "tls_cert_file",
-                    json!("/etc/c.pem"),
-                    "tls_cert_file=/etc/c.pem",
-                ),
-                (
-                    "tls_key_file",
-                    json!("/etc/k.pem"),
-                    "tls_key_file=/etc/k.pem",
-                ),
-            ],
+                &[
+                    (
+                        "stream",
+                        json!("orders.{event_type}"),
+                        "stream=orders.{event_type}",
+                    ),
+                    ("maxlen", json!(1000), "maxlen=1000"),
+                    ("dedupe_window", json!("10m"), "dedupe_window=10m"),
+                    ("dedupe_window", json!("off"), "dedupe_window=off"),
+                    ("dedupe_window", json!(null), "dedupe_window=none"),
+                    (
+                        "dedupe_prefix",
+                        json!("app:seen:"),
+                        "dedupe_prefix=app:seen:",
+                    ),
+                    (
+                        "durability",
+                        json!({ "mode": "wait", "replicas": 1, "timeout": "250ms" }),
+                        "durability=wait:1&durability_timeout=250ms",
+                    ),
+                    (
+                        "durability",
+                        json!({ "mode": "wait_aof", "local": true, "replicas": 0 }),
+                        "durability=waitaof:1:0",
+                    ),
+                    ("fields.id", json!("msg_id"), "fields.id=msg_id"),
+                    (
+                        "fields.idempotency_key",
+                        json!("key"),
+                        "fields.idempotency_key=key",
+                    ),
+                    ("fields.event_type", json!("type"), "fields.event_type=type"),
+                    ("fields.content_type", json!("ct"), "fields.content_type=ct"),
+                    ("fields.payload", json!("data"), "fields.payload=data"),
+                    ("fields.metadata", json!(false), "metadata=false"),
+                    (
+                        "fields.headers",
+                        json!({ "layout": "json", "field": "hdrs" }),
+                        "headers=json:hdrs",
+                    ),
+                    ("max_payload_bytes", json!(1024), "max_payload_bytes=1024"),
+                    ("connect_timeout", json!("2s"), "connect_timeout=2s"),
+                    ("response_timeout", json!("3s"), "response_timeout=3s"),
+                ][..],
+                &outbox_engine::testkit::tls_file_cases(),
+            ]
+            .concat(),
         );
     }
     use chrono::Utc;

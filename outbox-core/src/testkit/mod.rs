@@ -31,7 +31,7 @@ pub mod store_suite;
 
 pub use inbox::{MemoryInbox, MemoryInboxTx};
 pub use inbox_suite::{InboxHarness, MemoryInboxHarness};
-pub use settings::{UrlCase, assert_url_parity, setting_names};
+pub use settings::{UrlCase, assert_url_parity, setting_names, tls_file_cases};
 pub use sink_suite::{BinaryPayloads, Delivered, SinkHarness};
 pub use sinks::{FlakySink, FlakyStats, RecordingSink};
 pub use store_suite::{MemoryHarness, StoreHarness};

@@ -58,6 +58,29 @@ impl<'de> Deserializer<'de> for &mut Names {
 /// nested one), its value there, and the URL query that says the same.
 pub type UrlCase = (&'static str, serde_json::Value, &'static str);
 
+/// The cases of `tls_ca_file`, `tls_cert_file` and `tls_key_file`, which every sink with
+/// TLS takes, for [`assert_url_parity`].
+pub fn tls_file_cases() -> [UrlCase; 3] {
+    use serde_json::json;
+    [
+        (
+            "tls_ca_file",
+            json!("/etc/ca.pem"),
+            "tls_ca_file=/etc/ca.pem",
+        ),
+        (
+            "tls_cert_file",
+            json!("/etc/c.pem"),
+            "tls_cert_file=/etc/c.pem",
+        ),
+        (
+            "tls_key_file",
+            json!("/etc/k.pem"),
+            "tls_key_file=/etc/k.pem",
+        ),
+    ]
+}
+
 /// Checks that a sink's route table and its URL speak one vocabulary. For every case,
 /// the URL `base?query` read by `from_url`, the table `{url = base, <path> = value}` and
 /// the table `{url = "base?query"}` (read as the registry reads a route) give the same
