@@ -8,6 +8,13 @@
 #   STORES="postgres" SINKS="http redis" FAULTS="kill9 db-restart" CYCLES=20 scripts/battery.sh
 #   CELLS="mysql sqs kill9
 #          diesel-sqlite kafka kill3" scripts/battery.sh     exactly these cells, one per line
+#   scripts/battery.sh --record        (or RECORD=1) also records each cell's result
+#
+# With --record, each cell's result replaces its row in docs/reliability/cells.tsv (the
+# latest run wins; the commit is `git rev-parse --short HEAD`, with `-dirty` when files
+# outside docs/ differ from it), and the run ends by regenerating the tables in
+# docs/reliability/cells.md and docs/RELIABILITY.md from that file. Without it, nothing
+# under docs/ changes.
 #
 # Starts the services it needs (scripts/services.sh), builds `outbox` and `outbox-battery`,
 # and bounds every cell with a time limit. Exits 1 if any cell broke a promise or the
@@ -16,7 +23,20 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 quick=0
-[[ ${1:-} == --quick ]] && quick=1
+record=0
+[[ ${RECORD:-0} == 1 ]] && record=1
+for arg in "$@"; do
+    case $arg in
+    --quick) quick=1 ;;
+    --record) record=1 ;;
+    *)
+        echo "usage: scripts/battery.sh [--quick] [--record]" >&2
+        exit 2
+        ;;
+    esac
+done
+results=docs/reliability/cells.tsv
+pages=(docs/RELIABILITY.md docs/reliability/cells.md)
 
 if ((quick)); then
     cells=(
@@ -61,6 +81,14 @@ target=${CARGO_TARGET_DIR:-target}
 battery="$target/debug/outbox-battery"
 export OUTBOX_CLI="$target/debug/outbox"
 
+if ((record)); then
+    # The code the cells run is the tree as built now; the results this run writes under
+    # docs/ do not make it dirty.
+    commit=$(git rev-parse --short HEAD) || exit 1
+    if [[ -n $(git status --porcelain -- . ':(exclude)docs') ]]; then commit+=-dirty; fi
+    echo "recording the results in $results, at commit $commit"
+fi
+
 failed=0
 rows=()
 # run-cell STORE SINK FAULT [ARGS...]: prints the cell's line; returns the battery's status.
@@ -88,7 +116,12 @@ for cell in "${cells[@]}"; do
     2) continue ;; # not applicable (e.g. a database restart on SQLite)
     *) verdict=FAILED; failed=1 ;;
     esac
-    rows+=("| $store | $sink | $fault | $(field faults) | $(field committed) | $(field rolled_back) | $(field lost) | $(field unexpected) | $(field duplicates) | $(field leased_at_kills) | $(field out_of_order) | $verdict |")
+    rows+=("| $store | $sink | $fault | $(field faults) | $(field committed) | $(field rolled_back) | $(field lost) | $(field unexpected) | $(field duplicates) | $(field leased_at_kills) | $(field out_of_order) | $(field unfinished) | $(field seconds) | $verdict |")
+    if ((record)); then
+        # A cell that printed no line is recorded as failed, with unknown counts.
+        "$battery" record "$results" --commit "$commit" --verdict "$verdict" \
+            "${last_line:-battery store=$store sink=$sink fault=$fault}" || failed=1
+    fi
 done
 
 # The battery can fail: a relay that marks before it publishes must show lost > 0.
@@ -101,7 +134,11 @@ else
     failed=1
 fi
 
-printf '\n| store | sink | fault | faults | committed | rolled back | lost | unexpected | duplicates | leased at kills | out of order | verdict |\n'
-printf '|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n'
+printf '\n| store | sink | fault | faults | committed | rolled back | lost | unexpected | duplicates | leased at kills | out of order | unfinished | seconds | verdict |\n'
+printf '|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n'
 printf '%s\n' "${rows[@]}"
+if ((record)); then
+    "$battery" table "$results" "${pages[@]}" || failed=1
+    echo "recorded: $results, ${pages[*]}"
+fi
 exit "$failed"

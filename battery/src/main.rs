@@ -12,6 +12,14 @@
 //!
 //! prints one line `battery store=… sink=… fault=… …` and exits 1 if the run broke a
 //! promise. `scripts/battery.sh` runs the whole table; see `docs/RELIABILITY.md`.
+//!
+//! Two more commands keep the results file (the latest run of each cell) and the tables
+//! generated from it; `scripts/battery.sh --record` runs them:
+//!
+//! ```text
+//! outbox-battery record docs/reliability/cells.tsv --commit abc1234 --verdict ok 'battery store=…'
+//! outbox-battery table docs/reliability/cells.tsv docs/RELIABILITY.md docs/reliability/cells.md
+//! ```
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -28,6 +36,7 @@ mod broken;
 mod faults;
 mod ledger;
 mod relays;
+mod results;
 
 use faults::{Fault, SinkServer, Target};
 use ledger::{Ledger, Writes};
@@ -50,6 +59,34 @@ enum Command {
         /// The relay's config file, as for `outbox relay`.
         #[arg(long)]
         config: PathBuf,
+    },
+    /// Records one cell's result in the results file, in place of the cell's earlier row:
+    /// the latest run wins.
+    Record {
+        /// The results file (`docs/reliability/cells.tsv`); created if missing.
+        results: PathBuf,
+        /// The commit the cell ran at.
+        #[arg(long)]
+        commit: String,
+        /// The cell's verdict.
+        #[arg(long, value_enum)]
+        verdict: results::Verdict,
+        /// The line `outbox-battery run` printed, or `battery store=… sink=… fault=…` for
+        /// a cell that printed none (its counts are then unknown).
+        line: String,
+    },
+    /// Writes the Markdown generated from the results file into each page, between its
+    /// `<!-- battery:cells:begin -->` … `<!-- battery:cells:end -->` lines (the table of
+    /// every cell) and its `battery:summary` ones (the cells recorded and failing).
+    Table {
+        /// The results file.
+        results: PathBuf,
+        /// The pages to write.
+        #[arg(required = true)]
+        pages: Vec<PathBuf>,
+        /// Writes nothing; exits 1 if a page's generated lines differ from the results.
+        #[arg(long)]
+        check: bool,
     },
 }
 
@@ -166,6 +203,13 @@ pub(crate) enum SinkKind {
     Mqtt,
 }
 
+impl SinkKind {
+    /// Whether the sink keeps each key's order: all but SQS, whose standard queues do not.
+    pub(crate) fn keeps_order(self) -> bool {
+        self != Self::Sqs
+    }
+}
+
 /// The lease the relays take: short, so that a killed relay's rows come back quickly.
 /// The publish deadline is half of it. The SQS emulator can take seconds to answer, so
 /// the SQS cells get a longer lease.
@@ -178,15 +222,47 @@ const DRAIN_LIMIT: Duration = Duration::from_secs(300);
 const QUIET_LIMIT: Duration = Duration::from_secs(15);
 
 fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(4)
-        .enable_all()
-        .build()
-        .expect("a Tokio runtime");
-    match cli.command {
-        Command::Run(args) => runtime.block_on(run(args)),
-        Command::BrokenRelay { config } => runtime.block_on(broken::relay(&config)),
+    let runtime = || {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(4)
+            .enable_all()
+            .build()
+            .expect("a Tokio runtime")
+    };
+    let outcome = match Cli::parse().command {
+        Command::Run(args) => return runtime().block_on(run(args)),
+        Command::BrokenRelay { config } => return runtime().block_on(broken::relay(&config)),
+        Command::Record {
+            results,
+            commit,
+            verdict,
+            line,
+        } => results::record(&results, &commit, verdict, &line).map(|()| true),
+        Command::Table {
+            results,
+            pages,
+            check,
+        } => results::table(&results, &pages, check).map(|differ| {
+            for page in &differ {
+                eprintln!(
+                    "{}: its generated tables are not what {} gives (`outbox-battery table {} {}` \
+                     writes them; `scripts/battery.sh --record` does after its cells)",
+                    page.display(),
+                    results.display(),
+                    results.display(),
+                    page.display()
+                );
+            }
+            differ.is_empty()
+        }),
+    };
+    match outcome {
+        Ok(true) => std::process::ExitCode::SUCCESS,
+        Ok(false) => std::process::ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("outbox-battery: {e}");
+            std::process::ExitCode::FAILURE
+        }
     }
 }
 
@@ -303,8 +379,7 @@ async fn consumer(sink: SinkKind, fault: Fault, dir: &Path) -> Consumer {
                 received,
                 receiver: None,
                 server: None,
-                // A standard SQS queue does not keep order.
-                keeps_order: false,
+                keeps_order: SinkKind::Sqs.keeps_order(),
                 _emulator: Some(emulator),
             }
         }
