@@ -170,8 +170,11 @@ readme_packages() {
 }
 check readme_packages
 
-step "architecture invariants"
+step "architecture invariants (and every name ARCHITECTURE.md gives exists)"
 check scripts/check-architecture.sh
+
+step "battery results (no passing row with a loss; the docs' tables match docs/reliability/cells.tsv)"
+check scripts/check-results.sh
 
 step "publishable (every library crate packages and compiles from its package)"
 check scripts/check-packages.sh
