@@ -5,8 +5,9 @@
 //! ```
 //!
 //! Each scenario prints a table and, as its last line, one JSON object with its figures.
-//! `--write` rewrites the generated part of BENCHMARKS.md (between the `bench:begin` and
-//! `bench:end` markers) and the latency plot next to it.
+//! `--write BENCHMARKS.md` writes each scenario run as a page in `docs/benchmarks/` (its
+//! tables, figures, plot, commit and machine) and rewrites the index of those pages in
+//! BENCHMARKS.md (between the `bench:begin` and `bench:end` markers).
 
 mod backlog;
 mod diesel;
@@ -86,7 +87,8 @@ struct Cli {
     /// Run the backlog scenario on these layouts only (default: keep and rotate).
     #[arg(long, value_enum, value_name = "LAYOUT")]
     backlog_layout: Vec<backlog::Layout>,
-    /// Rewrite the generated part of this file (BENCHMARKS.md) and its latency plot.
+    /// Write each scenario's page into `docs/benchmarks/` beside this file (BENCHMARKS.md)
+    /// and rewrite this file's index of the pages.
     #[arg(long, value_name = "FILE")]
     write: Option<String>,
 }
@@ -150,8 +152,19 @@ const EVERY_SCENARIO: [Scenario; 16] = [
     Scenario::Mqtt,
 ];
 
+impl Scenario {
+    /// The name on the command line, and its help: what the scenario compares.
+    fn described(self) -> (String, String) {
+        let value = clap::ValueEnum::to_possible_value(&self).expect("no scenario is skipped");
+        let about = value
+            .get_help()
+            .map(ToString::to_string)
+            .unwrap_or_default();
+        (value.get_name().to_owned(), about)
+    }
+}
+
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
     let cli = <Cli as clap::Parser>::parse();
     let mut scale = if cli.quick { QUICK } else { FULL };
     if let Some(rows) = cli.finished_rows {
@@ -170,8 +183,10 @@ fn main() {
         .expect("runtime");
     let result = runtime.block_on(async {
         let bench = setup::Bench::connect().await?;
-        let mut report = Report::new(&bench, &args).await?;
+        let mut report = Report::new(&bench, cli.quick).await?;
         for scenario in scenarios {
+            let (name, about) = scenario.described();
+            report.begin(name, about);
             match scenario {
                 Scenario::All => unreachable!("expanded above"),
                 Scenario::Enqueue => enqueue::run(&bench, scale, &mut report).await?,
@@ -196,7 +211,12 @@ fn main() {
             }
         }
         if let Some(path) = write {
-            report.write(&path)?;
+            let every: Vec<_> = EVERY_SCENARIO
+                .iter()
+                .chain([&Scenario::Soak])
+                .map(|s| s.described())
+                .collect();
+            report.write(&path, &every)?;
         }
         Ok::<_, Box<dyn std::error::Error>>(())
     });

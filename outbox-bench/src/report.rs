@@ -1,16 +1,28 @@
-//! Tables on stdout, one JSON line per scenario, BENCHMARKS.md and the latency plot.
+//! Tables on stdout, one JSON line per scenario, and with `--write` a page per scenario
+//! under `docs/benchmarks/` plus the index of those pages in BENCHMARKS.md.
 
 use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
 
 use crate::latency::Run;
 use crate::setup::{Bench, BoxError};
 
 pub(crate) struct Report {
+    /// The machine, database and versions, one Markdown list item per line.
     header: String,
-    sections: Vec<String>,
-    figures: serde_json::Map<String, serde_json::Value>,
+    /// `--quick` sizes: a page says so.
+    quick: bool,
+    pages: Vec<Page>,
     pub(crate) latency_runs: Vec<Run>,
     pub(crate) soak: Vec<crate::soak::Sample>,
+}
+
+/// What one scenario reported: its tables and its figures.
+struct Page {
+    scenario: String,
+    about: String,
+    sections: Vec<String>,
+    figures: serde_json::Map<String, serde_json::Value>,
 }
 
 pub(crate) fn median(samples: &[f64]) -> f64 {
@@ -75,7 +87,7 @@ pub(crate) fn percentile(sorted: &[f64], q: f64) -> f64 {
 }
 
 impl Report {
-    pub(crate) async fn new(bench: &Bench, args: &[String]) -> Result<Self, BoxError> {
+    pub(crate) async fn new(bench: &Bench, quick: bool) -> Result<Self, BoxError> {
         let pg: String = sqlx::query_scalar("SELECT version()")
             .fetch_one(&bench.pool)
             .await?;
@@ -108,19 +120,24 @@ impl Report {
             header,
             "- outbox: sqlx 0.8.6; peer: pgmq SQL API (embedded install of the `pgmq` crate 0.33)"
         )?;
-        writeln!(
-            header,
-            "- command: `cargo run --release -p outbox-bench -- {}`",
-            args.join(" ")
-        )?;
         println!("{header}");
         Ok(Self {
             header,
-            sections: Vec::new(),
-            figures: serde_json::Map::new(),
+            quick,
+            pages: Vec::new(),
             latency_runs: Vec::new(),
             soak: Vec::new(),
         })
+    }
+
+    /// Starts the page of `scenario`: the sections that follow belong to it.
+    pub(crate) fn begin(&mut self, scenario: String, about: String) {
+        self.pages.push(Page {
+            scenario,
+            about,
+            sections: Vec::new(),
+            figures: serde_json::Map::new(),
+        });
     }
 
     pub(crate) fn section(
@@ -132,7 +149,7 @@ impl Report {
         json: serde_json::Value,
     ) {
         let mut md = format!(
-            "### {name}\n\n{about}\n\n| {} |\n|{}\n",
+            "## {name}\n\n{about}\n\n| {} |\n|{}\n",
             columns.join(" | "),
             "---|".repeat(columns.len())
         );
@@ -142,43 +159,70 @@ impl Report {
         println!("{md}");
         let line = serde_json::json!({ "scenario": name, "figures": json });
         println!("{line}");
-        self.figures.insert(name.to_owned(), json);
-        self.sections.push(md);
+        let page = self
+            .pages
+            .last_mut()
+            .expect("a section belongs to a scenario");
+        page.figures.insert(name.to_owned(), json);
+        page.sections.push(md);
     }
 
-    /// Rewrites the generated part of `path` (between the markers) and the plot beside it.
-    pub(crate) fn write(&self, path: &str) -> Result<(), BoxError> {
-        let begin = "<!-- bench:begin -->";
-        let end = "<!-- bench:end -->";
-        let existing = std::fs::read_to_string(path)
-            .unwrap_or_else(|_| format!("# Benchmarks\n\n{begin}\n{end}\n"));
-        let (Some(a), Some(b)) = (existing.find(begin), existing.find(end)) else {
-            return Err(format!("{path} has no {begin} … {end} markers").into());
+    /// Writes a page per scenario run into `docs/benchmarks/` beside `index` (BENCHMARKS.md),
+    /// with its plot, and rewrites the index between `index`'s markers from every page
+    /// there, so a run of one scenario leaves the other pages and their rows as they were.
+    pub(crate) fn write(
+        &self,
+        index: &str,
+        scenarios: &[(String, String)],
+    ) -> Result<(), BoxError> {
+        let dir = Path::new(index).with_file_name("docs/benchmarks");
+        std::fs::create_dir_all(&dir)?;
+        let run = run_id();
+        for page in &self.pages {
+            let mut md = format!(
+                "# {}\n\n{GENERATED}\n\n{}\n\n- run: {run}{}\n{}- reproduce: `cargo run --release -p outbox-bench -- {}{} --write BENCHMARKS.md`\n\n",
+                page.scenario,
+                page.about,
+                if self.quick { ", `--quick` sizes" } else { "" },
+                self.header,
+                page.scenario,
+                if self.quick { " --quick" } else { "" },
+            );
+            for section in &page.sections {
+                md.push_str(section);
+                md.push('\n');
+            }
+            let plot = match page.scenario.as_str() {
+                "latency" if !self.latency_runs.is_empty() => {
+                    Some(("commit→publish latency distribution", self.latency_svg()))
+                }
+                "soak" if !self.soak.is_empty() => {
+                    Some(("resident memory during the soak", self.soak_svg()))
+                }
+                _ => None,
+            };
+            if let Some((title, svg)) = plot {
+                std::fs::write(dir.join(format!("{}.svg", page.scenario)), svg)?;
+                writeln!(md, "![{title}]({}.svg)\n", page.scenario)?;
+            }
+            write!(
+                md,
+                "<details><summary>figures as JSON</summary>\n\n```json\n{}\n```\n\n</details>\n",
+                serde_json::to_string_pretty(&page.figures)?
+            )?;
+            std::fs::write(page_path(&dir, &page.scenario), md)?;
+        }
+        let existing = std::fs::read_to_string(index)?;
+        let (Some(a), Some(b)) = (existing.find(BEGIN), existing.find(END)) else {
+            return Err(format!("{index} has no {BEGIN} … {END} markers").into());
         };
-        let mut generated = format!("{begin}\n\n## Latest run\n\n{}\n", self.header);
-        for s in &self.sections {
-            generated.push_str(s);
-            generated.push('\n');
-        }
-        if !self.latency_runs.is_empty() {
-            let plot = std::path::Path::new(path).with_file_name("docs/bench-latency.svg");
-            std::fs::create_dir_all(plot.parent().expect("parent"))?;
-            std::fs::write(&plot, self.latency_svg())?;
-            generated
-                .push_str("![commit→publish latency distribution](docs/bench-latency.svg)\n\n");
-        }
-        if !self.soak.is_empty() {
-            let plot = std::path::Path::new(path).with_file_name("docs/bench-soak.svg");
-            std::fs::create_dir_all(plot.parent().expect("parent"))?;
-            std::fs::write(&plot, self.soak_svg())?;
-            generated.push_str("![resident memory during the soak](docs/bench-soak.svg)\n\n");
-        }
-        generated.push_str(&format!(
-            "<details><summary>figures as JSON</summary>\n\n```json\n{}\n```\n\n</details>\n\n",
-            serde_json::to_string_pretty(&self.figures)?
-        ));
-        let out = format!("{}{generated}{}", &existing[..a], &existing[b..]);
-        std::fs::write(path, out)?;
+        let out = format!(
+            "{}{BEGIN}\n{}{}",
+            &existing[..a],
+            index_table(&dir, scenarios)?,
+            &existing[b..]
+        );
+        std::fs::write(index, out)?;
         Ok(())
     }
 
@@ -303,4 +347,67 @@ impl Report {
         svg.push_str("</svg>\n");
         svg
     }
+}
+
+const BEGIN: &str = "<!-- bench:begin -->";
+const END: &str = "<!-- bench:end -->";
+const GENERATED: &str =
+    "<!-- Written by `outbox-bench --write`: change outbox-bench, not this page. -->";
+
+fn page_path(dir: &Path, scenario: &str) -> PathBuf {
+    dir.join(format!("{scenario}.md"))
+}
+
+/// The commit the benchmark was built from and today's date: `commit 358ce03 (2026-12-07)`,
+/// with `-modified` when the work tree had changes outside the documents.
+fn run_id() -> String {
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+    };
+    let commit = git(&["rev-parse", "--short", "HEAD"]).unwrap_or_else(|| "unknown".into());
+    // The pages and the index a run writes are not the code it measured.
+    let modified = git(&[
+        "status",
+        "--porcelain",
+        "--untracked-files=no",
+        "--",
+        ".",
+        ":!docs",
+        ":!BENCHMARKS.md",
+    ])
+    .is_some_and(|changes| !changes.is_empty());
+    let date = chrono::Utc::now().format("%Y-%m-%d");
+    format!(
+        "commit {commit}{} ({date})",
+        if modified { "-modified" } else { "" }
+    )
+}
+
+/// The index of the pages in `dir`, in the order of `scenarios` (name, what it compares):
+/// each with its run line, read back from the page.
+fn index_table(dir: &Path, scenarios: &[(String, String)]) -> Result<String, BoxError> {
+    let mut table = String::from("\n| scenario | compares | latest run |\n|---|---|---|\n");
+    for (scenario, about) in scenarios {
+        let path = page_path(dir, scenario);
+        let run = match std::fs::read_to_string(&path) {
+            Ok(page) => page
+                .lines()
+                .find_map(|l| l.strip_prefix("- run: "))
+                .unwrap_or("unknown")
+                .to_owned(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e.into()),
+        };
+        writeln!(
+            table,
+            "| [{scenario}](docs/benchmarks/{scenario}.md) | {about} | {run} |"
+        )?;
+    }
+    table.push('\n');
+    Ok(table)
 }

@@ -1,5 +1,211 @@
-//! The relay: claims due rows, publishes them through their route's sink, and records the
-//! outcome — published only after the sink acknowledged.
+//! The relay claims due rows from a [`Store`](crate::Store), publishes them through the
+//! [`Sink`](crate::Sink) of their route, and records each outcome fenced by the claim's
+//! lease token. A row is marked published only after its sink acknowledged it; every other
+//! path (no route, a timeout, a panic, a missing outcome, a give-up) ends in a failure that
+//! is retried or dead-lettered.
+//!
+//! # Building
+//!
+//! `Relay::builder(store)` collects routes (destination → sink, held as `Arc<dyn DynSink>`)
+//! and settings; [`RelayBuilder::build`](crate::RelayBuilder::build) refuses what cannot
+//! work with a [`ConfigError`](crate::ConfigError) naming the setting:
+//!
+//! | setting | default | accepted |
+//! |---|---|---|
+//! | `batch_size` | 100 | 1..=10,000 |
+//! | `concurrency` (workers) | 1 | 1..=1024 |
+//! | `lease` | 30 s | at least 10 ms |
+//! | `publish_timeout` | half the lease | above zero and **shorter than the lease**, so a slow publish cannot outlive its lease |
+//! | `poll_interval` | 1 s | above zero |
+//! | `min_wakeup_interval` | 1 ms | any |
+//! | `shutdown_grace` | 10 s | any |
+//! | `gauge_interval`, `gauge_limit` | 10 s, 50,000 rows | at least 10 ms, above zero |
+//! | `owner` | `relay-<pid>-<hex>` | 1 to 255 bytes |
+//!
+//! A relay needs at least one route, and every route name must be a valid destination.
+//! Per-key ordering on a store whose [`Capabilities`](crate::Capabilities) declare none is
+//! `ConfigError::Unsupported`. [`RelayBuilder::settings`](crate::RelayBuilder::settings)
+//! applies a `RelaySettings` as configuration gives it; unset fields keep the builder's
+//! values.
+//!
+//! The claim is restricted to the routed destinations, so relays with different routes
+//! share one table and never touch each other's rows. With `dead_letter_unrouted(true)` a
+//! relay claims every destination and dead-letters a message without a route as a permanent
+//! `UnknownDestination` failure; that suits only a relay that is the table's sole reader.
+//!
+//! # Running
+//!
+//! [`Relay::run_once`](crate::Relay::run_once) claims and finishes one batch;
+//! [`Relay::drain`](crate::Relay::drain) repeats it until a claim comes back empty. Tests
+//! and one-shot jobs use them. [`Relay::run`](crate::Relay::run) spawns `concurrency`
+//! workers, a wakeup pacer and, unless gauges are off, a gauge reader, and runs until its
+//! `shutdown` future completes.
+//!
+//! ## The worker loop
+//!
+//! Each turn sets `outbox_relay_heartbeat_seconds`, beats the relay's health, and finishes
+//! one batch. Then the worker claims again at once when:
+//!
+//! - the batch came back full (due rows may be left behind);
+//! - with per-key ordering, the batch published or dead-lettered something: finishing a
+//!   key's head is what makes the key's next row claimable, and that row's own wakeup was
+//!   spent on a claim that had to skip it;
+//! - it already holds the next batch (see below).
+//!
+//! Otherwise it waits for whichever comes first: a wakeup, the poll interval, or the stop
+//! signal.
+//!
+//! When a full batch was claimed unordered from a store that declares
+//! `overlapped_claims` (every store but SQLite, whose single writer would make the two
+//! wait on each other), the worker claims its next batch while the full batch's last
+//! completion is written, and starts its next turn on what that claim returned. `run_once`
+//! and `drain` never overlap.
+//!
+//! A store error never ends a worker. The worker logs it, counts
+//! `outbox_store_errors_total`, and backs off for a full-jitter draw in
+//! `[0, min(poll × 2^min(failures, 5), 30 s)]`, so relays that lost the database together
+//! do not come back together; a wakeup still cuts the wait short. A batch already claimed
+//! goes on at once, since its lease is running.
+//!
+//! ## Store deadlines
+//!
+//! Every store call the relay makes (claim, completion, release, gauge read) is given up
+//! after one lease, as a retryable `StoreErrorKind::Timeout`. By then a claim's rows and a
+//! completion's lease have lapsed anyway, and a connection that fell silent (no reply, no
+//! reset) would otherwise hold the worker until the operating system gives up on it. Giving
+//! up drops the call's future, so a store must be safe to cancel.
+//!
+//! ## Wakeups
+//!
+//! A [`Wakeup`](crate::Wakeup) is a cloneable signal that any number of sources raise
+//! (in-process enqueue, PostgreSQL LISTEN/NOTIFY); a raise that happens while nobody waits
+//! is kept, not lost. `run` subscribes one pacer task to it. Each raise wakes **one** idle
+//! worker (a permit that is kept if every worker is busy); the pacer then sleeps
+//! `min_wakeup_interval`, and the raises during that sleep become one more wake-up at its
+//! end. Under load this turns a wakeup per commit into at most one claim per interval; a
+//! lone commit is still claimed at once. Without a wakeup, or once every clone of it is
+//! gone, polling alone drives the loop; polling is always on as the fallback.
+//!
+//! ## One batch
+//!
+//! 1. **Claim.** The lease token and the claimed ids go into the in-flight table. Rows the
+//!    store could not read as messages come back in `Claim::rejected`, already
+//!    dead-lettered by the store; the relay logs them and counts them as dead with class
+//!    `undecodable`.
+//! 2. **Crash-loop guard.** A message whose `attempts` exceed the retry policy's
+//!    `max_attempts` was claimed again and again without a completion: it crashes or hangs
+//!    relays. It fails permanently and is dead-lettered **without being published**.
+//! 3. **Route.** A message without a route fails permanently as `UnknownDestination` (only
+//!    a relay built with `dead_letter_unrouted` claims such messages). The others are grouped
+//!    by sink (routes that share one sink value share a call). Each group's
+//!    `publish_reporting` runs in a task of its own under the publish timeout, with the
+//!    deadline in its `PublishContext`; groups run concurrently, so a slow or panicking
+//!    sink delays or fails only its own messages. Sinks report each outcome as soon as it
+//!    is known. When a task ends, every message of its group still without an outcome gets
+//!    a retryable failure: `Timeout` if the timeout cut the call short, `Other` if the sink
+//!    returned without reporting it or panicked. The first outcome reported for a message
+//!    counts.
+//! 4. **Decide** each outcome as it arrives. `Published` becomes `Completion::published`. A
+//!    failure goes to `RetryPolicy::decide`:
+//!    - a permanent failure gives up at once, with the failure as the reason;
+//!    - at `attempts >= max_attempts` it gives up;
+//!    - otherwise the delay is a full-jitter draw in
+//!      `[0, min(max_delay, initial_delay × 2^(attempts − 1))]`, raised to the sink's
+//!      `retry_after` when that is longer (a retry-after may exceed the cap);
+//!    - if the next attempt would start more than `max_age` after `created_at`, it gives up.
+//!
+//!    A retryable failure the sink marked `deferred` (never sent: an open circuit, a rate
+//!    limit, a paused route) goes to `RetryPolicy::decide_deferred` instead: it waits for
+//!    its retry-after, does not count the attempt, and gives up only at `max_age`. Defaults:
+//!    1 s initial delay, 5 min cap, 25 attempts, 3 days. A give-up becomes
+//!    `Completion::dead`, a retry `Completion::retry`, a deferral `Completion::defer`.
+//!
+//!    Ages are measured in the store's frame: where the claim reported how long a message
+//!    waited (PostgreSQL, the in-memory store), "now" is `created_at` plus that wait plus
+//!    the relay's monotonic time since the claim, so a relay whose wall clock is off gives
+//!    up neither early nor late. Elsewhere the relay's [`Clock`](crate::Clock) is used.
+//! 5. **Complete** what has arrived in one `Store::complete` call, and repeat until every
+//!    message is completed: outcomes that arrive while a call runs go in the next one, so
+//!    an acknowledged message is marked without waiting for the batch's slowest. A retryable
+//!    store error is retried up to three times after full-jitter pauses of at most 50 ms,
+//!    200 ms and 800 ms. If it still fails, those rows stay leased until the lease lapses
+//!    (a duplicate delivery later, never a loss); the batch goes on with the rest and then
+//!    returns the error.
+//! 6. **Account.** Completed rows leave the in-flight table. Rows the store reports stale
+//!    (another relay reclaimed them) changed nothing: they are counted in
+//!    `BatchReport::stale` and `outbox_lease_conflicts_total` and logged once per call as a
+//!    warning. Every other metric counts applied completions only.
+//!
+//! ## Shutdown
+//!
+//! When `shutdown` completes, the workers stop claiming; health reports the relay as
+//! stopping. A batch in progress runs to its completion, and so does one a worker claimed
+//! alongside its last completion. `run` waits up to `shutdown_grace` for the workers. After
+//! that it aborts them and releases every lease still in the in-flight table, so those rows
+//! are due again at once and their attempt does not count. A failed release is logged; its
+//! rows come back when the lease lapses.
+//!
+//! # Per-key ordering
+//!
+//! With `MessageOrder::PerKey(dead_head)` the relay puts the mode in its `ClaimRequest`, and
+//! the store hands out only *heads*: keyed rows whose key has no unfinished row of the same
+//! destination with a lower `seq` (nor a dead one, under `DeadHead::Halt`). `seq` is the
+//! row's position within its key in commit order. A batch therefore holds at most one
+//! message per key, a failing head holds back only its key, and relays need no coordinator.
+//! Rows without a key are unordered. The mode is per relay: to order only some routes, run
+//! a second relay for them.
+//!
+//! # Gauges and health
+//!
+//! `run` spawns one task that reads `Store::gauges` every `gauge_interval` (at most
+//! `gauge_limit` unfinished and dead rows, through the due and dead indexes, so the cost
+//! follows the backlog, not the finished rows), exports them, and keeps the latest in the
+//! relay's [`RelayHealth`](crate::RelayHealth). Per destination: `outbox_backlog`,
+//! `outbox_leased`, `outbox_dead_letters`, `outbox_halted_keys`,
+//! `outbox_oldest_pending_age_seconds`, and `outbox_unrouted_rows` (the backlog of a
+//! destination this relay has no route for), each back to 0 once the destination's rows are
+//! gone; and `outbox_gauges_truncated`, 1 when a read stopped at its limit (the counts are
+//! then lower bounds). With several relays on one table, one exporting them is enough: turn
+//! gauges off on the others.
+//!
+//! [`Relay::health`](crate::Relay::health) returns the [`RelayHealth`](crate::RelayHealth):
+//! `alive` fails when no worker beat within the heartbeat limit (three leases, at least two
+//! minutes) or the relay is stopping; `ready` fails also until a claim is answered and
+//! while claims fail; `objective` checks a [`LagObjective`](crate::LagObjective) (fresh
+//! gauges, pending age per routed destination, no route failing every publish for
+//! `max_failing`) and gates readiness only when asked to. A route's first failure and its
+//! recovery are each logged once at warn level.
+//!
+//! # Metrics
+//!
+//! Recorded through the `metrics` facade; the application installs the recorder.
+//! `series::SERIES` lists every series with its help text and what to alert on.
+//!
+//! | name | kind | labels | recorded |
+//! |---|---|---|---|
+//! | `outbox_relay_heartbeat_seconds` | gauge | | every worker turn, unix seconds by the relay clock |
+//! | `outbox_claims_total` | counter | | every claim |
+//! | `outbox_batch_size` | histogram | | rows of each non-empty claim |
+//! | `outbox_publish_duration_seconds` | histogram | `destination` | each sink call |
+//! | `outbox_messages_published_total` | counter | `destination` | published completions applied |
+//! | `outbox_commit_to_publish_seconds` | histogram | `destination`, `since` | the same rows: the store's measured wait plus the relay's time since the claim; `since` is `commit`, `transaction_start` or `insert` |
+//! | `outbox_messages_retried_total` | counter | `destination`, `class` | retries applied |
+//! | `outbox_messages_deferred_total` | counter | `destination`, `class` | deferrals applied |
+//! | `outbox_messages_dead_total` | counter | `destination`, `class` | dead letters applied, and unreadable rows |
+//! | `outbox_lease_conflicts_total` | counter | | stale completions |
+//! | `outbox_store_errors_total` | counter | | failed claims, completions and gauge reads in `run` |
+//!
+//! # Tracing
+//!
+//! Each worker runs in an `outbox_relay_worker` span (`owner`, `worker`); each claim in an
+//! `outbox_claim` span (batch size, rows claimed). Each non-empty batch is a root span,
+//! `outbox_batch` (owner, rows claimed, lease token), so every batch is a trace of its own
+//! rather than part of the worker's endless one. Inside it, each sink call is an
+//! `outbox_publish` span (destination, count, ids), which with the `opentelemetry` feature
+//! links to the trace context of every message it sends, and each completion call an
+//! `outbox_complete` span (count, ids). Retries and deferrals are logged at debug level,
+//! dead letters and lost leases at warn, each with the message id, destination, attempt,
+//! class and error.
 
 mod builder;
 mod publication;
