@@ -12,6 +12,8 @@ pub(crate) struct Report {
     header: String,
     /// `--quick` sizes: a page says so.
     quick: bool,
+    /// The commit and date the run started at (see [`run_id`]).
+    run: String,
     pages: Vec<Page>,
     pub(crate) latency_runs: Vec<Run>,
     pub(crate) soak: Vec<crate::soak::Sample>,
@@ -124,6 +126,7 @@ impl Report {
         Ok(Self {
             header,
             quick,
+            run: run_id(),
             pages: Vec::new(),
             latency_runs: Vec::new(),
             soak: Vec::new(),
@@ -177,7 +180,7 @@ impl Report {
     ) -> Result<(), BoxError> {
         let dir = Path::new(index).with_file_name("docs/benchmarks");
         std::fs::create_dir_all(&dir)?;
-        let run = run_id();
+        let run = &self.run;
         for page in &self.pages {
             let mut md = format!(
                 "# {}\n\n{GENERATED}\n\n{}\n\n- run: {run}{}\n{}- reproduce: `cargo run --release -p outbox-bench -- {}{} --write BENCHMARKS.md`\n\n",
@@ -358,8 +361,9 @@ fn page_path(dir: &Path, scenario: &str) -> PathBuf {
     dir.join(format!("{scenario}.md"))
 }
 
-/// The commit the benchmark was built from and today's date: `commit 358ce03 (2026-12-07)`,
-/// with `-modified` when the work tree had changes outside the documents.
+/// The commit checked out when the run starts and the date: `commit 358ce03 (2026-12-07)`,
+/// with `-modified` when the work tree had changes outside the documents (the binary may
+/// not be that commit's code).
 fn run_id() -> String {
     let git = |args: &[&str]| {
         std::process::Command::new("git")
