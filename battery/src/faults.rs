@@ -29,7 +29,7 @@ pub(crate) enum Fault {
     /// MariaDB shutdown) and immediate (`-m immediate`, SIGKILL to mariadbd).
     DbRestart,
     /// The relays' database connections ended by the server (`pg_terminate_backend`,
-    /// `KILL CONNECTION`) every second.
+    /// `KILL CONNECTION`) every 0.5–1.5 s.
     DbKill,
     /// A TCP fault proxy between the relays and the sink's server (the webhook receiver,
     /// Redis, RabbitMQ, the SQS emulator), cycling through lost replies (the request took
