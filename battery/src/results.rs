@@ -150,8 +150,8 @@ impl Row {
             sink: parse("sink", values[1])?,
             fault: parse("fault", values[2])?,
             counts: std::array::from_fn(|i| values[FIRST_COUNT + i].to_owned()),
-            commit: values[13].to_owned(),
-            verdict: parse("verdict", values[14])?,
+            commit: values[FIRST_COUNT + COUNTS].to_owned(),
+            verdict: parse("verdict", values[FIRST_COUNT + COUNTS + 1])?,
         };
         row.validate()?;
         Ok(row)
