@@ -4,8 +4,8 @@
 //! size and worker count: the relay with a no-op sink (delete-on-publish); the raw SQL
 //! ceiling (the two statements a lease-based relay needs — claim with `FOR UPDATE SKIP
 //! LOCKED`, then batch delete — returning two columns, then every column the relay
-//! reads); the relay's own two statements run raw; and the peer (`pgmq.read` +
-//! `pgmq.delete`). Each drain also reports its CPU per message in this process and in
+//! reads, then the same committed asynchronously as the relay's are); the relay's own two
+//! statements run raw; and the peer (`pgmq.read` + `pgmq.delete`). Each drain also reports its CPU per message in this process and in
 //! PostgreSQL. `ordered` preloads N messages over 1,000 partition keys and compares the
 //! relay with per-key ordering against the same relay unordered.
 
@@ -123,6 +123,7 @@ pub(crate) async fn run(
         let relay = relay_drain(bench, n, batch, workers, None).await?;
         let raw = raw_drain(bench, n, batch, workers, Raw::Narrow).await?;
         let raw_wide = raw_drain(bench, n, batch, workers, Raw::RelayColumns).await?;
+        let raw_async = raw_drain(bench, n, batch, workers, Raw::RelayColumnsAsync).await?;
         let raw_relay = raw_drain(bench, n, batch, workers, Raw::RelayStatements).await?;
         let peer = pgmq_drain(bench, n, batch, workers).await?;
         let (peak, _) = memory_mib();
@@ -135,6 +136,8 @@ pub(crate) async fn run(
             ratio(raw),
             format!("{:.0}", raw_wide.rate),
             ratio(raw_wide),
+            format!("{:.0}", raw_async.rate),
+            ratio(raw_async),
             format!("{:.0}", raw_relay.rate),
             ratio(raw_relay),
             format!("{:.0}", peer.rate),
@@ -146,6 +149,7 @@ pub(crate) async fn run(
             ("relay", relay),
             ("raw", raw),
             ("raw, relay's columns", raw_wide),
+            ("raw, relay's columns, asynchronous commit", raw_async),
             ("the relay's SQL", raw_relay),
             ("pgmq", peer),
         ] {
@@ -164,14 +168,14 @@ pub(crate) async fn run(
         }
         json.insert(
             format!("b{batch}_w{workers}"),
-            serde_json::json!({ "relay": relay.rate, "raw": raw.rate, "relay_over_raw": relay.rate / raw.rate, "raw_relay_columns": raw_wide.rate, "relay_over_raw_relay_columns": relay.rate / raw_wide.rate, "raw_relay_statements": raw_relay.rate, "relay_over_raw_relay_statements": relay.rate / raw_relay.rate, "pgmq": peer.rate, "relay_over_pgmq": relay.rate / peer.rate, "peak_rss_mib": peak }),
+            serde_json::json!({ "relay": relay.rate, "raw": raw.rate, "relay_over_raw": relay.rate / raw.rate, "raw_relay_columns": raw_wide.rate, "relay_over_raw_relay_columns": relay.rate / raw_wide.rate, "raw_relay_columns_async": raw_async.rate, "relay_over_raw_relay_columns_async": relay.rate / raw_async.rate, "raw_relay_statements": raw_relay.rate, "relay_over_raw_relay_statements": relay.rate / raw_relay.rate, "pgmq": peer.rate, "relay_over_pgmq": relay.rate / peer.rate, "peak_rss_mib": peak }),
         );
         cpu_json.insert(format!("b{batch}_w{workers}"), cpu.into());
     }
     report.section(
         "drain",
-        &format!("Emptying a backlog of {n} messages, messages/s. Raw = claim with SKIP LOCKED + batch delete, no application logic, returning id and payload; *raw, relay's columns* is the same SQL returning every column the relay reads (what a real relay must fetch), which splits the gap into data and relay logic; *the relay's SQL* runs the relay's own claim and fenced delete with nothing around them, which splits the rest into statements and client work. Peak RSS is the whole benchmark process."),
-        &["batch", "workers", "relay", "raw SQL", "relay / raw", "raw, relay's columns", "relay / that", "the relay's SQL", "relay / that", "pgmq", "relay / pgmq", "peak RSS MiB"],
+        &format!("Emptying a backlog of {n} messages, messages/s. Raw = claim with SKIP LOCKED + batch delete, no application logic, returning id and payload; *raw, relay's columns* is the same SQL returning every column the relay reads (what a real relay must fetch), which splits the gap into data and relay logic; *async* is that SQL committed without waiting for the WAL flush, as the relay's unordered claims and its completions are (decision 0049); *the relay's SQL* runs the relay's own claim and fenced delete with nothing around them, which splits the rest into statements and client work. Peak RSS is the whole benchmark process."),
+        &["batch", "workers", "relay", "raw SQL", "relay / raw", "raw, relay's columns", "relay / that", "async", "relay / that", "the relay's SQL", "relay / that", "pgmq", "relay / pgmq", "peak RSS MiB"],
         rows,
         serde_json::Value::Object(json),
     );
@@ -314,6 +318,8 @@ enum Raw {
     Narrow,
     /// The same, returning every column the relay reads.
     RelayColumns,
+    /// The same, each statement committed asynchronously as the relay's are.
+    RelayColumnsAsync,
     /// The relay's own claim and fenced delete, as it binds them, with no decoding.
     RelayStatements,
 }
@@ -332,19 +338,24 @@ async fn raw_drain(
     let relay_sql = outbox_sql::postgres::Statements::new(outbox.names());
     let (claim, delete) = match raw {
         Raw::RelayStatements => (relay_sql.claim, relay_sql.delete_published),
-        Raw::Narrow | Raw::RelayColumns => {
+        Raw::Narrow | Raw::RelayColumns | Raw::RelayColumnsAsync => {
             let columns = if matches!(raw, Raw::Narrow) {
                 "t.id, t.payload"
             } else {
                 "t.id, t.destination, t.event_type, t.aggregate_type, t.aggregate_id, t.partition_key, t.tenant_id, t.idempotency_key, t.payload, t.content_type, t.headers::text, t.attempts, t.created_at"
             };
+            let commit = if matches!(raw, Raw::RelayColumnsAsync) {
+                " AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off'"
+            } else {
+                ""
+            };
             (
                 format!(
                     "UPDATE bench_drain_outbox t SET status = 'leased', lease_token = $2, available_at = now() + interval '30 seconds' \
                      WHERE t.id = ANY(ARRAY(SELECT id FROM bench_drain_outbox WHERE status IN ('pending', 'leased') AND available_at <= now() \
-                     ORDER BY available_at, id LIMIT $1 FOR UPDATE SKIP LOCKED)) RETURNING {columns}"
+                     ORDER BY available_at, id LIMIT $1 FOR UPDATE SKIP LOCKED)){commit} RETURNING {columns}"
                 ),
-                "DELETE FROM bench_drain_outbox WHERE id = ANY($1)".to_owned(),
+                format!("DELETE FROM bench_drain_outbox WHERE id = ANY($1){commit}"),
             )
         }
     };
@@ -358,7 +369,7 @@ async fn raw_drain(
                 let query = sqlx::query(&claim).bind(batch as i64);
                 let query = match raw {
                     Raw::RelayStatements => query.bind("bench-raw").bind(token).bind(30_000_i64),
-                    Raw::Narrow | Raw::RelayColumns => query.bind(token),
+                    Raw::Narrow | Raw::RelayColumns | Raw::RelayColumnsAsync => query.bind(token),
                 };
                 let claimed = query.fetch_all(&pool).await?;
                 if claimed.is_empty() {
@@ -367,7 +378,9 @@ async fn raw_drain(
                 let ids: Vec<uuid::Uuid> = claimed.iter().map(|r| r.get(0)).collect();
                 let query = match raw {
                     Raw::RelayStatements => sqlx::query(&delete).bind(token),
-                    Raw::Narrow | Raw::RelayColumns => sqlx::query(&delete),
+                    Raw::Narrow | Raw::RelayColumns | Raw::RelayColumnsAsync => {
+                        sqlx::query(&delete)
+                    }
                 };
                 query.bind(ids).fetch_all(&pool).await?;
             }

@@ -459,6 +459,8 @@ impl Sink for Arc<dyn DynSink> {
 #[derive(Clone)]
 pub struct Outcomes {
     report: Arc<dyn Fn(usize, Outcome) + Send + Sync>,
+    /// Takes the outcomes of a whole batch at once, where the receiver can.
+    report_batch: Option<Arc<dyn Fn(Vec<Outcome>) + Send + Sync>>,
 }
 
 impl Outcomes {
@@ -466,6 +468,19 @@ impl Outcomes {
     pub fn new(report: impl Fn(usize, Outcome) + Send + Sync + 'static) -> Self {
         Self {
             report: Arc::new(report),
+            report_batch: None,
+        }
+    }
+
+    /// Outcomes that go to `report(index, outcome)`, and those of a whole batch, from
+    /// [`report_all`](Self::report_all), to `report_batch` at once.
+    pub(crate) fn batched(
+        report: impl Fn(usize, Outcome) + Send + Sync + 'static,
+        report_batch: impl Fn(Vec<Outcome>) + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            report: Arc::new(report),
+            report_batch: Some(Arc::new(report_batch)),
         }
     }
 
@@ -480,6 +495,9 @@ impl Outcomes {
     pub fn report_all(&self, len: usize, result: Result<Vec<Outcome>, Failure>) {
         match result {
             Ok(list) if list.len() == len => {
+                if let Some(report_batch) = &self.report_batch {
+                    return report_batch(list);
+                }
                 for (index, outcome) in list.into_iter().enumerate() {
                     self.report(index, outcome);
                 }

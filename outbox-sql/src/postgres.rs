@@ -126,10 +126,10 @@ impl Statements {
             claim: r(&claim("")),
             claim_filtered: r(&claim(&only_destinations("d"))),
             claim_ordered: claims_ordered(&r, false),
-            complete: r(&report_stale(COMPLETE)),
-            delete_published: r(&report_stale(
-                "DELETE FROM {outbox} WHERE id = ANY($2) AND status = 'leased' AND lease_token = $1 RETURNING id",
-            )),
+            complete: r(&report_stale(&COMPLETE.replace("{commit}", COMMIT_ASYNC))),
+            delete_published: r(&report_stale(&format!(
+                "DELETE FROM {{outbox}} WHERE id = ANY($2) AND status = 'leased' AND lease_token = $1{COMMIT_ASYNC} RETURNING id",
+            ))),
             release: r(RELEASE),
             rotate_prepare: r("SELECT {outbox_fn:rotate_prepare}($1, $2) AS moved"),
             rotate: r("SELECT {outbox_fn:rotate}($1, $2) AS emptied"),
@@ -228,7 +228,9 @@ fn only_destinations(alias: &str) -> String {
 }
 
 fn claim(filter: &str) -> String {
-    CLAIM.replace("{due}", &due("d.id", filter, ""))
+    CLAIM
+        .replace("{due}", &due("d.id", filter, ""))
+        .replace("{commit}", COMMIT_ASYNC)
 }
 
 /// The claim of the `rotate` layout: each slot is searched by a query of its own, so each
@@ -249,7 +251,7 @@ fn claim_in_slots(filter: &str) -> String {
             )
         })
         .collect();
-    CLAIM.replace(
+    CLAIM.replace("{commit}", COMMIT_ASYNC).replace(
         "{due}",
         &format!(
             "SELECT due.id FROM (\n    {}\n) AS due ORDER BY due.available_at, due.id LIMIT $1",
@@ -272,8 +274,11 @@ fn due(columns: &str, filter: &str, slot: &str) -> String {
 /// The per-key ordered claims, `[skip, skip filtered, halt, halt filtered]`, rendered by
 /// `r`; `slots` for the `rotate` layout.
 fn claims_ordered(r: &impl Fn(&str) -> String, slots: bool) -> [String; 4] {
-    [(false, false), (true, false), (false, true), (true, true)]
-        .map(|(filtered, halt)| r(&CLAIM.replace("{due}", &due_ordered(filtered, halt, slots))))
+    [(false, false), (true, false), (false, true), (true, true)].map(|(filtered, halt)| {
+        // Committed synchronously: see `COMMIT_ASYNC`.
+        let claim = CLAIM.replace("{commit}", "");
+        r(&claim.replace("{due}", &due_ordered(filtered, halt, slots)))
+    })
 }
 
 /// Locks the rows a per-key ordered claim may lease, earliest first, at most `$1`. A keyed
@@ -408,6 +413,19 @@ SELECT m.id, m.destination, m.event_type, m.aggregate_type, m.aggregate_id, m.pa
 FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[], $9::bytea[], $10::text[], $11::text[], $12::timestamptz[], $13::bigint[])
   AS m(id, destination, event_type, aggregate_type, aggregate_id, partition_key, tenant_id, idempotency_key, payload, content_type, headers, at, delay_ms)";
 
+/// Ends the `WHERE` of the relay's unordered claims and its completions, which run as
+/// statements of their own: their commits do not wait for the WAL to reach the disk
+/// (decision 0049). `set_config(…, true)` lasts until the statement's own transaction
+/// ends, after its commit was recorded, so no other statement on the connection is
+/// affected. A database crash can undo the last such commits: a claim undone puts its
+/// rows back to be claimed, a completion undone leaves its rows leased until the lease
+/// lapses, and either way they are published again, never lost. Per-key ordered claims
+/// keep synchronous commits: each claim then makes every completion before it durable,
+/// so a head whose completion was undone can never be sent again after the message
+/// behind it.
+const COMMIT_ASYNC: &str = "
+  AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off'";
+
 /// The locked ids come back as an array (an InitPlan), so the UPDATE finds them through the
 /// primary key; a join with a CTE let the planner hash the whole table on every claim.
 /// The commit-timestamp setting is read once per statement (a scalar subquery), and the
@@ -421,7 +439,7 @@ SET status = 'leased', lease_owner = $2, lease_token = $3,
     committed_at = COALESCE(o.committed_at, CASE WHEN (SELECT current_setting('track_commit_timestamp') = 'on') THEN pg_xact_commit_timestamp(o.xmin) END)
 WHERE o.id = ANY(ARRAY(
     {due}
-))
+)){commit}
 RETURNING o.id, o.destination, o.event_type, o.aggregate_type, o.aggregate_id, o.partition_key, o.tenant_id, o.idempotency_key, o.payload, o.content_type, o.headers::text AS headers, o.attempts, o.created_at,
     CAST(date_part('epoch', now() - COALESCE(o.committed_at, o.created_at)) * 1000 AS bigint) AS waited_ms,
     CAST(CASE WHEN o.committed_at IS NULL THEN 0 ELSE 1 END AS bigint) AS from_commit";
@@ -435,7 +453,7 @@ SET status = CASE WHEN c.status = 'deferred' THEN 'pending' ELSE c.status END,
     dead_at = CASE WHEN c.status = 'dead' THEN now() END,
     lease_owner = NULL, lease_token = NULL, lease_until = NULL
 FROM UNNEST($2::uuid[], $3::text[], $4::bigint[], $5::text[]) AS c(id, status, delay_ms, error)
-WHERE o.id = c.id AND o.status = 'leased' AND o.lease_token = $1
+WHERE o.id = c.id AND o.status = 'leased' AND o.lease_token = $1{commit}
 RETURNING o.id";
 
 const STATS: &str = "SELECT destination,
@@ -474,3 +492,35 @@ const PURGE: &str = "DELETE FROM {outbox} WHERE id IN (
     LIMIT $3
     FOR UPDATE SKIP LOCKED
 )";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_unordered_claims_and_completions_commit_asynchronously() {
+        for published in [
+            outbox_engine::PublishedRows::Keep,
+            outbox_engine::PublishedRows::Rotate,
+        ] {
+            let sql = Statements::for_rows(&TableNames::default(), published);
+            for asynchronous in [
+                &sql.claim,
+                &sql.claim_filtered,
+                &sql.complete,
+                &sql.delete_published,
+            ] {
+                assert_eq!(
+                    asynchronous.matches(COMMIT_ASYNC).count(),
+                    1,
+                    "{asynchronous}"
+                );
+            }
+            let ordered = (0..4).map(|i| sql.claim_ordered(i % 2 == 1, i >= 2));
+            for synchronous in ordered.chain([sql.release.as_str(), sql.admin.replay_dead.as_str()])
+            {
+                assert!(!synchronous.contains("synchronous_commit"), "{synchronous}");
+            }
+        }
+    }
+}

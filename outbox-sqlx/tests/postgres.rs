@@ -618,6 +618,46 @@ async fn ordered_claims_read_a_window_not_the_held_back_backlog() {
     }
 }
 
+/// The relay's claims and completions commit without waiting for the WAL flush, by a
+/// setting local to their own transaction: the connection they ran on, handed to the
+/// next statement, still commits synchronously.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn asynchronous_commits_stay_inside_the_relay_statements() {
+    use outbox_engine::{ClaimRequest, Completion, Store};
+    let h = PgHarness::new().await;
+    h.enqueue(vec![
+        NewMessage::builder("orders", "order.placed")
+            .json(&serde_json::json!({ "n": 1 }))
+            .build()
+            .unwrap(),
+    ])
+    .await
+    .unwrap();
+    let single = PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with(h.outbox.pool().connect_options().as_ref().clone())
+        .await
+        .unwrap();
+    let outbox = PgOutbox::with_names(single.clone(), h.outbox.names().clone());
+    let setting = || async {
+        sqlx::query_scalar::<_, String>("SHOW synchronous_commit")
+            .fetch_one(&single)
+            .await
+            .unwrap()
+    };
+    let server = setting().await;
+    let claim = outbox
+        .claim(&ClaimRequest::new("relay", 10, Duration::from_secs(60)))
+        .await
+        .unwrap();
+    assert_eq!(claim.messages.len(), 1);
+    assert_eq!(setting().await, server, "after a claim");
+    let done = [Completion::published(claim.messages[0].id)];
+    let report = outbox.complete(claim.lease.token, &done).await.unwrap();
+    assert_eq!(report.applied, 1);
+    assert_eq!(setting().await, server, "after a completion");
+}
+
 /// The slots table outlives a hand-dropped outbox; `migrate` recreates the partitions and
 /// points the slots at them, so rotation goes on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -329,7 +329,7 @@ impl<S: Store> RelayBuilder<S> {
         Ok(Relay {
             inner: Arc::new(Inner {
                 store: self.store,
-                routes: self.routes,
+                routes: self.routes.into_iter().collect(),
                 claim,
                 publish_timeout,
                 retry: self.retry,

@@ -250,13 +250,14 @@ pub struct Relay<S> {
 
 struct Inner<S> {
     store: S,
-    routes: HashMap<String, Arc<dyn DynSink>>,
+    /// Looked up for every message: hashed with foldhash rather than SipHash.
+    routes: foldhash::HashMap<String, Arc<dyn DynSink>>,
     claim: ClaimRequest,
     publish_timeout: Duration,
     retry: RetryPolicy,
     clock: Arc<dyn Clock>,
     /// Leases held by batches in progress, released on a forced shutdown.
-    in_flight: Mutex<HashMap<LeaseToken, HashSet<MessageId>>>,
+    in_flight: Mutex<HashMap<LeaseToken, InFlight>>,
     health: RelayHealth,
     /// Whether the store lets a claim run while a completion is written.
     overlapped_claims: bool,
@@ -522,8 +523,11 @@ impl<S: Store> Inner<S> {
             metrics::counter!("outbox_messages_dead_total", "destination" => destination.to_owned(), "class" => FailureClass::Undecodable.as_str()).increment(1);
         }
         if !claim.messages.is_empty() {
-            let ids: HashSet<MessageId> = claim.messages.iter().map(|m| m.id).collect();
-            self.lock_in_flight().insert(claim.lease.token, ids);
+            let held = InFlight {
+                claimed: claim.messages.iter().map(|m| m.id).collect(),
+                settled: foldhash::HashSet::default(),
+            };
+            self.lock_in_flight().insert(claim.lease.token, held);
         }
         Ok(Claimed {
             claim,
@@ -651,9 +655,7 @@ impl<S: Store> Inner<S> {
     /// shutdown no longer releases them.
     fn settle_in_flight(&self, token: LeaseToken, ready: &[Done]) {
         if let Some(held) = self.lock_in_flight().get_mut(&token) {
-            for done in ready {
-                held.remove(&done.message().id);
-            }
+            held.settle(ready.iter().map(|done| done.message().id), ready.len());
         }
     }
 
@@ -667,8 +669,9 @@ impl<S: Store> Inner<S> {
         report: &mut BatchReport,
     ) {
         // Metric handles are looked up once per destination per call, not per message.
-        let mut published: HashMap<&str, u64> = HashMap::new();
-        let mut lags: HashMap<(&str, WaitedSince), metrics::Histogram> = HashMap::new();
+        let mut published = foldhash::HashMap::<&str, u64>::default();
+        let mut lags = foldhash::HashMap::<(&str, WaitedSince), metrics::Histogram>::default();
+        let since_claim = claimed_at.elapsed();
         let mut activity = Vec::new();
         for (message, completion, class) in applied {
             let destination = message.destination.as_str();
@@ -676,7 +679,7 @@ impl<S: Store> Inner<S> {
             match &completion.action {
                 CompleteAction::Published => {
                     report.published += 1;
-                    let (lag, since) = commit_to_publish(message, now, claimed_at);
+                    let (lag, since) = commit_to_publish(message, now, since_claim);
                     *published.entry(destination).or_default() += 1;
                     if let Some((took, failures)) = self.health.route_published(destination) {
                         warn!(destination, failures, down_for = ?took, "route recovered: publishing again");
@@ -777,8 +780,11 @@ impl<S: Store> Inner<S> {
 
     async fn release_in_flight(&self) {
         let held: Vec<_> = self.lock_in_flight().drain().collect();
-        for (token, ids) in held {
-            let ids: Vec<MessageId> = ids.into_iter().collect();
+        for (token, held) in held {
+            let ids = held.unsettled();
+            if ids.is_empty() {
+                continue;
+            }
             match self.within_lease(self.store.release(token, &ids)).await {
                 Ok(report) => debug!(released = report.applied, "released in-flight lease"),
                 Err(error) => {
@@ -788,8 +794,37 @@ impl<S: Store> Inner<S> {
         }
     }
 
-    fn lock_in_flight(&self) -> std::sync::MutexGuard<'_, HashMap<LeaseToken, HashSet<MessageId>>> {
+    fn lock_in_flight(&self) -> std::sync::MutexGuard<'_, HashMap<LeaseToken, InFlight>> {
         self.in_flight.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The messages of a batch in progress, and those of them already completed.
+struct InFlight {
+    claimed: Vec<MessageId>,
+    settled: foldhash::HashSet<MessageId>,
+}
+
+impl InFlight {
+    /// Counts `count` messages, `ids`, as completed. A batch completed in one call (the
+    /// usual case) is settled without hashing an id.
+    fn settle(&mut self, ids: impl Iterator<Item = MessageId>, count: usize) {
+        if self.settled.len() + count >= self.claimed.len() {
+            self.claimed.clear();
+            self.settled.clear();
+        } else {
+            self.settled.extend(ids);
+        }
+    }
+
+    /// The messages not completed yet.
+    fn unsettled(&self) -> Vec<MessageId> {
+        let settled = &self.settled;
+        self.claimed
+            .iter()
+            .filter(|id| !settled.contains(id))
+            .copied()
+            .collect()
     }
 }
 
@@ -813,10 +848,10 @@ fn store_now(
 fn commit_to_publish(
     message: &Message,
     now: DateTime<Utc>,
-    claimed_at: tokio::time::Instant,
+    since_claim: Duration,
 ) -> (Duration, WaitedSince) {
     match message.waited {
-        Some(waited) => (waited.duration + claimed_at.elapsed(), waited.since),
+        Some(waited) => (waited.duration + since_claim, waited.since),
         None => (
             (now - message.created_at).to_std().unwrap_or_default(),
             WaitedSince::Insert,

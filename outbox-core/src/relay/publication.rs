@@ -27,6 +27,12 @@ impl Done {
     }
 }
 
+/// What a sink reported for its group: one message's outcome, or every message's in order.
+enum Reported {
+    One(usize, Outcome),
+    All(Vec<Outcome>),
+}
+
 /// One claimed batch on its way through the sinks: one task per sink group, each
 /// reporting outcomes as they arrive, plus the relay's own verdicts (no route, claimed
 /// too often), known at once.
@@ -38,8 +44,8 @@ pub(super) struct Publication {
     /// Each task ends with whether the publish timeout cut it short.
     tasks: JoinSet<bool>,
     task_group: HashMap<tokio::task::Id, usize>,
-    /// `(group, index, outcome)` as the sinks report them.
-    receiver: mpsc::UnboundedReceiver<(usize, usize, Outcome)>,
+    /// Each group's outcomes as its sink reports them.
+    receiver: mpsc::UnboundedReceiver<(usize, Reported)>,
     verdicts: Vec<Done>,
     /// Messages without an outcome yet.
     unsettled: usize,
@@ -113,10 +119,15 @@ impl Publication {
         // the worker, and a slow sink holds back only its own messages.
         for (group, (sink, members)) in by_sink.into_iter().enumerate() {
             let batch: Arc<[Message]> = members.into();
-            let sender = sender.clone();
-            let outcomes = Outcomes::new(move |index, outcome| {
-                let _ = sender.send((group, index, outcome));
-            });
+            let (sender, whole) = (sender.clone(), sender.clone());
+            let outcomes = Outcomes::batched(
+                move |index, outcome| {
+                    let _ = sender.send((group, Reported::One(index, outcome)));
+                },
+                move |all| {
+                    let _ = whole.send((group, Reported::All(all)));
+                },
+            );
             let (shared, timeout) = (Arc::clone(&batch), publication.timeout);
             let destination = batch[0].destination.clone();
             let span = info_span!(
@@ -162,8 +173,8 @@ impl Publication {
                 return None;
             }
             tokio::select! {
-                Some((group, index, outcome)) = self.receiver.recv() => {
-                    self.accept(group, index, outcome, &mut ready);
+                Some((group, reported)) = self.receiver.recv() => {
+                    self.accept_reported(group, reported, &mut ready);
                 }
                 Some(joined) = self.tasks.join_next_with_id() => {
                     // Whatever the task reported before it ended is already queued.
@@ -196,8 +207,20 @@ impl Publication {
 
     /// Moves every queued report into `ready`.
     fn take_reported(&mut self, ready: &mut Vec<Done>) {
-        while let Ok((group, index, outcome)) = self.receiver.try_recv() {
-            self.accept(group, index, outcome, ready);
+        while let Ok((group, reported)) = self.receiver.try_recv() {
+            self.accept_reported(group, reported, ready);
+        }
+    }
+
+    fn accept_reported(&mut self, group: usize, reported: Reported, ready: &mut Vec<Done>) {
+        match reported {
+            Reported::One(index, outcome) => self.accept(group, index, outcome, ready),
+            Reported::All(outcomes) => {
+                ready.reserve(outcomes.len());
+                for (index, outcome) in outcomes.into_iter().enumerate() {
+                    self.accept(group, index, outcome, ready);
+                }
+            }
         }
     }
 
