@@ -4,10 +4,11 @@
 //! size and worker count: the relay with a no-op sink (delete-on-publish); the raw SQL
 //! ceiling (the two statements a lease-based relay needs — claim with `FOR UPDATE SKIP
 //! LOCKED`, then batch delete — returning two columns, then every column the relay
-//! reads, then the same committed asynchronously as the relay's are); the relay's own two
-//! statements run raw; and the peer (`pgmq.read` + `pgmq.delete`). Each drain also reports its CPU per message in this process and in
-//! PostgreSQL. `ordered` preloads N messages over 1,000 partition keys and compares the
-//! relay with per-key ordering against the same relay unordered.
+//! reads, then the same committed asynchronously as the relay's are); the relay's own
+//! two statements run raw; and the peer (`pgmq.read` + `pgmq.delete`). Each drain also
+//! reports its CPU per message in this process and in PostgreSQL. `ordered` preloads N
+//! messages over 1,000 partition keys and compares the relay with per-key ordering
+//! against the same relay unordered.
 
 use std::sync::atomic::Ordering as Atomic;
 use std::time::{Duration, Instant};
