@@ -117,6 +117,10 @@ struct RunArgs {
     /// Runs the deliberately broken relay instead of `outbox relay`.
     #[arg(long)]
     broken: bool,
+    /// Relays without per-key ordering, whose claims on PostgreSQL commit asynchronously
+    /// like their completions (decision 0049); the order of deliveries is not checked.
+    #[arg(long)]
+    unordered: bool,
     /// The `outbox` binary (default: `$OUTBOX_CLI`, else `outbox` next to this binary).
     #[arg(long)]
     outbox: Option<PathBuf>,
@@ -388,11 +392,12 @@ async fn consumer(sink: SinkKind, fault: Fault, dir: &Path) -> Consumer {
 
 async fn run(args: RunArgs) -> std::process::ExitCode {
     let cell = format!(
-        "store={} sink={} fault={}{}",
+        "store={} sink={} fault={}{}{}",
         name(args.store),
         name(args.sink),
         name(args.fault),
-        if args.broken { " broken" } else { "" }
+        if args.broken { " broken" } else { "" },
+        if args.unordered { " unordered" } else { "" }
     );
     if let Some(reason) = args.fault.unsupported(args.store.database(), args.sink) {
         eprintln!("battery {cell}: not applicable: {reason}");
@@ -416,7 +421,13 @@ async fn run(args: RunArgs) -> std::process::ExitCode {
     let config = dir.join("outbox.toml");
     std::fs::write(
         &config,
-        relay_config(&store_url, &ledger.table, lease(args.sink), &consumer.route),
+        relay_config(
+            &store_url,
+            &ledger.table,
+            lease(args.sink),
+            &consumer.route,
+            args.unordered,
+        ),
     )
     .expect("write the config");
     let mut command = if args.broken {
@@ -490,7 +501,8 @@ async fn run(args: RunArgs) -> std::process::ExitCode {
     if dead > 0 {
         broken_promises.push("dead letters (no row should fail for good here)");
     }
-    if consumer.keeps_order && counts.out_of_order > 0 {
+    let ordered = consumer.keeps_order && !args.unordered;
+    if ordered && counts.out_of_order > 0 {
         broken_promises.push("per-key order");
     }
     if args.fault.kills() && counts.duplicates as i64 > injected.leased_at_kills {
@@ -504,7 +516,7 @@ async fn run(args: RunArgs) -> std::process::ExitCode {
         writes.rolled_back.load(Ordering::Relaxed),
         writes.failed.load(Ordering::Relaxed),
         injected.leased_at_kills,
-        consumer.keeps_order,
+        ordered,
         started.elapsed().as_secs(),
     );
     ledger.drop_tables().await;
@@ -518,12 +530,19 @@ async fn run(args: RunArgs) -> std::process::ExitCode {
 }
 
 /// The relays' config: short leases and retries, so that faults resolve within the run;
-/// per-key ordering on; attempts that outlast any fault here.
-fn relay_config(store_url: &str, table: &str, lease: Duration, route: &str) -> String {
+/// per-key ordering on unless `unordered`; attempts that outlast any fault here.
+fn relay_config(
+    store_url: &str,
+    table: &str,
+    lease: Duration,
+    route: &str,
+    unordered: bool,
+) -> String {
+    let ordering = if unordered { "unordered" } else { "per-key" };
     format!(
         "[store]\nurl = \"{url}\"\ntable = \"{table}\"\n\n\
          [relay]\nbatch_size = 50\nconcurrency = 2\nlease = \"{lease}s\"\npoll_interval = \"100ms\"\n\
-         ordering = \"per-key\"\n\n\
+         ordering = \"{ordering}\"\n\n\
          [retry]\ninitial_delay = \"100ms\"\nmax_delay = \"1s\"\nmax_attempts = 10000\nmax_age = \"1h\"\n\n\
          [routes.battery]\n{route}",
         url = store_url,
