@@ -346,7 +346,7 @@ async fn raw_drain(
                 "t.id, t.destination, t.event_type, t.aggregate_type, t.aggregate_id, t.partition_key, t.tenant_id, t.idempotency_key, t.payload, t.content_type, t.headers::text, t.attempts, t.created_at"
             };
             let commit = if matches!(raw, Raw::RelayColumnsAsync) {
-                " AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off'"
+                outbox_sql::postgres::COMMIT_ASYNC
             } else {
                 ""
             };

@@ -423,7 +423,7 @@ FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text
 /// keep synchronous commits: each claim then makes every completion before it durable,
 /// so a head whose completion was undone can never be sent again after the message
 /// behind it.
-const COMMIT_ASYNC: &str = "
+pub const COMMIT_ASYNC: &str = "
   AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off'";
 
 /// The locked ids come back as an array (an InitPlan), so the UPDATE finds them through the

@@ -655,7 +655,7 @@ impl<S: Store> Inner<S> {
     /// shutdown no longer releases them.
     fn settle_in_flight(&self, token: LeaseToken, ready: &[Done]) {
         if let Some(held) = self.lock_in_flight().get_mut(&token) {
-            held.settle(ready.iter().map(|done| done.message().id), ready.len());
+            held.settle(ready);
         }
     }
 
@@ -806,14 +806,15 @@ struct InFlight {
 }
 
 impl InFlight {
-    /// Counts `count` messages, `ids`, as completed. A batch completed in one call (the
-    /// usual case) is settled without hashing an id.
-    fn settle(&mut self, ids: impl Iterator<Item = MessageId>, count: usize) {
-        if self.settled.len() + count >= self.claimed.len() {
+    /// Counts the `ready` messages as completed. A batch completed in one call (the usual
+    /// case) is settled without hashing an id.
+    fn settle(&mut self, ready: &[Done]) {
+        if self.settled.len() + ready.len() >= self.claimed.len() {
             self.claimed.clear();
             self.settled.clear();
         } else {
-            self.settled.extend(ids);
+            self.settled
+                .extend(ready.iter().map(|done| done.message().id));
         }
     }
 
