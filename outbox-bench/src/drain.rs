@@ -19,7 +19,7 @@ use outbox_sqlx::postgres::PgOutbox;
 use sqlx::{PgPool, Row};
 
 use crate::Scale;
-use crate::report::Report;
+use crate::report::{Report, interleaved, median};
 use crate::setup::{Bench, BoxError, Cpu, NoopSink, memory_mib};
 
 /// A drain's rate and the CPU it cost per message, in the benchmark's process (the relay
@@ -32,6 +32,16 @@ struct Drained {
 }
 
 impl Drained {
+    /// The median of each figure over a drainer's rounds.
+    fn median(rounds: &[Self]) -> Self {
+        let of = |figure: fn(&Self) -> f64| median(&rounds.iter().map(figure).collect::<Vec<_>>());
+        Self {
+            rate: of(|d| d.rate),
+            client_us: of(|d| d.client_us),
+            database_us: of(|d| d.database_us),
+        }
+    }
+
     fn measure(n: usize, started: Instant, cpu: Cpu) -> Self {
         let rate = n as f64 / started.elapsed().as_secs_f64();
         let (client_us, database_us) = cpu.per_message_since(n);
@@ -44,6 +54,15 @@ impl Drained {
 }
 
 const CONFIGS: [(usize, usize); 3] = [(100, 2), (500, 2), (1000, 1)];
+/// What `drain` empties the backlog with, in the order of its columns.
+const DRAINERS: [&str; 6] = [
+    "relay",
+    "raw",
+    "raw, relay's columns",
+    "raw, relay's columns, asynchronous commit",
+    "the relay's SQL",
+    "pgmq",
+];
 const KEYS: usize = 1_000;
 
 pub(crate) async fn install_pgmq(pool: &PgPool, queue: &str) -> Result<(), BoxError> {
@@ -74,18 +93,16 @@ pub(crate) async fn run(
     let mut json = serde_json::Map::new();
     if ordered {
         let (batch, workers) = (500, 2);
-        let unordered = relay_drain(bench, n, batch, workers, Some(MessageOrder::Unordered))
-            .await?
-            .rate;
-        let per_key = relay_drain(
-            bench,
-            n,
-            batch,
-            workers,
-            Some(MessageOrder::PerKey(DeadHead::Skip)),
-        )
-        .await?
-        .rate;
+        let rates = interleaved(2, scale.rounds, async |mode| {
+            let order = if mode == 0 {
+                MessageOrder::Unordered
+            } else {
+                MessageOrder::PerKey(DeadHead::Skip)
+            };
+            Ok(relay_drain(bench, n, batch, workers, Some(order)).await?.rate)
+        })
+        .await?;
+        let (unordered, per_key) = (median(&rates[0]), median(&rates[1]));
         rows.push(vec![
             batch.to_string(),
             workers.to_string(),
@@ -110,7 +127,8 @@ pub(crate) async fn run(
         report.section(
             "ordered",
             &format!(
-                "Relay drain of {n} messages over {KEYS} partition keys, no-op sink, messages/s."
+                "Relay drain of {n} messages over {KEYS} partition keys, no-op sink, messages/s, the median of {} interleaved rounds.",
+                scale.rounds.max(1)
             ),
             &["batch", "workers", "ordering", "messages/s", "vs unordered"],
             rows,
@@ -121,12 +139,19 @@ pub(crate) async fn run(
     install_pgmq(&bench.pool, "bench_drain_q").await?;
     let (mut cpu_rows, mut cpu_json) = (Vec::new(), serde_json::Map::new());
     for (batch, workers) in CONFIGS {
-        let relay = relay_drain(bench, n, batch, workers, None).await?;
-        let raw = raw_drain(bench, n, batch, workers, Raw::Narrow).await?;
-        let raw_wide = raw_drain(bench, n, batch, workers, Raw::RelayColumns).await?;
-        let raw_async = raw_drain(bench, n, batch, workers, Raw::RelayColumnsAsync).await?;
-        let raw_relay = raw_drain(bench, n, batch, workers, Raw::RelayStatements).await?;
-        let peer = pgmq_drain(bench, n, batch, workers).await?;
+        let samples = interleaved(DRAINERS.len(), scale.rounds, async |drainer| match drainer {
+            0 => relay_drain(bench, n, batch, workers, None).await,
+            1 => raw_drain(bench, n, batch, workers, Raw::Narrow).await,
+            2 => raw_drain(bench, n, batch, workers, Raw::RelayColumns).await,
+            3 => raw_drain(bench, n, batch, workers, Raw::RelayColumnsAsync).await,
+            4 => raw_drain(bench, n, batch, workers, Raw::RelayStatements).await,
+            _ => pgmq_drain(bench, n, batch, workers).await,
+        })
+        .await?;
+        let medians: Vec<Drained> = samples.iter().map(|s| Drained::median(s)).collect();
+        let [relay, raw, raw_wide, raw_async, raw_relay, peer] = medians[..] else {
+            unreachable!("one median per drainer")
+        };
         let (peak, _) = memory_mib();
         let ratio = |of: Drained| format!("{:.2}", relay.rate / of.rate);
         rows.push(vec![
@@ -146,25 +171,19 @@ pub(crate) async fn run(
             format!("{peak:.0}"),
         ]);
         let mut cpu = serde_json::Map::new();
-        for (name, drained) in [
-            ("relay", relay),
-            ("raw", raw),
-            ("raw, relay's columns", raw_wide),
-            ("raw, relay's columns, asynchronous commit", raw_async),
-            ("the relay's SQL", raw_relay),
-            ("pgmq", peer),
-        ] {
+        for ((name, drained), rounds) in DRAINERS.iter().zip(&medians).zip(&samples) {
             cpu_rows.push(vec![
                 batch.to_string(),
                 workers.to_string(),
-                name.to_owned(),
+                (*name).to_owned(),
                 format!("{:.0}", drained.rate),
                 format!("{:.1}", drained.client_us),
                 format!("{:.1}", drained.database_us),
             ]);
+            let rates: Vec<f64> = rounds.iter().map(|d| d.rate).collect();
             cpu.insert(
-                name.to_owned(),
-                serde_json::json!({ "msgs_per_s": drained.rate, "client_cpu_us_per_msg": drained.client_us, "database_cpu_us_per_msg": drained.database_us }),
+                (*name).to_owned(),
+                serde_json::json!({ "msgs_per_s": drained.rate, "msgs_per_s_rounds": rates, "client_cpu_us_per_msg": drained.client_us, "database_cpu_us_per_msg": drained.database_us }),
             );
         }
         json.insert(
@@ -175,14 +194,14 @@ pub(crate) async fn run(
     }
     report.section(
         "drain",
-        &format!("Emptying a backlog of {n} messages, messages/s. Raw = claim with SKIP LOCKED + batch delete, no application logic, returning id and payload; *raw, relay's columns* is the same SQL returning every column the relay reads (what a real relay must fetch), which splits the gap into data and relay logic; *async* is that SQL committed without waiting for the WAL flush, as the relay's unordered claims and its completions are (decision 0049); *the relay's SQL* runs the relay's own claim and fenced delete with nothing around them, which splits the rest into statements and client work. Peak RSS is the whole benchmark process."),
+        &format!("Emptying a backlog of {n} messages, messages/s, the median of {} rounds; each round runs every drainer in turn, starting at a different one. Raw = claim with SKIP LOCKED + batch delete, no application logic, returning id and payload; *raw, relay's columns* is the same SQL returning every column the relay reads (what a real relay must fetch), which splits the gap into data and relay logic; *async* is that SQL committed without waiting for the WAL flush, as the relay's unordered claims and its completions are (decision 0049); *the relay's SQL* runs the relay's own claim and fenced delete with nothing around them, which splits the rest into statements and client work. Peak RSS is the whole benchmark process.", scale.rounds.max(1)),
         &["batch", "workers", "relay", "raw SQL", "relay / raw", "raw, relay's columns", "relay / that", "async", "relay / that", "the relay's SQL", "relay / that", "pgmq", "relay / pgmq", "peak RSS MiB"],
         rows,
         serde_json::Value::Object(json),
     );
     report.section(
         "drain-cpu",
-        "Where a drain's time goes: CPU per message in the benchmark's process (the relay, or the loop running raw SQL) and in every PostgreSQL process, over the drains above. The two share 2 cores, so CPU the relay spends is CPU the database does not get.",
+        "Where a drain's time goes: CPU per message in the benchmark's process (the relay, or the loop running raw SQL) and in every PostgreSQL process, over the drains above (medians of the rounds). The two share 2 cores, so CPU the relay spends is CPU the database does not get.",
         &["batch", "workers", "drained by", "messages/s", "client CPU µs/msg", "database CPU µs/msg"],
         cpu_rows,
         serde_json::Value::Object(cpu_json),

@@ -34,21 +34,32 @@ pub(crate) fn median(samples: &[f64]) -> f64 {
 }
 
 /// Each mode's median over `rounds` rounds (at least one per mode) of `measure(mode)`.
-/// Each round starts at the next mode, so no mode always runs right after the same other
-/// one (the table grows, autovacuum and checkpoints come and go).
 pub(crate) async fn interleaved_medians(
     modes: usize,
     rounds: usize,
-    mut measure: impl AsyncFnMut(usize) -> Result<f64, BoxError>,
+    measure: impl AsyncFnMut(usize) -> Result<f64, BoxError>,
 ) -> Result<Vec<f64>, BoxError> {
-    let mut samples: Vec<Vec<f64>> = vec![Vec::new(); modes];
-    for round in 0..rounds.max(modes) {
+    let samples = interleaved(modes, rounds.max(modes), measure).await?;
+    Ok(samples.iter().map(|s| median(s)).collect())
+}
+
+/// Every mode's samples of `measure(mode)` over `rounds` rounds. The rounds start at
+/// modes spread evenly over the list, so no mode always runs right after the same other
+/// one (the table grows, autovacuum and checkpoints come and go).
+pub(crate) async fn interleaved<T>(
+    modes: usize,
+    rounds: usize,
+    mut measure: impl AsyncFnMut(usize) -> Result<T, BoxError>,
+) -> Result<Vec<Vec<T>>, BoxError> {
+    let mut samples: Vec<Vec<T>> = (0..modes).map(|_| Vec::new()).collect();
+    for round in 0..rounds.max(1) {
+        let first = round * modes / rounds.max(1);
         for step in 0..modes {
-            let mode = (round + step) % modes;
+            let mode = (first + step) % modes;
             samples[mode].push(measure(mode).await?);
         }
     }
-    Ok(samples.iter().map(|s| median(s)).collect())
+    Ok(samples)
 }
 
 /// The extra time per transaction of mode `i` over mode 0 (the business transaction
