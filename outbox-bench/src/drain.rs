@@ -99,7 +99,9 @@ pub(crate) async fn run(
             } else {
                 MessageOrder::PerKey(DeadHead::Skip)
             };
-            Ok(relay_drain(bench, n, batch, workers, Some(order)).await?.rate)
+            Ok(relay_drain(bench, n, batch, workers, Some(order))
+                .await?
+                .rate)
         })
         .await?;
         let (unordered, per_key) = (median(&rates[0]), median(&rates[1]));
@@ -139,14 +141,18 @@ pub(crate) async fn run(
     install_pgmq(&bench.pool, "bench_drain_q").await?;
     let (mut cpu_rows, mut cpu_json) = (Vec::new(), serde_json::Map::new());
     for (batch, workers) in CONFIGS {
-        let samples = interleaved(DRAINERS.len(), scale.rounds, async |drainer| match drainer {
-            0 => relay_drain(bench, n, batch, workers, None).await,
-            1 => raw_drain(bench, n, batch, workers, Raw::Narrow).await,
-            2 => raw_drain(bench, n, batch, workers, Raw::RelayColumns).await,
-            3 => raw_drain(bench, n, batch, workers, Raw::RelayColumnsAsync).await,
-            4 => raw_drain(bench, n, batch, workers, Raw::RelayStatements).await,
-            _ => pgmq_drain(bench, n, batch, workers).await,
-        })
+        let samples = interleaved(
+            DRAINERS.len(),
+            scale.rounds,
+            async |drainer| match drainer {
+                0 => relay_drain(bench, n, batch, workers, None).await,
+                1 => raw_drain(bench, n, batch, workers, Raw::Narrow).await,
+                2 => raw_drain(bench, n, batch, workers, Raw::RelayColumns).await,
+                3 => raw_drain(bench, n, batch, workers, Raw::RelayColumnsAsync).await,
+                4 => raw_drain(bench, n, batch, workers, Raw::RelayStatements).await,
+                _ => pgmq_drain(bench, n, batch, workers).await,
+            },
+        )
         .await?;
         let medians: Vec<Drained> = samples.iter().map(|s| Drained::median(s)).collect();
         let [relay, raw, raw_wide, raw_async, raw_relay, peer] = medians[..] else {
