@@ -658,6 +658,73 @@ async fn asynchronous_commits_stay_inside_the_relay_statements() {
     assert_eq!(setting().await, server, "after a completion");
 }
 
+/// A large batch published in delete mode is deleted by count in a transaction. When
+/// some of its rows were leased again meanwhile, that transaction is undone and the
+/// report names exactly those rows, which stay; the connection keeps the server's
+/// commit setting either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_published_batch_reports_exactly_the_rows_it_lost() {
+    use outbox_engine::{ClaimRequest, Completion, Store};
+    let h = PgHarness::with_mode(PublishedRows::Delete).await;
+    let single = PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with(h.outbox.pool().connect_options().as_ref().clone())
+        .await
+        .unwrap();
+    let outbox = PgOutbox::with_names(single.clone(), h.outbox.names().clone())
+        .published_rows(PublishedRows::Delete);
+    let setting = || async {
+        sqlx::query_scalar::<_, String>("SHOW synchronous_commit")
+            .fetch_one(&single)
+            .await
+            .unwrap()
+    };
+    let server = setting().await;
+    for lost in [0, 7] {
+        let messages = (0..100)
+            .map(|n| {
+                NewMessage::builder("orders", "order.placed")
+                    .json(&serde_json::json!({ "n": n }))
+                    .build()
+                    .unwrap()
+            })
+            .collect();
+        h.enqueue(messages).await.unwrap();
+        let claim = outbox
+            .claim(&ClaimRequest::new("relay", 100, Duration::from_secs(60)))
+            .await
+            .unwrap();
+        assert_eq!(claim.messages.len(), 100);
+        let mut taken: Vec<_> = claim.messages[..lost].iter().map(|m| m.id).collect();
+        let ids: Vec<uuid::Uuid> = taken.iter().map(|id| *id.as_uuid()).collect();
+        let sql = format!(
+            "UPDATE {} SET lease_token = gen_random_uuid() WHERE id = ANY($1)",
+            h.table()
+        );
+        sqlx::query(&sql).bind(ids).execute(&single).await.unwrap();
+        let done: Vec<_> = claim
+            .messages
+            .iter()
+            .map(|m| Completion::published(m.id))
+            .collect();
+        let mut report = outbox.complete(claim.lease.token, &done).await.unwrap();
+        report.stale.sort();
+        taken.sort();
+        assert_eq!(report.applied, 100 - lost, "rows deleted with {lost} lost");
+        assert_eq!(report.stale, taken, "the rows reported stale");
+        assert_eq!(h.rows().await, lost as i64, "rows left with {lost} lost");
+        assert_eq!(
+            setting().await,
+            server,
+            "the commit setting after the completion"
+        );
+        sqlx::query(&format!("DELETE FROM {}", h.table()))
+            .execute(&single)
+            .await
+            .unwrap();
+    }
+}
+
 /// The slots table outlives a hand-dropped outbox; `migrate` recreates the partitions and
 /// points the slots at them, so rotation goes on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
