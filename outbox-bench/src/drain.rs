@@ -346,8 +346,7 @@ enum Raw {
     RelayColumns,
     /// The same, each statement committed asynchronously as the relay's are.
     RelayColumnsAsync,
-    /// The relay's own claim and fenced delete, as it binds and runs them, with no
-    /// decoding.
+    /// The relay's own claim and fenced delete, as it binds them, with no decoding.
     RelayStatements,
 }
 
@@ -363,8 +362,6 @@ async fn raw_drain(
         .await?;
     preload(&outbox, &bench.pool, n, false).await?;
     let relay_sql = outbox_sql::postgres::Statements::new(outbox.names());
-    // The relay deletes a large batch by count in a transaction (decision 0050).
-    let counted = relay_sql.delete_published_counted;
     let (claim, delete) = match raw {
         Raw::RelayStatements => (relay_sql.claim, relay_sql.delete_published),
         Raw::Narrow | Raw::RelayColumns | Raw::RelayColumnsAsync => {
@@ -392,7 +389,6 @@ async fn raw_drain(
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..workers {
         let (pool, claim, delete) = (bench.pool.clone(), claim.clone(), delete.clone());
-        let counted = counted.clone();
         tasks.spawn(async move {
             loop {
                 let token = uuid::Uuid::new_v4();
@@ -406,15 +402,6 @@ async fn raw_drain(
                     return Ok::<(), sqlx::Error>(());
                 }
                 let ids: Vec<uuid::Uuid> = claimed.iter().map(|r| r.get(0)).collect();
-                if matches!(raw, Raw::RelayStatements)
-                    && ids.len() >= outbox_sql::postgres::COUNTED_DELETE_FROM
-                {
-                    let mut tx = pool.begin().await?;
-                    let query = sqlx::query(&counted).bind(token).bind(ids);
-                    query.execute(&mut *tx).await?;
-                    tx.commit().await?;
-                    continue;
-                }
                 let query = match raw {
                     Raw::RelayStatements => sqlx::query(&delete).bind(token),
                     Raw::Narrow | Raw::RelayColumns | Raw::RelayColumnsAsync => {

@@ -433,12 +433,6 @@ FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text
 pub const COMMIT_ASYNC: &str = "
   AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off'";
 
-/// The number of published rows from which a completion deletes them with
-/// `delete_published_counted`, in a transaction that commits only when it deleted every
-/// row (decision 0050). Around this size the `BEGIN` and `COMMIT` round trips cost about
-/// what the second read of each deleted row does.
-pub const COUNTED_DELETE_FROM: usize = 64;
-
 /// The locked ids come back as an array (an InitPlan), so the UPDATE finds them through the
 /// primary key; a join with a CTE let the planner hash the whole table on every claim.
 /// The commit-timestamp setting is read once per statement (a scalar subquery), and the

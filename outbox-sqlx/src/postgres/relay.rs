@@ -35,6 +35,10 @@ async fn fenced<'q>(
     Ok(Some(applied))
 }
 
+/// The batch size from which published rows are deleted by count in a transaction (see
+/// `delete_published`): below it, the two more round trips cost more than they save.
+const COUNTED_DELETE_FROM: usize = 64;
+
 /// Deletes the published rows `ids` leased with `token`, reporting as [`fenced`] does.
 /// Usually every row is still leased with the token, and a `DELETE` without `RETURNING`
 /// spares the server a second read of each row. So a large batch is deleted by count in a
@@ -45,7 +49,7 @@ async fn delete_published(
     token: LeaseToken,
     ids: Vec<Uuid>,
 ) -> Result<Option<HashSet<MessageId>>, StoreError> {
-    if ids.len() >= outbox_sql::postgres::COUNTED_DELETE_FROM {
+    if ids.len() >= COUNTED_DELETE_FROM {
         let mut tx = store.pool.begin().await.map_err(classify)?;
         let deleted = sqlx::query(&store.sql.delete_published_counted)
             .bind(token.as_uuid())
