@@ -12,7 +12,6 @@
 //! | `halted_keys` | none → destination, halted |
 //! | `complete` | 1 token, 2 ids uuid[], 3 statuses text[], 4 delays ms bigint[], 5 errors text[] → no row if each id's row changed, else `id`, `applied` for each id |
 //! | `delete_published` | 1 token, 2 ids uuid[] → no row if each id's row changed, else `id`, `applied` for each id |
-//! | `delete_published_counted` | as `delete_published` → nothing but the count of rows deleted |
 //! | `release` | 1 token, 2 ids uuid[] → returns released ids |
 //! | `stats` | none → destination, pending, leased, dead, published, oldest created_at |
 //! | `gauges_unfinished`, `gauges_dead` | 1 limit |
@@ -96,11 +95,6 @@ pub struct Statements {
     pub complete: String,
     /// Deletes leased rows on publish (delete-on-publish mode).
     pub delete_published: String,
-    /// The same delete, reporting only how many rows it deleted. It spares the server a
-    /// second read of each row (a `DELETE … RETURNING` reads every deleted row again), so
-    /// a large batch is deleted this way in a transaction, undone for `delete_published`
-    /// to report on when the count falls short.
-    pub delete_published_counted: String,
     /// Gives leased rows back.
     pub release: String,
     /// Moves the rows free to move out of the oldest slot if it is due (the `rotate`
@@ -125,9 +119,6 @@ impl Statements {
         let r = |t: &str| names.render(Dialect::Postgres, t);
         let dead = |t: &str| r(&t.replace("{dead_filter}", DEAD_FILTER));
         let waiting = |t: &str| r(&t.replace("{dead_filter}", &waiting_filter(DEAD_FILTER)));
-        let delete_published = format!(
-            "DELETE FROM {{outbox}} WHERE id = ANY($2) AND status = 'leased' AND lease_token = $1{COMMIT_ASYNC}"
-        );
         Self {
             migration_lock: "SELECT pg_advisory_xact_lock($1)".to_owned(),
             insert: r(INSERT),
@@ -136,8 +127,9 @@ impl Statements {
             claim_filtered: r(&claim(&only_destinations("d"))),
             claim_ordered: claims_ordered(&r, false),
             complete: r(&report_stale(&COMPLETE.replace("{commit}", COMMIT_ASYNC))),
-            delete_published: r(&report_stale(&format!("{delete_published} RETURNING id"))),
-            delete_published_counted: r(&delete_published),
+            delete_published: r(&report_stale(&format!(
+                "DELETE FROM {{outbox}} WHERE id = ANY($2) AND status = 'leased' AND lease_token = $1{COMMIT_ASYNC} RETURNING id",
+            ))),
             release: r(RELEASE),
             rotate_prepare: r("SELECT {outbox_fn:rotate_prepare}($1, $2) AS moved"),
             rotate: r("SELECT {outbox_fn:rotate}($1, $2) AS emptied"),
@@ -421,10 +413,11 @@ SELECT m.id, m.destination, m.event_type, m.aggregate_type, m.aggregate_id, m.pa
 FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[], $9::bytea[], $10::text[], $11::text[], $12::timestamptz[], $13::bigint[])
   AS m(id, destination, event_type, aggregate_type, aggregate_id, partition_key, tenant_id, idempotency_key, payload, content_type, headers, at, delay_ms)";
 
-/// Ends the `WHERE` of the relay's unordered claims and its completions: their commits do
-/// not wait for the WAL to reach the disk (decision 0049). `set_config(…, true)` lasts
-/// until the statement's transaction ends, after its commit was recorded, so no later
-/// statement on the connection is affected. A database crash can undo the last such commits: a claim undone puts its
+/// Ends the `WHERE` of the relay's unordered claims and its completions, which run as
+/// statements of their own: their commits do not wait for the WAL to reach the disk
+/// (decision 0049). `set_config(…, true)` lasts until the statement's own transaction
+/// ends, after its commit was recorded, so no other statement on the connection is
+/// affected. A database crash can undo the last such commits: a claim undone puts its
 /// rows back to be claimed, a completion undone leaves its rows leased until the lease
 /// lapses, and either way they are published again, never lost. Per-key ordered claims
 /// keep synchronous commits: each claim then makes every completion before it durable,
@@ -516,7 +509,6 @@ mod tests {
                 &sql.claim_filtered,
                 &sql.complete,
                 &sql.delete_published,
-                &sql.delete_published_counted,
             ] {
                 assert_eq!(
                     asynchronous.matches(COMMIT_ASYNC).count(),

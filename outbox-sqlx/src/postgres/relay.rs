@@ -35,41 +35,6 @@ async fn fenced<'q>(
     Ok(Some(applied))
 }
 
-/// The batch size from which published rows are deleted by count in a transaction (see
-/// `delete_published`): below it, the two more round trips cost more than they save.
-const COUNTED_DELETE_FROM: usize = 64;
-
-/// Deletes the published rows `ids` leased with `token`, reporting as [`fenced`] does.
-/// Usually every row is still leased with the token, and a `DELETE` without `RETURNING`
-/// spares the server a second read of each row. So a large batch is deleted by count in a
-/// transaction, which commits when every row was deleted; otherwise it is undone, and the
-/// reporting statement deletes what is still ours and names the rest.
-async fn delete_published(
-    store: &PgOutbox,
-    token: LeaseToken,
-    ids: Vec<Uuid>,
-) -> Result<Option<HashSet<MessageId>>, StoreError> {
-    if ids.len() >= COUNTED_DELETE_FROM {
-        let mut tx = store.pool.begin().await.map_err(classify)?;
-        let deleted = sqlx::query(&store.sql.delete_published_counted)
-            .bind(token.as_uuid())
-            .bind(&ids)
-            .execute(&mut *tx)
-            .await
-            .map_err(classify)?
-            .rows_affected();
-        if deleted == ids.len() as u64 {
-            tx.commit().await.map_err(classify)?;
-            return Ok(None);
-        }
-        tx.rollback().await.map_err(classify)?;
-    }
-    let query = sqlx::query(&store.sql.delete_published)
-        .bind(token.as_uuid())
-        .bind(ids);
-    fenced(&store.pool, query).await
-}
-
 impl RelayDialect for Postgres {
     async fn claim(store: &PgOutbox, request: &ClaimRequest) -> Result<Claim, StoreError> {
         let (token, lease) = lease(request, millis(request.lease));
@@ -109,7 +74,10 @@ impl RelayDialect for Postgres {
         let mut parts = Vec::with_capacity(2);
         if !deleted.is_empty() {
             let ids: Vec<Uuid> = deleted.iter().map(|c| *c.id.as_uuid()).collect();
-            parts.push((deleted, delete_published(store, token, ids).await?));
+            let query = sqlx::query(&store.sql.delete_published)
+                .bind(token.as_uuid())
+                .bind(ids);
+            parts.push((deleted, fenced(&store.pool, query).await?));
         }
         if !updated.is_empty() {
             let mut ids = Vec::with_capacity(updated.len());
