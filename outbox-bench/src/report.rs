@@ -51,9 +51,10 @@ pub(crate) async fn interleaved<T>(
     rounds: usize,
     mut measure: impl AsyncFnMut(usize) -> Result<T, BoxError>,
 ) -> Result<Vec<Vec<T>>, BoxError> {
+    let rounds = rounds.max(1);
     let mut samples: Vec<Vec<T>> = (0..modes).map(|_| Vec::new()).collect();
-    for round in 0..rounds.max(1) {
-        let first = round * modes / rounds.max(1);
+    for round in 0..rounds {
+        let first = round * modes / rounds;
         for step in 0..modes {
             let mode = (first + step) % modes;
             samples[mode].push(measure(mode).await?);

@@ -77,39 +77,35 @@ async fn paid_orders_reach_billing_once_each() {
     assert_eq!(post(shop_at, "/orders/2/pay").await, 409, "paid twice");
 
     let deadline = Instant::now() + Duration::from_secs(30);
-    let invoiced = loop {
+    let invoiced = wait_for(deadline, "billing to invoice orders 1 and 2", async || {
         let invoiced: Vec<i64> =
             sqlx::query_scalar("SELECT order_id FROM invoices ORDER BY order_id")
                 .fetch_all(&pool)
                 .await
                 .unwrap();
         if invoiced.len() >= 2 {
-            break invoiced;
+            Ok(invoiced)
+        } else {
+            Err(format!("invoiced {invoiced:?}"))
         }
-        assert!(
-            Instant::now() < deadline,
-            "waited 30 s for billing to invoice orders 1 and 2; invoiced {invoiced:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    })
+    .await;
     assert_eq!(invoiced, [1, 2]);
     // The relay marks a row once billing's answer is back, which can be just after the
     // invoice is written.
-    loop {
+    wait_for(deadline, "every row to be marked published", async || {
         let unpublished: i64 =
             sqlx::query_scalar("SELECT count(*) FROM outbox WHERE status <> 'published'")
                 .fetch_one(&pool)
                 .await
                 .unwrap();
         if unpublished == 0 {
-            break;
+            Ok(())
+        } else {
+            Err(format!("{unpublished} are not"))
         }
-        assert!(
-            Instant::now() < deadline,
-            "waited 30 s for every row to be marked published; {unpublished} are not"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await;
 
     stop.send(()).unwrap();
     tokio::time::timeout(Duration::from_secs(30), running)
@@ -124,6 +120,23 @@ async fn paid_orders_reach_billing_once_each() {
 }
 
 /// Serves `app` on a loopback port of its own.
+/// Polls `reached` every 50 ms until it gives a value; fails at `deadline` naming `what`
+/// it waited for and what it saw last.
+async fn wait_for<T>(
+    deadline: Instant,
+    what: &str,
+    mut reached: impl AsyncFnMut() -> Result<T, String>,
+) -> T {
+    loop {
+        let seen = match reached().await {
+            Ok(value) => return value,
+            Err(seen) => seen,
+        };
+        assert!(Instant::now() < deadline, "waited 30 s for {what}; {seen}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 async fn serve(app: axum::Router) -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap();
