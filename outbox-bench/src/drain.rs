@@ -1,4 +1,4 @@
-//! `drain` and `ordered`: how fast a backlog empties.
+//! `drain`, `clauses` and `ordered`: how fast a backlog empties.
 //!
 //! `drain` preloads N messages, then empties the table several ways at the same batch
 //! size and worker count: the relay with a no-op sink (delete-on-publish); the raw SQL
@@ -6,7 +6,8 @@
 //! LOCKED`, then batch delete — returning two columns, then every column the relay
 //! reads, then the same committed asynchronously as the relay's are); the relay's own
 //! two statements run raw; and the peer (`pgmq.read` + `pgmq.delete`). Each drain also
-//! reports its CPU per message in this process and in PostgreSQL. `ordered` preloads N
+//! reports its CPU per message in this process and in PostgreSQL. `clauses` prices the
+//! relay's statements clause by clause with raw loops. `ordered` preloads N
 //! messages over 1,000 partition keys and compares the relay with per-key ordering
 //! against the same relay unordered.
 
@@ -146,10 +147,19 @@ pub(crate) async fn run(
             scale.rounds,
             async |drainer| match drainer {
                 0 => relay_drain(bench, n, batch, workers, None).await,
-                1 => raw_drain(bench, n, batch, workers, Raw::Narrow).await,
-                2 => raw_drain(bench, n, batch, workers, Raw::RelayColumns).await,
-                3 => raw_drain(bench, n, batch, workers, Raw::RelayColumnsAsync).await,
-                4 => raw_drain(bench, n, batch, workers, Raw::RelayStatements).await,
+                1 => raw_drain(bench, n, batch, workers, &RawSql::of(Raw::Narrow)).await,
+                2 => raw_drain(bench, n, batch, workers, &RawSql::of(Raw::RelayColumns)).await,
+                3 => {
+                    raw_drain(
+                        bench,
+                        n,
+                        batch,
+                        workers,
+                        &RawSql::of(Raw::RelayColumnsAsync),
+                    )
+                    .await
+                }
+                4 => raw_drain(bench, n, batch, workers, &RawSql::of(Raw::RelayStatements)).await,
                 _ => pgmq_drain(bench, n, batch, workers).await,
             },
         )
@@ -313,9 +323,7 @@ async fn relay_drain(
     workers: usize,
     ordering: Option<MessageOrder>,
 ) -> Result<Drained, BoxError> {
-    let outbox = bench
-        .fresh_outbox("bench_drain_outbox", PublishedRows::Delete)
-        .await?;
+    let outbox = bench.fresh_outbox(TABLE, PublishedRows::Delete).await?;
     preload(&outbox, &bench.pool, n, ordering.is_some()).await?;
     let sink = NoopSink::default();
     let relay = Relay::builder(outbox)
@@ -337,7 +345,71 @@ async fn relay_drain(
     Ok(Drained::measure(n, started, cpu))
 }
 
-/// What a raw drain runs.
+/// The two statements a raw drain runs: a claim that takes the batch size, the lease
+/// owner, the lease token and the lease in milliseconds (as the relay's does), and a
+/// delete that takes the token and the claimed ids. Statements that need fewer parameters
+/// cast the ones they ignore, so each is prepared with the same types.
+struct RawSql {
+    claim: String,
+    delete: String,
+}
+
+/// The table every drain empties.
+const TABLE: &str = "bench_drain_outbox";
+/// The columns the relay reads from a claimed row, in its order.
+const RELAY_COLUMNS: &str = "t.id, t.destination, t.event_type, t.aggregate_type, t.aggregate_id, t.partition_key, t.tenant_id, t.idempotency_key, t.payload, t.content_type, t.headers::text AS headers, t.attempts, t.created_at";
+
+impl RawSql {
+    /// The least a lease-based drain runs: claim with `FOR UPDATE SKIP LOCKED`, setting
+    /// `set` and returning `columns`, then delete by id; both committed asynchronously
+    /// with `asynchronous`.
+    fn minimal(set: &str, columns: &str, asynchronous: bool) -> Self {
+        let commit = if asynchronous {
+            outbox_sql::postgres::COMMIT_ASYNC
+        } else {
+            ""
+        };
+        Self {
+            claim: format!(
+                "UPDATE {TABLE} t SET {set} \
+                 WHERE t.id = ANY(ARRAY(SELECT id FROM {TABLE} WHERE status IN ('pending', 'leased') AND available_at <= now() \
+                 ORDER BY available_at, id LIMIT $1 FOR UPDATE SKIP LOCKED)) AND $2::text IS NOT NULL{commit} RETURNING {columns}"
+            ),
+            delete: format!(
+                "DELETE FROM {TABLE} WHERE id = ANY($2) AND $1::uuid IS NOT NULL{commit}"
+            ),
+        }
+    }
+
+    /// What `drain`'s raw drainer `raw` runs.
+    fn of(raw: Raw) -> Self {
+        match raw {
+            Raw::Narrow => Self::minimal(LEASE, "t.id, t.payload", false),
+            Raw::RelayColumns => Self::minimal(LEASE, RELAY_COLUMNS, false),
+            Raw::RelayColumnsAsync => Self::minimal(LEASE, RELAY_COLUMNS, true),
+            Raw::RelayStatements => {
+                let relay = relay_statements();
+                Self {
+                    claim: relay.claim,
+                    delete: relay.delete_published,
+                }
+            }
+        }
+    }
+}
+
+/// The lease a minimal claim takes: status, token and deadline.
+const LEASE: &str =
+    "status = 'leased', lease_token = $3, available_at = now() + $4 * interval '1 millisecond'";
+
+fn relay_statements() -> outbox_sql::postgres::Statements {
+    let names = outbox_sql::TableNames::default()
+        .outbox(TABLE)
+        .expect("a valid table name");
+    outbox_sql::postgres::Statements::new(&names)
+}
+
+/// What `drain` runs raw.
 #[derive(Clone, Copy)]
 enum Raw {
     /// The two statements a lease-based relay needs, returning id and payload.
@@ -355,60 +427,33 @@ async fn raw_drain(
     n: usize,
     batch: usize,
     workers: usize,
-    raw: Raw,
+    sql: &RawSql,
 ) -> Result<Drained, BoxError> {
-    let outbox = bench
-        .fresh_outbox("bench_drain_outbox", PublishedRows::Delete)
-        .await?;
+    let outbox = bench.fresh_outbox(TABLE, PublishedRows::Delete).await?;
     preload(&outbox, &bench.pool, n, false).await?;
-    let relay_sql = outbox_sql::postgres::Statements::new(outbox.names());
-    let (claim, delete) = match raw {
-        Raw::RelayStatements => (relay_sql.claim, relay_sql.delete_published),
-        Raw::Narrow | Raw::RelayColumns | Raw::RelayColumnsAsync => {
-            let columns = if matches!(raw, Raw::Narrow) {
-                "t.id, t.payload"
-            } else {
-                "t.id, t.destination, t.event_type, t.aggregate_type, t.aggregate_id, t.partition_key, t.tenant_id, t.idempotency_key, t.payload, t.content_type, t.headers::text, t.attempts, t.created_at"
-            };
-            let commit = if matches!(raw, Raw::RelayColumnsAsync) {
-                outbox_sql::postgres::COMMIT_ASYNC
-            } else {
-                ""
-            };
-            (
-                format!(
-                    "UPDATE bench_drain_outbox t SET status = 'leased', lease_token = $2, available_at = now() + interval '30 seconds' \
-                     WHERE t.id = ANY(ARRAY(SELECT id FROM bench_drain_outbox WHERE status IN ('pending', 'leased') AND available_at <= now() \
-                     ORDER BY available_at, id LIMIT $1 FOR UPDATE SKIP LOCKED)){commit} RETURNING {columns}"
-                ),
-                format!("DELETE FROM bench_drain_outbox WHERE id = ANY($1){commit}"),
-            )
-        }
-    };
     let (cpu, started) = (Cpu::now(), Instant::now());
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..workers {
-        let (pool, claim, delete) = (bench.pool.clone(), claim.clone(), delete.clone());
+        let (pool, claim, delete) = (bench.pool.clone(), sql.claim.clone(), sql.delete.clone());
         tasks.spawn(async move {
             loop {
                 let token = uuid::Uuid::new_v4();
-                let query = sqlx::query(&claim).bind(batch as i64);
-                let query = match raw {
-                    Raw::RelayStatements => query.bind("bench-raw").bind(token).bind(30_000_i64),
-                    Raw::Narrow | Raw::RelayColumns | Raw::RelayColumnsAsync => query.bind(token),
-                };
-                let claimed = query.fetch_all(&pool).await?;
+                let claimed = sqlx::query(&claim)
+                    .bind(batch as i64)
+                    .bind("bench-raw")
+                    .bind(token)
+                    .bind(30_000_i64)
+                    .fetch_all(&pool)
+                    .await?;
                 if claimed.is_empty() {
                     return Ok::<(), sqlx::Error>(());
                 }
                 let ids: Vec<uuid::Uuid> = claimed.iter().map(|r| r.get(0)).collect();
-                let query = match raw {
-                    Raw::RelayStatements => sqlx::query(&delete).bind(token),
-                    Raw::Narrow | Raw::RelayColumns | Raw::RelayColumnsAsync => {
-                        sqlx::query(&delete)
-                    }
-                };
-                query.bind(ids).fetch_all(&pool).await?;
+                sqlx::query(&delete)
+                    .bind(token)
+                    .bind(ids)
+                    .fetch_all(&pool)
+                    .await?;
             }
         });
     }
@@ -463,4 +508,102 @@ async fn pgmq_drain(
         done??;
     }
     Ok(Drained::measure(n, started, cpu))
+}
+
+/// `clauses`: what each clause of the relay's two statements costs, found by draining the
+/// same backlog with raw loops that add the clauses one at a time (interleaved rounds,
+/// medians), all committed asynchronously as the relay's statements are.
+pub(crate) async fn clauses(
+    bench: &Bench,
+    scale: Scale,
+    report: &mut Report,
+) -> Result<(), BoxError> {
+    let owned = format!(
+        "{LEASE}, lease_owner = $2, lease_until = now() + $4 * interval '1 millisecond', attempts = t.attempts + 1"
+    );
+    let stamped = format!(
+        "{owned}, committed_at = COALESCE(t.committed_at, CASE WHEN (SELECT current_setting('track_commit_timestamp') = 'on') THEN pg_xact_commit_timestamp(t.xmin) END)"
+    );
+    let waited = format!(
+        "{RELAY_COLUMNS}, CAST(date_part('epoch', now() - COALESCE(t.committed_at, t.created_at)) * 1000 AS bigint) AS waited_ms, CAST(CASE WHEN t.committed_at IS NULL THEN 0 ELSE 1 END AS bigint) AS from_commit"
+    );
+    let relay = relay_statements();
+    let with_delete = |claim: RawSql, delete: &str| RawSql {
+        claim: claim.claim,
+        delete: delete.to_owned(),
+    };
+    let fenced = format!(
+        "DELETE FROM {TABLE} WHERE id = ANY($2) AND status = 'leased' AND lease_token = $1{}",
+        outbox_sql::postgres::COMMIT_ASYNC
+    );
+    let drainers: [(&str, RawSql); 7] = [
+        (
+            "claim, delete (the baseline)",
+            RawSql::minimal(LEASE, RELAY_COLUMNS, true),
+        ),
+        (
+            "+ lease owner, expiry, attempt",
+            RawSql::minimal(&owned, RELAY_COLUMNS, true),
+        ),
+        (
+            "+ commit time stamped",
+            RawSql::minimal(&stamped, RELAY_COLUMNS, true),
+        ),
+        ("+ wait returned", RawSql::minimal(&stamped, &waited, true)),
+        (
+            "baseline claim, delete fenced by the token",
+            with_delete(RawSql::minimal(LEASE, RELAY_COLUMNS, true), &fenced),
+        ),
+        (
+            "baseline claim, the relay's delete (fenced, reporting)",
+            with_delete(
+                RawSql::minimal(LEASE, RELAY_COLUMNS, true),
+                &relay.delete_published,
+            ),
+        ),
+        (
+            "the relay's claim and delete",
+            RawSql {
+                claim: relay.claim,
+                delete: relay.delete_published,
+            },
+        ),
+    ];
+    let n = scale.drain_rows;
+    let mut rows = Vec::new();
+    let mut json = serde_json::Map::new();
+    for (batch, workers) in [(500, 2), (1000, 1)] {
+        let samples = interleaved(drainers.len(), scale.rounds, async |d| {
+            raw_drain(bench, n, batch, workers, &drainers[d].1).await
+        })
+        .await?;
+        let medians: Vec<Drained> = samples.iter().map(|s| Drained::median(s)).collect();
+        let base = medians[0];
+        let mut figures = serde_json::Map::new();
+        for ((name, _), (drained, rounds)) in drainers.iter().zip(medians.iter().zip(&samples)) {
+            rows.push(vec![
+                batch.to_string(),
+                workers.to_string(),
+                (*name).to_owned(),
+                format!("{:.0}", drained.rate),
+                format!("{:.2}", drained.rate / base.rate),
+                format!("{:.1}", drained.database_us),
+                format!("{:+.1}", drained.database_us - base.database_us),
+            ]);
+            let rates: Vec<f64> = rounds.iter().map(|d| d.rate).collect();
+            figures.insert(
+                (*name).to_owned(),
+                serde_json::json!({ "msgs_per_s": drained.rate, "msgs_per_s_rounds": rates, "over_baseline": drained.rate / base.rate, "database_cpu_us_per_msg": drained.database_us, "client_cpu_us_per_msg": drained.client_us }),
+            );
+        }
+        json.insert(format!("b{batch}_w{workers}"), figures.into());
+    }
+    report.section(
+        "clauses",
+        &format!("A backlog of {n} messages emptied by raw loops (claim with SKIP LOCKED, then delete; no decoding), each adding one clause of the relay's statements to the baseline, all committed asynchronously: messages/s and PostgreSQL's CPU per message, the median of {} rounds; each round runs every loop in turn, starting at a different one. The first four add the claim's clauses cumulatively; the next two change the delete alone; the last is the relay's two statements.", scale.rounds.max(1)),
+        &["batch", "workers", "statements", "messages/s", "/ baseline", "database CPU µs/msg", "against the baseline"],
+        rows,
+        serde_json::Value::Object(json),
+    );
+    Ok(())
 }

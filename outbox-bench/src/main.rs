@@ -1,7 +1,7 @@
 //! `outbox-bench`: every figure is a ratio against a baseline measured in the same run.
 //!
 //! ```text
-//! cargo run --release -p outbox-bench -- [all|enqueue|drain|scale|ordered|latency|backlog|held-xmin|sqlite|mysql|soak|gauges|diesel|amqp|kafka|sqs|nats|mqtt] [--quick] [--write BENCHMARKS.md]
+//! cargo run --release -p outbox-bench -- [all|enqueue|drain|clauses|scale|ordered|latency|backlog|held-xmin|sqlite|mysql|soak|gauges|diesel|amqp|kafka|sqs|nats|mqtt] [--quick] [--write BENCHMARKS.md]
 //! ```
 //!
 //! Each scenario prints a table and, as its last line, one JSON object with its figures.
@@ -101,6 +101,8 @@ enum Scenario {
     Enqueue,
     /// Relay drain against the raw SQL ceiling and pgmq.
     Drain,
+    /// What each clause of the relay's claim and delete costs the database.
+    Clauses,
     /// Drain with several relays.
     Scale,
     /// Per-key ordered drain against unordered.
@@ -133,9 +135,10 @@ enum Scenario {
     Diesel,
 }
 
-const EVERY_SCENARIO: [Scenario; 16] = [
+const EVERY_SCENARIO: [Scenario; 17] = [
     Scenario::Enqueue,
     Scenario::Drain,
+    Scenario::Clauses,
     Scenario::Scale,
     Scenario::Ordered,
     Scenario::Latency,
@@ -191,6 +194,7 @@ fn main() {
                 Scenario::All => unreachable!("expanded above"),
                 Scenario::Enqueue => enqueue::run(&bench, scale, &mut report).await?,
                 Scenario::Drain => drain::run(&bench, scale, &mut report, false).await?,
+                Scenario::Clauses => drain::clauses(&bench, scale, &mut report).await?,
                 Scenario::Ordered => drain::run(&bench, scale, &mut report, true).await?,
                 Scenario::Scale => drain::scale(&bench, scale, &mut report).await?,
                 Scenario::Latency => latency::run(&bench, scale, &mut report).await?,
