@@ -141,25 +141,20 @@ pub(crate) async fn run(
     }
     install_pgmq(&bench.pool, "bench_drain_q").await?;
     let (mut cpu_rows, mut cpu_json) = (Vec::new(), serde_json::Map::new());
+    let narrow = RawSql::minimal(LEASE, "t.id, t.payload", false);
+    let wide = RawSql::minimal(LEASE, RELAY_COLUMNS, false);
+    let wide_async = RawSql::minimal(LEASE, RELAY_COLUMNS, true);
+    let relay_sql = RawSql::relay();
     for (batch, workers) in CONFIGS {
         let samples = interleaved(
             DRAINERS.len(),
             scale.rounds,
             async |drainer| match drainer {
                 0 => relay_drain(bench, n, batch, workers, None).await,
-                1 => raw_drain(bench, n, batch, workers, &RawSql::of(Raw::Narrow)).await,
-                2 => raw_drain(bench, n, batch, workers, &RawSql::of(Raw::RelayColumns)).await,
-                3 => {
-                    raw_drain(
-                        bench,
-                        n,
-                        batch,
-                        workers,
-                        &RawSql::of(Raw::RelayColumnsAsync),
-                    )
-                    .await
-                }
-                4 => raw_drain(bench, n, batch, workers, &RawSql::of(Raw::RelayStatements)).await,
+                1 => raw_drain(bench, n, batch, workers, &narrow).await,
+                2 => raw_drain(bench, n, batch, workers, &wide).await,
+                3 => raw_drain(bench, n, batch, workers, &wide_async).await,
+                4 => raw_drain(bench, n, batch, workers, &relay_sql).await,
                 _ => pgmq_drain(bench, n, batch, workers).await,
             },
         )
@@ -381,19 +376,12 @@ impl RawSql {
         }
     }
 
-    /// What `drain`'s raw drainer `raw` runs.
-    fn of(raw: Raw) -> Self {
-        match raw {
-            Raw::Narrow => Self::minimal(LEASE, "t.id, t.payload", false),
-            Raw::RelayColumns => Self::minimal(LEASE, RELAY_COLUMNS, false),
-            Raw::RelayColumnsAsync => Self::minimal(LEASE, RELAY_COLUMNS, true),
-            Raw::RelayStatements => {
-                let relay = relay_statements();
-                Self {
-                    claim: relay.claim,
-                    delete: relay.delete_published,
-                }
-            }
+    /// The relay's own claim and fenced delete, as it binds them.
+    fn relay() -> Self {
+        let relay = relay_statements();
+        Self {
+            claim: relay.claim,
+            delete: relay.delete_published,
         }
     }
 }
@@ -407,19 +395,6 @@ fn relay_statements() -> outbox_sql::postgres::Statements {
         .outbox(TABLE)
         .expect("a valid table name");
     outbox_sql::postgres::Statements::new(&names)
-}
-
-/// What `drain` runs raw.
-#[derive(Clone, Copy)]
-enum Raw {
-    /// The two statements a lease-based relay needs, returning id and payload.
-    Narrow,
-    /// The same, returning every column the relay reads.
-    RelayColumns,
-    /// The same, each statement committed asynchronously as the relay's are.
-    RelayColumnsAsync,
-    /// The relay's own claim and fenced delete, as it binds them, with no decoding.
-    RelayStatements,
 }
 
 async fn raw_drain(
@@ -561,13 +536,7 @@ pub(crate) async fn clauses(
                 &relay.delete_published,
             ),
         ),
-        (
-            "the relay's claim and delete",
-            RawSql {
-                claim: relay.claim,
-                delete: relay.delete_published,
-            },
-        ),
+        ("the relay's claim and delete", RawSql::relay()),
     ];
     let n = scale.drain_rows;
     // A clause costs a few percent: thrice the usual rounds, for medians that hold still.

@@ -119,7 +119,6 @@ async fn paid_orders_reach_billing_once_each() {
         .unwrap();
 }
 
-/// Serves `app` on a loopback port of its own.
 /// Polls `reached` every 50 ms until it gives a value; fails at `deadline` naming `what`
 /// it waited for and what it saw last.
 async fn wait_for<T>(
@@ -137,6 +136,7 @@ async fn wait_for<T>(
     }
 }
 
+/// Serves `app` on a loopback port of its own.
 async fn serve(app: axum::Router) -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap();
