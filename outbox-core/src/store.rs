@@ -706,9 +706,9 @@ pub struct Capabilities {
     pub gauges: bool,
     /// Who can wake a relay before its next poll.
     pub wakeups: Wakeups,
-    /// Whether a claim may run while a completion is being written, on another
-    /// connection: the relay then claims its next batch as it completes a full one. Not
-    /// where writers queue behind one another (SQLite), as the two would only wait.
+    /// Whether a claim may run while completions are being written, on another
+    /// connection: the relay then claims its next batch as soon as a full one comes back.
+    /// Not where writers queue behind one another (SQLite), as the two would only wait.
     pub overlapped_claims: bool,
 }
 

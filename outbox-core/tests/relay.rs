@@ -623,14 +623,16 @@ async fn store_errors_do_not_stop_the_relay() {
     assert_eq!(store.stats().await.unwrap().total().published, 20);
 }
 
-/// Counts the claims that start while a completion is being written (each completion
-/// takes 20 ms), declaring overlapped claims as told.
+/// Counts the claims that start while a batch claimed before is not completed yet (each
+/// batch here is completed in one call), and the rows given back; declares overlapped
+/// claims as told.
 #[derive(Clone)]
 struct Overlaps {
     store: MemoryStore,
     declared: bool,
-    completing: Arc<AtomicUsize>,
+    unfinished: Arc<AtomicUsize>,
     overlapped: Arc<AtomicUsize>,
+    released: Arc<AtomicUsize>,
 }
 
 impl outbox_engine::Store for Overlaps {
@@ -641,20 +643,22 @@ impl outbox_engine::Store for Overlaps {
         &self,
         r: &outbox_engine::ClaimRequest,
     ) -> Result<outbox_engine::Claim, outbox_engine::StoreError> {
-        if self.completing.load(AtomicOrdering::SeqCst) > 0 {
+        if self.unfinished.load(AtomicOrdering::SeqCst) > 0 {
             self.overlapped.fetch_add(1, AtomicOrdering::SeqCst);
         }
-        self.store.claim(r).await
+        let claim = self.store.claim(r).await?;
+        if !claim.messages.is_empty() {
+            self.unfinished.fetch_add(1, AtomicOrdering::SeqCst);
+        }
+        Ok(claim)
     }
     async fn complete(
         &self,
         t: outbox_engine::LeaseToken,
         c: &[outbox_engine::Completion],
     ) -> Result<outbox_engine::CompleteReport, outbox_engine::StoreError> {
-        self.completing.fetch_add(1, AtomicOrdering::SeqCst);
-        tokio::time::sleep(Duration::from_millis(20)).await;
         let report = self.store.complete(t, c).await;
-        self.completing.fetch_sub(1, AtomicOrdering::SeqCst);
+        self.unfinished.fetch_sub(1, AtomicOrdering::SeqCst);
         report
     }
     async fn release(
@@ -662,18 +666,53 @@ impl outbox_engine::Store for Overlaps {
         t: outbox_engine::LeaseToken,
         ids: &[outbox_engine::MessageId],
     ) -> Result<outbox_engine::CompleteReport, outbox_engine::StoreError> {
-        self.store.release(t, ids).await
+        self.released.fetch_add(ids.len(), AtomicOrdering::SeqCst);
+        let report = self.store.release(t, ids).await;
+        self.unfinished.fetch_sub(1, AtomicOrdering::SeqCst);
+        report
     }
 }
 
-/// Drains 20 messages in batches of 5 through one worker; returns how many claims
-/// overlapped a completion.
-async fn overlapped_claims(declared: bool, ordering: outbox_engine::MessageOrder) -> usize {
+/// Records each batch after taking `delay` to publish it.
+#[derive(Clone)]
+struct Delayed {
+    sink: RecordingSink,
+    delay: Duration,
+}
+
+impl Sink for Delayed {
+    async fn publish(
+        &self,
+        batch: &[Message],
+        cx: &outbox_engine::PublishContext,
+    ) -> Result<Vec<Outcome>, Failure> {
+        tokio::time::sleep(self.delay).await;
+        self.sink.publish(batch, cx).await
+    }
+}
+
+/// What [`claims_ahead`] saw: claims started before the batch in hand was completed, and
+/// rows given back unpublished.
+#[derive(Debug, PartialEq, Eq)]
+struct Ahead {
+    overlapped: usize,
+    released: usize,
+}
+
+/// Drains 20 messages in batches of 5 through one worker, each batch taking `delay` to
+/// publish, under a `lease` with a publish timeout of three quarters of it.
+async fn claims_ahead(
+    declared: bool,
+    ordering: outbox_engine::MessageOrder,
+    delay: Duration,
+    lease: Duration,
+) -> Ahead {
     let store = Overlaps {
         store: MemoryStore::new(),
         declared,
-        completing: Arc::default(),
+        unfinished: Arc::default(),
         overlapped: Arc::default(),
+        released: Arc::default(),
     };
     for i in 0..20 {
         let message = NewMessage::builder("orders", "e")
@@ -683,31 +722,83 @@ async fn overlapped_claims(declared: bool, ordering: outbox_engine::MessageOrder
             .unwrap();
         store.store.enqueue(message).unwrap();
     }
-    let sink = RecordingSink::new();
+    let sink = Delayed {
+        sink: RecordingSink::new(),
+        delay,
+    };
     let relay = Relay::builder(store.clone())
         .route("orders", sink.clone())
         .batch_size(5)
         .ordering(ordering)
+        .lease(lease)
+        .publish_timeout(lease * 3 / 4)
         .poll_interval(Duration::from_secs(60))
         .build()
         .unwrap();
-    run_until_delivered(relay, &sink, 20).await;
+    run_until_delivered(relay, &sink.sink, 20).await;
     let stats = store.store.stats().await.unwrap().total();
     assert_eq!((stats.published, stats.pending), (20, 0), "{stats:?}");
-    assert_eq!(sink.messages().len(), 20, "each message published once");
-    store.overlapped.load(AtomicOrdering::SeqCst)
+    let published = sink.sink.messages();
+    assert_eq!(published.len(), 20, "each message published once");
+    assert!(
+        published.iter().all(|m| m.attempts == 1),
+        "rows given back keep their attempt: {:?}",
+        published.iter().map(|m| m.attempts).collect::<Vec<_>>()
+    );
+    Ahead {
+        overlapped: store.overlapped.load(AtomicOrdering::SeqCst),
+        released: store.released.load(AtomicOrdering::SeqCst),
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_full_batch_is_followed_by_a_claim_while_its_completion_is_written() {
+async fn a_full_batch_is_followed_by_a_claim_while_it_is_published() {
     use outbox_engine::{DeadHead, MessageOrder};
-    // Batches 1 to 4 are full: the claim after each runs alongside its completion.
-    assert_eq!(overlapped_claims(true, MessageOrder::Unordered).await, 4);
+    let (quick, lease) = (Duration::from_millis(20), Duration::from_secs(10));
+    // Batches 1 to 4 are full: the claim after each runs before it is completed (the
+    // last of those claims finds nothing).
+    let ahead = claims_ahead(true, MessageOrder::Unordered, quick, lease).await;
+    assert_eq!(
+        ahead,
+        Ahead {
+            overlapped: 4,
+            released: 0
+        }
+    );
     // Not where the store declares it would only wait, nor with per-key ordering,
     // where the completion unblocks the next claim.
-    assert_eq!(overlapped_claims(false, MessageOrder::Unordered).await, 0);
+    let ahead = claims_ahead(false, MessageOrder::Unordered, quick, lease).await;
+    assert_eq!(
+        ahead,
+        Ahead {
+            overlapped: 0,
+            released: 0
+        }
+    );
     let per_key = MessageOrder::PerKey(DeadHead::Skip);
-    assert_eq!(overlapped_claims(true, per_key).await, 0);
+    let ahead = claims_ahead(true, per_key, quick, lease).await;
+    assert_eq!(
+        ahead,
+        Ahead {
+            overlapped: 0,
+            released: 0
+        }
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_claimed_ahead_without_a_publish_timeout_of_lease_left_is_given_back() {
+    use outbox_engine::MessageOrder;
+    // Each publish takes 200 ms of a 600 ms lease: a batch claimed while the one before
+    // it was published has at most 400 ms left, less than the 450 ms publish timeout. Its
+    // rows are given back and claimed afresh, never published on a lease that could lapse.
+    let (slow, lease) = (Duration::from_millis(200), Duration::from_millis(600));
+    let ahead = claims_ahead(true, MessageOrder::Unordered, slow, lease).await;
+    assert_eq!(ahead.overlapped, 4, "{ahead:?}");
+    assert_eq!(
+        ahead.released, 15,
+        "batches 2 to 4 were given back: {ahead:?}"
+    );
 }
 
 #[tokio::test]

@@ -56,10 +56,12 @@
 //! signal.
 //!
 //! When a full batch was claimed unordered from a store that declares
-//! `overlapped_claims` (every store but SQLite, whose single writer would make the two
-//! wait on each other), the worker claims its next batch while the full batch's last
-//! completion is written, and starts its next turn on what that claim returned. `run_once`
-//! and `drain` never overlap.
+//! `overlapped_claims` (every store but SQLite, whose single writer would make the claim
+//! wait for the completions), the worker claims its next batch at once, while the full
+//! batch is published and completed, and starts its next turn on what that claim returned.
+//! That batch is published only if at least a publish timeout of its lease is left;
+//! otherwise its rows are given back (their attempt not counted) and claimed afresh.
+//! `run_once` and `drain` never overlap.
 //!
 //! A store error never ends a worker. The worker logs it, counts
 //! `outbox_store_errors_total`, and backs off for a full-jitter draw in
@@ -426,14 +428,18 @@ impl<S: Store> Inner<S> {
             metrics::gauge!("outbox_relay_heartbeat_seconds").set(unix_seconds(self.clock.now()));
             self.health.beat();
             let claimed = match next.take() {
-                Some(claimed) => claimed,
+                Some(Ok(ahead)) => match self.in_time(ahead).await {
+                    Some(ahead) => Ok(ahead),
+                    None => self.claim_batch().await,
+                },
+                Some(failed) => failed,
                 None => self.claim_batch().await,
             };
             let result = match claimed {
                 Ok(claimed) => {
                     // A full batch may have left due rows behind: claim them while this
-                    // batch's completion is written, where the store allows it. Not with
-                    // per-key ordering, where that completion unblocks the next claim.
+                    // batch is published, where the store allows it. Not with per-key
+                    // ordering, where this batch's completion unblocks the next claim.
                     let overlap = self.overlapped_claims
                         && self.claim.ordering == MessageOrder::Unordered
                         && claimed.report.claimed >= self.claim.batch_size;
@@ -480,7 +486,8 @@ impl<S: Store> Inner<S> {
         }
         // Claimed just before the stop: publish it within the shutdown grace like any
         // batch in flight (past the grace, its lease is released).
-        if let Some(Ok(claimed)) = next
+        if let Some(Ok(ahead)) = next
+            && let Some(claimed) = self.in_time(ahead).await
             && let (Err(error), _) = self.finish_batch(claimed, false).await
         {
             warn!(%error, "completion failed while stopping; those rows return when their lease lapses");
@@ -536,8 +543,30 @@ impl<S: Store> Inner<S> {
         })
     }
 
+    /// A batch claimed ahead, if enough of its lease is left to publish it: a whole
+    /// publish timeout, as a batch just claimed has. Otherwise (the batch before it was
+    /// slow) its rows are given back, their attempt not counted, for a fresh claim.
+    async fn in_time(&self, ahead: Claimed) -> Option<Claimed> {
+        let left = self.claim.lease.saturating_sub(ahead.claimed_at.elapsed());
+        if left >= self.publish_timeout || ahead.claim.messages.is_empty() {
+            return Some(ahead);
+        }
+        let token = ahead.claim.lease.token;
+        self.lock_in_flight().remove(&token);
+        let ids: Vec<MessageId> = ahead.claim.messages.iter().map(|m| m.id).collect();
+        debug!(
+            rows = ids.len(),
+            ?left,
+            "a batch claimed ahead has too little lease left; releasing it"
+        );
+        if let Err(error) = self.within_lease(self.store.release(token, &ids)).await {
+            warn!(%error, "could not release a batch claimed ahead; its rows return when its lease lapses");
+        }
+        None
+    }
+
     /// Publishes a claimed batch and records the outcomes. With `overlap`, the next batch
-    /// is claimed while the last completion is written, and returned too.
+    /// is claimed while this one is published, and returned too.
     async fn finish_batch(
         &self,
         claimed: Claimed,
@@ -567,23 +596,16 @@ impl<S: Store> Inner<S> {
             claimed = report.claimed,
             token = %token.as_uuid()
         );
-        let mut following = None;
-        let result = async {
+        let publish = async {
             // Outcomes arrive one by one (each sink group reports as its receiver answers)
             // and are completed as they come: while one completion call runs, the next
             // outcomes queue up and go in the following call.
             let mut publication = Publication::start(self, claim.messages);
             let mut result = Ok(());
             while let Some(ready) = publication.next_outcomes().await {
-                let complete = self.complete_outcomes(token, claimed_at, &ready, &mut report);
-                let completed = if overlap && following.is_none() && publication.settled() {
-                    let next = self.claim_batch().instrument(worker.clone());
-                    let (completed, next) = tokio::join!(complete, next);
-                    following = Some(next);
-                    completed
-                } else {
-                    complete.await
-                };
+                let completed = self
+                    .complete_outcomes(token, claimed_at, &ready, &mut report)
+                    .await;
                 if let Err(error) = completed
                     && result.is_ok()
                 {
@@ -592,8 +614,15 @@ impl<S: Store> Inner<S> {
             }
             result
         }
-        .instrument(batch)
-        .await;
+        .instrument(batch);
+        let next = async {
+            if overlap {
+                Some(self.claim_batch().instrument(worker).await)
+            } else {
+                None
+            }
+        };
+        let (result, following) = tokio::join!(publish, next);
         self.lock_in_flight().remove(&token);
         debug!(?report, "batch done");
         (result.map(|()| report), following)
