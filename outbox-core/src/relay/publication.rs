@@ -47,8 +47,6 @@ pub(super) struct Publication {
     /// Each group's outcomes as its sink reports them.
     receiver: mpsc::UnboundedReceiver<(usize, Reported)>,
     verdicts: Vec<Done>,
-    /// Messages without an outcome yet.
-    unsettled: usize,
     timeout: Duration,
 }
 
@@ -112,7 +110,6 @@ impl Publication {
             task_group: HashMap::new(),
             receiver,
             verdicts,
-            unsettled: 0,
             timeout: relay.publish_timeout,
         };
         // Each group runs as its own task, so a panicking sink fails its own messages, not
@@ -153,7 +150,6 @@ impl Publication {
                 .instrument(span),
             );
             publication.task_group.insert(handle.id(), group);
-            publication.unsettled += batch.len();
             publication.reported.push(vec![false; batch.len()]);
             publication.groups.push(batch);
         }
@@ -200,11 +196,6 @@ impl Publication {
         }
     }
 
-    /// Whether every message has its outcome, handed out by [`next_outcomes`](Self::next_outcomes).
-    pub(super) fn settled(&self) -> bool {
-        self.unsettled == 0 && self.verdicts.is_empty()
-    }
-
     /// Moves every queued report into `ready`.
     fn take_reported(&mut self, ready: &mut Vec<Done>) {
         while let Ok((group, reported)) = self.receiver.try_recv() {
@@ -231,7 +222,6 @@ impl Publication {
             && !*reported
         {
             *reported = true;
-            self.unsettled -= 1;
             ready.push(Done {
                 batch: Arc::clone(&self.groups[group]),
                 index,
