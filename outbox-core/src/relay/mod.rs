@@ -551,16 +551,14 @@ impl<S: Store> Inner<S> {
         if left >= self.publish_timeout || ahead.claim.messages.is_empty() {
             return Some(ahead);
         }
-        let token = ahead.claim.lease.token;
-        self.lock_in_flight().remove(&token);
-        let ids: Vec<MessageId> = ahead.claim.messages.iter().map(|m| m.id).collect();
         debug!(
-            rows = ids.len(),
             ?left,
             "a batch claimed ahead has too little lease left; releasing it"
         );
-        if let Err(error) = self.within_lease(self.store.release(token, &ids)).await {
-            warn!(%error, "could not release a batch claimed ahead; its rows return when its lease lapses");
+        let token = ahead.claim.lease.token;
+        let held = self.lock_in_flight().remove(&token);
+        if let Some(held) = held {
+            self.release(token, held).await;
         }
         None
     }
@@ -810,15 +808,21 @@ impl<S: Store> Inner<S> {
     async fn release_in_flight(&self) {
         let held: Vec<_> = self.lock_in_flight().drain().collect();
         for (token, held) in held {
-            let ids = held.unsettled();
-            if ids.is_empty() {
-                continue;
-            }
-            match self.within_lease(self.store.release(token, &ids)).await {
-                Ok(report) => debug!(released = report.applied, "released in-flight lease"),
-                Err(error) => {
-                    warn!(%error, "could not release a lease; its rows return when it lapses")
-                }
+            self.release(token, held).await;
+        }
+    }
+
+    /// Gives back the rows of `held` not completed yet; on failure they return when the
+    /// lease lapses.
+    async fn release(&self, token: LeaseToken, held: InFlight) {
+        let ids = held.unsettled();
+        if ids.is_empty() {
+            return;
+        }
+        match self.within_lease(self.store.release(token, &ids)).await {
+            Ok(report) => debug!(released = report.applied, "released in-flight lease"),
+            Err(error) => {
+                warn!(%error, "could not release a lease; its rows return when it lapses")
             }
         }
     }
