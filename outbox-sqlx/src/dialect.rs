@@ -48,27 +48,27 @@ pub trait SqlDialect: sqlx::Database + sealed::Sealed {
 
     /// A text column, `None` if NULL.
     #[doc(hidden)]
-    fn text(row: &Self::Row, column: &str) -> Result<Option<String>, sqlx::Error>;
+    fn text(row: &Self::Row, column: impl Into<Column>) -> Result<Option<String>, sqlx::Error>;
 
     /// A count (a `COUNT(*)` or `SUM`).
     #[doc(hidden)]
-    fn count(row: &Self::Row, column: &str) -> Result<i64, sqlx::Error>;
+    fn count(row: &Self::Row, column: impl Into<Column>) -> Result<i64, sqlx::Error>;
 
-    /// The `payload` column.
+    /// A payload column.
     #[doc(hidden)]
-    fn payload(row: &Self::Row) -> Result<Vec<u8>, sqlx::Error>;
+    fn payload(row: &Self::Row, column: impl Into<Column>) -> Result<Vec<u8>, sqlx::Error>;
 
-    /// The `attempts` column.
+    /// An attempts column.
     #[doc(hidden)]
-    fn attempts(row: &Self::Row) -> Result<i64, sqlx::Error>;
+    fn attempts(row: &Self::Row, column: impl Into<Column>) -> Result<i64, sqlx::Error>;
 
     /// A time column, `None` if NULL; the error is a reason naming the column.
     #[doc(hidden)]
-    fn time(row: &Self::Row, column: &str) -> Result<Option<DateTime<Utc>>, String>;
+    fn time(row: &Self::Row, column: impl Into<Column>) -> Result<Option<DateTime<Utc>>, String>;
 
-    /// The `id` column; the error is a reason naming the column.
+    /// A message id column; the error is a reason naming the column.
     #[doc(hidden)]
-    fn id(row: &Self::Row) -> Result<MessageId, String>;
+    fn id(row: &Self::Row, column: impl Into<Column>) -> Result<MessageId, String>;
 
     /// The `id` column as far as it can be read, to name a row that cannot be decoded.
     #[doc(hidden)]
@@ -99,6 +99,97 @@ pub trait SqlDialect: sqlx::Database + sealed::Sealed {
     #[doc(hidden)]
     fn age_ms(age: Duration) -> i64 {
         millis(age)
+    }
+}
+
+/// A column of a result row, by name until [`located`](Self::located) in one of the
+/// result's rows. Every row of a result has the same columns, so a batch of rows looks
+/// each name up once, not once per row, and checks each column's type against the Rust
+/// type it is read as once, once a row was read whole ([`verified`](Self::verified)).
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy)]
+pub struct Column {
+    name: &'static str,
+    position: Position,
+    verified: bool,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Position {
+    /// Not located: looked up by name in each row.
+    Unknown,
+    At(usize),
+    /// Located, and the result has no such column.
+    Missing,
+}
+
+impl Column {
+    /// The column's name.
+    pub(crate) const fn name(self) -> &'static str {
+        self.name
+    }
+
+    /// This column where it is in `row`, and so in every row of `row`'s result.
+    pub(crate) fn located<R: sqlx::Row>(self, row: &R) -> Self {
+        use sqlx::Column as _;
+        let position = match row.columns().iter().position(|c| c.name() == self.name) {
+            Some(at) => Position::At(at),
+            None => Position::Missing,
+        };
+        Self { position, ..self }
+    }
+
+    /// This column, read from a row of its result as the type it is always read as:
+    /// later rows of the result skip the type check.
+    pub(crate) const fn verified(self) -> Self {
+        Self {
+            verified: true,
+            ..self
+        }
+    }
+}
+
+/// Reads `column` of `row` as `T`; the column's type is checked unless it was
+/// [`verified`](Column::verified).
+pub(crate) fn get<'r, T, R>(row: &'r R, column: impl Into<Column>) -> Result<T, sqlx::Error>
+where
+    R: sqlx::Row,
+    T: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    let column = column.into();
+    if column.verified {
+        row.try_get_unchecked(column)
+    } else {
+        row.try_get(column)
+    }
+}
+
+impl From<&'static str> for Column {
+    fn from(name: &'static str) -> Self {
+        Self {
+            name,
+            position: Position::Unknown,
+            verified: false,
+        }
+    }
+}
+
+impl<R: sqlx::Row> sqlx::ColumnIndex<R> for Column {
+    fn index(&self, row: &R) -> Result<usize, sqlx::Error> {
+        use sqlx::Column as _;
+        let at = match self.position {
+            Position::At(at) => Some(at),
+            Position::Missing => None,
+            Position::Unknown => row.columns().iter().position(|c| c.name() == self.name),
+        };
+        match at {
+            Some(at) if at < row.len() => Ok(at),
+            Some(index) => Err(sqlx::Error::ColumnIndexOutOfBounds {
+                index,
+                len: row.len(),
+            }),
+            None => Err(sqlx::Error::ColumnNotFound(self.name.to_owned())),
+        }
     }
 }
 
@@ -244,4 +335,33 @@ pub enum DeadChange {
 
 pub(crate) mod sealed {
     pub trait Sealed {}
+}
+
+#[cfg(all(test, feature = "sqlite"))]
+mod tests {
+    use sqlx::{Connection, Row};
+
+    use super::Column;
+
+    #[tokio::test]
+    async fn a_located_column_reads_every_row_of_its_result_and_a_missing_one_is_named() {
+        let mut conn = sqlx::SqliteConnection::connect("sqlite::memory:")
+            .await
+            .unwrap();
+        let rows = sqlx::query("SELECT 1 AS a, 'x' AS b UNION ALL SELECT 2, 'y'")
+            .fetch_all(&mut conn)
+            .await
+            .unwrap();
+        let b = Column::from("b").located(&rows[0]);
+        let read: Vec<String> = rows.iter().map(|r| r.try_get(b).unwrap()).collect();
+        assert_eq!(read, ["x", "y"]);
+        assert_eq!(rows[1].try_get::<i64, _>(Column::from("a")).unwrap(), 2);
+        for missing in [Column::from("c"), Column::from("c").located(&rows[0])] {
+            let error = rows[0].try_get::<i64, _>(missing).unwrap_err();
+            assert!(
+                matches!(&error, sqlx::Error::ColumnNotFound(name) if name == "c"),
+                "{error}"
+            );
+        }
+    }
 }

@@ -10,17 +10,67 @@ use outbox_engine::{
 };
 
 use crate::common::{attempts, count, read_headers, undecodable};
-use crate::dialect::SqlDialect;
+use crate::dialect::{Column, SqlDialect};
 use crate::error::classify;
 
 /// A required text column; the error is a reason naming the column.
-fn text<DB: SqlDialect>(row: &DB::Row, column: &str) -> Result<String, String> {
-    optional::<DB>(row, column)?.ok_or_else(|| undecodable(column, "is NULL"))
+fn text<DB: SqlDialect>(row: &DB::Row, column: impl Into<Column>) -> Result<String, String> {
+    let column = column.into();
+    optional::<DB>(row, column)?.ok_or_else(|| undecodable(column.name(), "is NULL"))
 }
 
-fn optional<DB: SqlDialect>(row: &DB::Row, column: &str) -> Result<Option<String>, String> {
-    DB::text(row, column).map_err(|e| undecodable(column, e))
+fn optional<DB: SqlDialect>(
+    row: &DB::Row,
+    column: impl Into<Column>,
+) -> Result<Option<String>, String> {
+    let column = column.into();
+    DB::text(row, column).map_err(|e| undecodable(column.name(), e))
 }
+
+/// Declares [`MessageColumns`], one field per column, named as the column.
+macro_rules! message_columns {
+    ($($column:ident),* $(,)?) => {
+        /// The columns a message is read from, and the wait a claim returns.
+        struct MessageColumns {
+            $($column: Column,)*
+        }
+
+        impl MessageColumns {
+            /// Each column by its name.
+            fn named() -> Self {
+                Self { $($column: stringify!($column).into(),)* }
+            }
+
+            /// The columns where they are in `row`, and so in every row of its result.
+            fn located(row: &impl sqlx::Row) -> Self {
+                Self { $($column: Column::from(stringify!($column)).located(row),)* }
+            }
+
+            /// The columns, read whole from a row of their result.
+            fn verified(&self) -> Self {
+                Self { $($column: self.$column.verified(),)* }
+            }
+        }
+    };
+}
+
+message_columns!(
+    id,
+    destination,
+    event_type,
+    payload,
+    content_type,
+    idempotency_key,
+    attempts,
+    created_at,
+    aggregate_type,
+    aggregate_id,
+    partition_key,
+    tenant_id,
+    headers,
+    waited_ms,
+    from_commit,
+);
 
 /// Reads a claimed or dead row; the error names the column that could not be read. With
 /// `strict_headers` off, headers that cannot be read are left empty (for listing the dead
@@ -29,21 +79,30 @@ pub(crate) fn message<DB: SqlDialect>(
     row: &DB::Row,
     strict_headers: bool,
 ) -> Result<Message, String> {
+    message_in::<DB>(row, &MessageColumns::named(), strict_headers)
+}
+
+/// Reads a row of a result whose columns are `c`.
+fn message_in<DB: SqlDialect>(
+    row: &DB::Row,
+    c: &MessageColumns,
+    strict_headers: bool,
+) -> Result<Message, String> {
     let mut m = Message::from_parts(
-        DB::id(row)?,
-        text::<DB>(row, "destination")?,
-        text::<DB>(row, "event_type")?,
-        DB::payload(row).map_err(|e| undecodable("payload", e))?,
-        text::<DB>(row, "content_type")?,
-        text::<DB>(row, "idempotency_key")?,
-        attempts(DB::attempts(row).map_err(|e| undecodable("attempts", e))?),
-        DB::time(row, "created_at")?.ok_or_else(|| undecodable("created_at", "is NULL"))?,
+        DB::id(row, c.id)?,
+        text::<DB>(row, c.destination)?,
+        text::<DB>(row, c.event_type)?,
+        DB::payload(row, c.payload).map_err(|e| undecodable("payload", e))?,
+        text::<DB>(row, c.content_type)?,
+        text::<DB>(row, c.idempotency_key)?,
+        attempts(DB::attempts(row, c.attempts).map_err(|e| undecodable("attempts", e))?),
+        DB::time(row, c.created_at)?.ok_or_else(|| undecodable("created_at", "is NULL"))?,
     );
-    m.aggregate_type = optional::<DB>(row, "aggregate_type")?;
-    m.aggregate_id = optional::<DB>(row, "aggregate_id")?;
-    m.partition_key = optional::<DB>(row, "partition_key")?;
-    m.tenant_id = optional::<DB>(row, "tenant_id")?;
-    read_headers(&mut m, &text::<DB>(row, "headers")?, strict_headers)?;
+    m.aggregate_type = optional::<DB>(row, c.aggregate_type)?;
+    m.aggregate_id = optional::<DB>(row, c.aggregate_id)?;
+    m.partition_key = optional::<DB>(row, c.partition_key)?;
+    m.tenant_id = optional::<DB>(row, c.tenant_id)?;
+    read_headers(&mut m, &text::<DB>(row, c.headers)?, strict_headers)?;
     Ok(m)
 }
 
@@ -54,17 +113,26 @@ pub(crate) fn claimed<DB: SqlDialect>(
 ) -> (Vec<Message>, Vec<(&DB::Row, Rejected)>) {
     let mut messages = Vec::with_capacity(rows.len());
     let mut rejected = Vec::new();
+    let Some(first) = rows.first() else {
+        return (messages, rejected);
+    };
+    let mut columns = MessageColumns::located(first);
+    let mut verified = false;
     for row in rows {
-        match message::<DB>(row, true) {
+        match message_in::<DB>(row, &columns, true) {
             Ok(mut m) => {
-                m.waited = waited::<DB>(row);
+                m.waited = waited::<DB>(row, &columns);
                 messages.push(m);
+                if !verified {
+                    verified = true;
+                    columns = columns.verified();
+                }
             }
             Err(reason) => rejected.push((
                 row,
                 Rejected {
                     id: DB::raw_id(row),
-                    destination: DB::text(row, "destination").ok().flatten(),
+                    destination: DB::text(row, columns.destination).ok().flatten(),
                     reason,
                 },
             )),
@@ -76,9 +144,9 @@ pub(crate) fn claimed<DB: SqlDialect>(
 /// The wait a claim returns, `waited_ms`: from the commit or the transaction's start on
 /// PostgreSQL, which says which in `from_commit`; from the insert on SQLite and MySQL,
 /// which have no such column.
-fn waited<DB: SqlDialect>(row: &DB::Row) -> Option<Waited> {
-    let ms = DB::count(row, "waited_ms").ok()?;
-    let since = match DB::count(row, "from_commit") {
+fn waited<DB: SqlDialect>(row: &DB::Row, c: &MessageColumns) -> Option<Waited> {
+    let ms = DB::count(row, c.waited_ms).ok()?;
+    let since = match DB::count(row, c.from_commit) {
         Ok(1) => WaitedSince::Commit,
         Ok(_) => WaitedSince::TransactionStart,
         Err(_) => WaitedSince::Insert,
@@ -127,7 +195,7 @@ pub(crate) fn destination_stats<DB: SqlDialect>(
     row: &DB::Row,
 ) -> Result<DestinationStats, StoreError> {
     let mut d = DestinationStats::new(text::<DB>(row, "destination").map_err(schema)?);
-    let n = |column: &str| DB::count(row, column).map(count).map_err(classify);
+    let n = |column: &'static str| DB::count(row, column).map(count).map_err(classify);
     d.pending = n("pending")?;
     d.leased = n("leased")?;
     d.dead = n("dead")?;
@@ -141,7 +209,7 @@ pub(crate) fn unfinished_gauges<DB: SqlDialect>(
     row: &DB::Row,
 ) -> Result<DestinationGauges, StoreError> {
     let mut d = DestinationGauges::new(text::<DB>(row, "destination").map_err(schema)?);
-    let n = |column: &str| DB::count(row, column).map(count).map_err(classify);
+    let n = |column: &'static str| DB::count(row, column).map(count).map_err(classify);
     d.pending = n("pending")?;
     d.leased = n("leased")?;
     d.oldest_pending_age = Some(Duration::from_millis(n("oldest_ms")?));
@@ -170,7 +238,7 @@ pub(crate) fn ids<DB: SqlDialect>(rows: &[DB::Row]) -> Result<HashSet<MessageId>
     // it rehashes every id several times per batch.
     let mut ids = HashSet::with_capacity(rows.len());
     for row in rows {
-        ids.insert(DB::id(row).map_err(schema)?);
+        ids.insert(DB::id(row, "id").map_err(schema)?);
     }
     Ok(ids)
 }

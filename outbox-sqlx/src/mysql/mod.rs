@@ -86,7 +86,7 @@ use sqlx::{Row, Transaction};
 
 use crate::SqlInbox;
 use crate::common::{stored_id, undecodable};
-use crate::dialect::{SqlDialect, Tables, sealed};
+use crate::dialect::{Column, SqlDialect, Tables, get, sealed};
 use crate::error::classify;
 use crate::store::SqlOutbox;
 
@@ -167,21 +167,22 @@ impl SqlDialect for MySql {
     /// Columns with a binary collation (`utf8mb4_bin`, `ascii_bin`) carry the `BINARY`
     /// flag, which sqlx's `String` type check refuses, so the check is skipped; the
     /// value is still validated as UTF-8.
-    fn text(row: &MySqlRow, column: &str) -> Result<Option<String>, sqlx::Error> {
-        row.try_get_unchecked(column)
+    fn text(row: &MySqlRow, column: impl Into<Column>) -> Result<Option<String>, sqlx::Error> {
+        row.try_get_unchecked(column.into())
     }
 
-    fn attempts(row: &MySqlRow) -> Result<i64, sqlx::Error> {
-        row.try_get::<i32, _>("attempts").map(i64::from)
+    fn attempts(row: &MySqlRow, column: impl Into<Column>) -> Result<i64, sqlx::Error> {
+        get::<i32, _>(row, column).map(i64::from)
     }
 
-    fn id(row: &MySqlRow) -> Result<MessageId, String> {
-        let text = Self::text(row, "id").map_err(|e| undecodable("id", e))?;
+    fn id(row: &MySqlRow, column: impl Into<Column>) -> Result<MessageId, String> {
+        let column = column.into();
+        let text = Self::text(row, column).map_err(|e| undecodable(column.name(), e))?;
         stored_id(text.as_deref().unwrap_or_default())
     }
 
-    fn payload(row: &MySqlRow) -> Result<Vec<u8>, sqlx::Error> {
-        row.try_get("payload")
+    fn payload(row: &MySqlRow, column: impl Into<Column>) -> Result<Vec<u8>, sqlx::Error> {
+        get(row, column)
     }
 
     fn raw_id(row: &MySqlRow) -> String {
@@ -192,14 +193,15 @@ impl SqlDialect for MySql {
     }
 
     /// Times are naive UTC `DATETIME(6)`.
-    fn time(row: &MySqlRow, column: &str) -> Result<Option<DateTime<Utc>>, String> {
-        row.try_get::<Option<NaiveDateTime>, _>(column)
+    fn time(row: &MySqlRow, column: impl Into<Column>) -> Result<Option<DateTime<Utc>>, String> {
+        let column = column.into();
+        get::<Option<NaiveDateTime>, _>(row, column)
             .map(|t| t.map(|t| t.and_utc()))
-            .map_err(|e| undecodable(column, e))
+            .map_err(|e| undecodable(column.name(), e))
     }
 
-    fn count(row: &MySqlRow, column: &str) -> Result<i64, sqlx::Error> {
-        row.try_get(column)
+    fn count(row: &MySqlRow, column: impl Into<Column>) -> Result<i64, sqlx::Error> {
+        get(row, column)
     }
 
     fn rows_affected(result: &MySqlQueryResult) -> u64 {

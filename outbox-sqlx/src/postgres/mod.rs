@@ -33,7 +33,7 @@ use uuid::Uuid;
 
 pub use self::wakeup::PgNotifier;
 use crate::SqlInbox;
-use crate::dialect::{SqlDialect, Tables, sealed};
+use crate::dialect::{Column, SqlDialect, Tables, get, sealed};
 use crate::error::classify;
 use crate::store::SqlOutbox;
 
@@ -82,18 +82,19 @@ impl SqlDialect for Postgres {
         tx.commit().await.map_err(classify)
     }
 
-    fn text(row: &PgRow, column: &str) -> Result<Option<String>, sqlx::Error> {
-        row.try_get(column)
+    fn text(row: &PgRow, column: impl Into<Column>) -> Result<Option<String>, sqlx::Error> {
+        get(row, column)
     }
 
-    fn id(row: &PgRow) -> Result<MessageId, String> {
-        row.try_get("id")
+    fn id(row: &PgRow, column: impl Into<Column>) -> Result<MessageId, String> {
+        let column = column.into();
+        get(row, column)
             .map(MessageId::from_uuid)
-            .map_err(|e| crate::common::undecodable("id", e))
+            .map_err(|e| crate::common::undecodable(column.name(), e))
     }
 
-    fn count(row: &PgRow, column: &str) -> Result<i64, sqlx::Error> {
-        row.try_get(column)
+    fn count(row: &PgRow, column: impl Into<Column>) -> Result<i64, sqlx::Error> {
+        get(row, column)
     }
 
     fn raw_id(row: &PgRow) -> String {
@@ -101,17 +102,17 @@ impl SqlDialect for Postgres {
             .map_or_else(|_| "<unreadable id>".to_owned(), |id| id.to_string())
     }
 
-    fn payload(row: &PgRow) -> Result<Vec<u8>, sqlx::Error> {
-        row.try_get("payload")
+    fn payload(row: &PgRow, column: impl Into<Column>) -> Result<Vec<u8>, sqlx::Error> {
+        get(row, column)
     }
 
-    fn time(row: &PgRow, column: &str) -> Result<Option<DateTime<Utc>>, String> {
-        row.try_get(column)
-            .map_err(|e| crate::common::undecodable(column, e))
+    fn time(row: &PgRow, column: impl Into<Column>) -> Result<Option<DateTime<Utc>>, String> {
+        let column = column.into();
+        get(row, column).map_err(|e| crate::common::undecodable(column.name(), e))
     }
 
-    fn attempts(row: &PgRow) -> Result<i64, sqlx::Error> {
-        row.try_get::<i32, _>("attempts").map(i64::from)
+    fn attempts(row: &PgRow, column: impl Into<Column>) -> Result<i64, sqlx::Error> {
+        get::<i32, _>(row, column).map(i64::from)
     }
 
     /// A LISTEN connection on this table's NOTIFY channel.

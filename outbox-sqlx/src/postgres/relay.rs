@@ -29,7 +29,7 @@ async fn fenced<'q>(
     let mut applied = HashSet::with_capacity(rows.len());
     for row in &rows {
         if row.try_get("applied").map_err(classify)? {
-            applied.insert(Postgres::id(row).map_err(rows::schema)?);
+            applied.insert(Postgres::id(row, "id").map_err(rows::schema)?);
         }
     }
     Ok(Some(applied))
@@ -54,7 +54,7 @@ impl RelayDialect for Postgres {
         let mut deaths = Vec::with_capacity(unreadable.len());
         for (row, rejected) in unreadable {
             // The id column is a uuid, so it always reads.
-            let id = Self::id(row).map_err(rows::schema)?;
+            let id = Self::id(row, "id").map_err(rows::schema)?;
             deaths.push(Completion::dead(id, rejected.reason.clone()));
             claim.rejected.push(rejected);
         }

@@ -106,7 +106,7 @@ use sqlx::sqlite::{Sqlite, SqlitePool, SqliteQueryResult, SqliteRow};
 
 use crate::SqlInbox;
 use crate::common::{stored_id, undecodable};
-use crate::dialect::{SqlDialect, Tables, sealed};
+use crate::dialect::{Column, SqlDialect, Tables, sealed};
 use crate::error::classify;
 use crate::store::SqlOutbox;
 
@@ -156,18 +156,23 @@ impl SqlDialect for Sqlite {
         tx.commit().await.map_err(classify)
     }
 
-    fn text(row: &SqliteRow, column: &str) -> Result<Option<String>, sqlx::Error> {
-        row.try_get(column)
+    // SQLite types each value, not each column: every value's type is checked, even in a
+    // column `verified` in another row.
+    fn text(row: &SqliteRow, column: impl Into<Column>) -> Result<Option<String>, sqlx::Error> {
+        row.try_get(column.into())
     }
 
-    fn payload(row: &SqliteRow) -> Result<Vec<u8>, sqlx::Error> {
-        row.try_get("payload")
+    fn payload(row: &SqliteRow, column: impl Into<Column>) -> Result<Vec<u8>, sqlx::Error> {
+        row.try_get(column.into())
     }
 
     /// Ids are stored as text; only the lowercase hyphenated form is read.
-    fn id(row: &SqliteRow) -> Result<MessageId, String> {
-        let text: String = row.try_get("id").map_err(|e| undecodable("id", e))?;
-        stored_id(&text)
+    fn id(row: &SqliteRow, column: impl Into<Column>) -> Result<MessageId, String> {
+        let column = column.into();
+        let text: &str = row
+            .try_get(column)
+            .map_err(|e| undecodable(column.name(), e))?;
+        stored_id(text)
     }
 
     fn raw_id(row: &SqliteRow) -> String {
@@ -177,25 +182,27 @@ impl SqlDialect for Sqlite {
         }
     }
 
-    fn count(row: &SqliteRow, column: &str) -> Result<i64, sqlx::Error> {
-        row.try_get(column)
+    fn count(row: &SqliteRow, column: impl Into<Column>) -> Result<i64, sqlx::Error> {
+        row.try_get(column.into())
     }
 
-    fn attempts(row: &SqliteRow) -> Result<i64, sqlx::Error> {
-        row.try_get("attempts")
+    fn attempts(row: &SqliteRow, column: impl Into<Column>) -> Result<i64, sqlx::Error> {
+        row.try_get(column.into())
     }
 
     /// Times are unix milliseconds.
-    fn time(row: &SqliteRow, column: &str) -> Result<Option<DateTime<Utc>>, String> {
+    fn time(row: &SqliteRow, column: impl Into<Column>) -> Result<Option<DateTime<Utc>>, String> {
+        let column = column.into();
+        let name = column.name();
         let Some(ms) = row
             .try_get::<Option<i64>, _>(column)
-            .map_err(|e| undecodable(column, e))?
+            .map_err(|e| undecodable(name, e))?
         else {
             return Ok(None);
         };
         DateTime::from_timestamp_millis(ms)
             .map(Some)
-            .ok_or_else(|| undecodable(column, format!("{ms} is not unix milliseconds in range")))
+            .ok_or_else(|| undecodable(name, format!("{ms} is not unix milliseconds in range")))
     }
 
     fn rows_affected(result: &SqliteQueryResult) -> u64 {
