@@ -104,8 +104,8 @@ pub trait SqlDialect: sqlx::Database + sealed::Sealed {
 
 /// A column of a result row, by name until [`located`](Self::located) in one of the
 /// result's rows. Every row of a result has the same columns, so a batch of rows looks
-/// each name up once, not once per row, and checks each column's type against the Rust
-/// type it is read as once, once a row was read whole ([`verified`](Self::verified)).
+/// each name up once, not once per row; and once one row was read whole, the later rows
+/// skip the check of each value's type ([`verified`](Self::verified)).
 #[doc(hidden)]
 #[derive(Debug, Clone, Copy)]
 pub struct Column {
