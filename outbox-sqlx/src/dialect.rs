@@ -131,12 +131,17 @@ impl Column {
 
     /// This column where it is in `row`, and so in every row of `row`'s result.
     pub(crate) fn located<R: sqlx::Row>(self, row: &R) -> Self {
-        use sqlx::Column as _;
-        let position = match row.columns().iter().position(|c| c.name() == self.name) {
+        let position = match self.find(row) {
             Some(at) => Position::At(at),
             None => Position::Missing,
         };
         Self { position, ..self }
+    }
+
+    /// Where a column of this name is in `row`.
+    fn find<R: sqlx::Row>(self, row: &R) -> Option<usize> {
+        use sqlx::Column as _;
+        row.columns().iter().position(|c| c.name() == self.name)
     }
 
     /// This column, read from a row of its result as the type it is always read as:
@@ -145,6 +150,34 @@ impl Column {
         Self {
             verified: true,
             ..self
+        }
+    }
+}
+
+impl From<&'static str> for Column {
+    fn from(name: &'static str) -> Self {
+        Self {
+            name,
+            position: Position::Unknown,
+            verified: false,
+        }
+    }
+}
+
+impl<R: sqlx::Row> sqlx::ColumnIndex<R> for Column {
+    fn index(&self, row: &R) -> Result<usize, sqlx::Error> {
+        let at = match self.position {
+            Position::At(at) => Some(at),
+            Position::Missing => None,
+            Position::Unknown => self.find(row),
+        };
+        match at {
+            Some(at) if at < row.len() => Ok(at),
+            Some(index) => Err(sqlx::Error::ColumnIndexOutOfBounds {
+                index,
+                len: row.len(),
+            }),
+            None => Err(sqlx::Error::ColumnNotFound(self.name.to_owned())),
         }
     }
 }
@@ -161,35 +194,6 @@ where
         row.try_get_unchecked(column)
     } else {
         row.try_get(column)
-    }
-}
-
-impl From<&'static str> for Column {
-    fn from(name: &'static str) -> Self {
-        Self {
-            name,
-            position: Position::Unknown,
-            verified: false,
-        }
-    }
-}
-
-impl<R: sqlx::Row> sqlx::ColumnIndex<R> for Column {
-    fn index(&self, row: &R) -> Result<usize, sqlx::Error> {
-        use sqlx::Column as _;
-        let at = match self.position {
-            Position::At(at) => Some(at),
-            Position::Missing => None,
-            Position::Unknown => row.columns().iter().position(|c| c.name() == self.name),
-        };
-        match at {
-            Some(at) if at < row.len() => Ok(at),
-            Some(index) => Err(sqlx::Error::ColumnIndexOutOfBounds {
-                index,
-                len: row.len(),
-            }),
-            None => Err(sqlx::Error::ColumnNotFound(self.name.to_owned())),
-        }
     }
 }
 
