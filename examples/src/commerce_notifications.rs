@@ -420,11 +420,10 @@ async fn story(
         .route(CONVERSIONS, conversions)
         .ordering(MessageOrder::PerKey(DeadHead::Skip))
         .poll_interval(Duration::from_millis(100))
-        .retry(
-            RetryPolicy::default()
-                .initial_delay(Duration::from_millis(100))
-                .max_delay(Duration::from_secs(1)),
-        )
+        .retry(RetryPolicy::exponential(
+            Duration::from_millis(100),
+            Duration::from_secs(1),
+        ))
         .build()?;
     let started = Instant::now();
     let running = RunningRelay::start(relay);

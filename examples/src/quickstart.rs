@@ -167,11 +167,12 @@ pub async fn run(dir: PathBuf) -> Result<Summary, Error> {
     let relay = Outbox::builder(outbox.clone())
         .route("mailer", webhooks)
         .relay(|relay| {
-            relay.poll_interval(Duration::from_millis(200)).retry(
-                RetryPolicy::default()
-                    .initial_delay(Duration::from_millis(50))
-                    .max_delay(Duration::from_millis(200)),
-            )
+            relay
+                .poll_interval(Duration::from_millis(200))
+                .retry(RetryPolicy::exponential(
+                    Duration::from_millis(50),
+                    Duration::from_millis(200),
+                ))
         })
         .build()
         .await?;

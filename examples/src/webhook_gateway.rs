@@ -509,11 +509,10 @@ async fn story(pool: &PgPool, names: &Names, replay: Replay) -> Result<Summary, 
         .route(BROKEN_DESTINATION, initech_sink)
         .wakeup(listener.wakeup())
         .poll_interval(Duration::from_millis(250))
-        .retry(
-            RetryPolicy::default()
-                .initial_delay(Duration::from_millis(100))
-                .max_delay(Duration::from_secs(1)),
-        )
+        .retry(RetryPolicy::exponential(
+            Duration::from_millis(100),
+            Duration::from_secs(1),
+        ))
         .build()?;
     let running = RunningRelay::start(relay);
 

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use outbox::postgres::PgOutbox;
 use outbox::{NewMessage, TableNames};
-use outbox_test_support::{ChildGuard, no_server, output_within, server_url, wait_for, wait_until};
+use outbox_test_support::{ChildGuard, output_within, server_url, wait_for, wait_until};
 
 mod common;
 
@@ -41,13 +41,8 @@ struct Setup {
 }
 
 async fn setup() -> Setup {
-    let url = server_url(
-        "OUTBOX_TEST_POSTGRES_URL",
-        "postgres://postgres@127.0.0.1:5432/test",
-    );
-    let pool = sqlx::PgPool::connect(&url)
-        .await
-        .unwrap_or_else(|e| no_server("PostgreSQL", "OUTBOX_TEST_POSTGRES_URL", &url, e));
+    let url = outbox_test_support::postgres_url();
+    let pool = outbox_test_support::postgres_pool().await;
     let table = format!("dashboard_{:016x}", fastrand::u64(..));
     let store = PgOutbox::with_names(pool.clone(), TableNames::default().outbox(&table).unwrap());
     store.migrate().await.unwrap();

@@ -6,7 +6,6 @@
 //! once. Prints `kill9 <sink>: kills=… committed=… deliveries=… duplicates=… lost=…`.
 
 use std::collections::HashSet;
-use std::process::Command;
 use std::time::Duration;
 
 use outbox::NewMessage;
@@ -17,10 +16,6 @@ use outbox_test_support::{ChildGuard, wait_until};
 mod common;
 
 const KILLS: usize = 20;
-
-fn env_or(var: &str, default: &str) -> String {
-    std::env::var(var).unwrap_or_else(|_| default.to_owned())
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_loses_nothing_and_resends_only_what_was_in_flight() {
@@ -114,13 +109,8 @@ async fn kill_loop(
     per_cycle: usize,
     resends_metric: Option<&str>,
 ) -> KillRun {
-    let pg_url = env_or(
-        "OUTBOX_TEST_POSTGRES_URL",
-        "postgres://postgres@127.0.0.1:5432/test",
-    );
-    let pool = sqlx::PgPool::connect(&pg_url).await.unwrap_or_else(|e| {
-        panic!("PostgreSQL is not reachable at {pg_url} ({e}); run scripts/services.sh")
-    });
+    let pg_url = outbox_test_support::postgres_url();
+    let pool = outbox_test_support::postgres_pool().await;
     let table = format!("kill9_{:016x}", fastrand::u64(..));
     let outbox = PgOutbox::with_names(pool.clone(), TableNames::default().outbox(&table).unwrap());
     outbox.migrate().await.unwrap();
@@ -172,9 +162,7 @@ async fn kill_loop(
     let start_relay = || {
         ChildGuard::spawn(
             "outbox relay",
-            Command::new(env!("CARGO_BIN_EXE_outbox"))
-                .args(["--config", config.to_str().unwrap(), "relay"])
-                .env_remove("OUTBOX_CONFIG")
+            common::relay_command(&config)
                 .env("RUST_LOG", "error")
                 .env("AWS_REGION", "us-east-1")
                 .env("AWS_ACCESS_KEY_ID", "test")

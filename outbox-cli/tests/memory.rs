@@ -8,7 +8,6 @@
 //! The soak form: `OUTBOX_MEMORY_SOAK=30m` commits 1,000 messages a second for that long
 //! instead, and samples every tenth of the time.
 
-use std::process::Command;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -28,11 +27,8 @@ async fn relay_memory_stays_flat_when_nothing_scrapes_its_metrics() {
     let soak = std::env::var("OUTBOX_MEMORY_SOAK")
         .ok()
         .map(|s| humantime::parse_duration(&s).expect("OUTBOX_MEMORY_SOAK is a duration"));
-    let pg_url = std::env::var("OUTBOX_TEST_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
-    let pool = sqlx::PgPool::connect(&pg_url).await.unwrap_or_else(|e| {
-        panic!("PostgreSQL is not reachable at {pg_url} ({e}); run scripts/services.sh")
-    });
+    let pg_url = outbox_test_support::postgres_url();
+    let pool = outbox_test_support::postgres_pool().await;
     let table = format!("memory_{:016x}", fastrand::u64(..));
     let outbox = PgOutbox::with_names(pool.clone(), TableNames::default().outbox(&table).unwrap());
     outbox.migrate().await.unwrap();
@@ -92,10 +88,7 @@ async fn relay_memory_stays_flat_when_nothing_scrapes_its_metrics() {
     };
     let mut relay = ChildGuard::spawn(
         "outbox relay",
-        Command::new(env!("CARGO_BIN_EXE_outbox"))
-            .args(["--config", config.to_str().unwrap(), "relay"])
-            .env_remove("OUTBOX_CONFIG")
-            .env("RUST_LOG", "error"),
+        common::relay_command(&config).env("RUST_LOG", "error"),
     );
     let pid = relay.id();
     let limit = soak.unwrap_or_default() + Duration::from_secs(540);

@@ -3,7 +3,7 @@
 //! its help text, `/readyz` follows the store and `/slo` the lag objective, and a dead
 //! letter is logged with its root cause.
 
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
@@ -26,11 +26,8 @@ struct Setup {
 }
 
 async fn setup(prefix: &str) -> Setup {
-    let pg_url = std::env::var("OUTBOX_TEST_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
-    let pool = sqlx::PgPool::connect(&pg_url).await.unwrap_or_else(|e| {
-        panic!("PostgreSQL is not reachable at {pg_url} ({e}); run scripts/services.sh")
-    });
+    let pg_url = outbox_test_support::postgres_url();
+    let pool = outbox_test_support::postgres_pool().await;
     let table = format!("{prefix}_{:016x}", fastrand::u64(..));
     let outbox = PgOutbox::with_names(pool.clone(), TableNames::default().outbox(&table).unwrap());
     outbox.migrate().await.unwrap();
@@ -69,9 +66,7 @@ impl Setup {
         let log = std::fs::File::create(self.log_path()).unwrap();
         ChildGuard::spawn(
             "outbox relay",
-            Command::new(env!("CARGO_BIN_EXE_outbox"))
-                .args(["--config", config.to_str().unwrap(), "relay"])
-                .env_remove("OUTBOX_CONFIG")
+            common::relay_command(&config)
                 .env("RUST_LOG", rust_log)
                 .stderr(Stdio::from(log)),
         )

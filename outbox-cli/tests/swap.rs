@@ -2,7 +2,6 @@
 //! route's configuration changed; it serves `/metrics` and `/healthz` meanwhile and stops
 //! gracefully on SIGTERM.
 
-use std::process::Command;
 use std::time::Duration;
 
 use outbox::NewMessage;
@@ -22,12 +21,7 @@ fn env_or(var: &str, default: &str) -> String {
 const LIMIT: Duration = Duration::from_secs(30);
 
 fn start_relay(config: &std::path::Path) -> ChildGuard {
-    ChildGuard::spawn(
-        "outbox relay",
-        Command::new(env!("CARGO_BIN_EXE_outbox"))
-            .args(["--config", config.to_str().unwrap(), "relay"])
-            .env_remove("OUTBOX_CONFIG"),
-    )
+    ChildGuard::spawn("outbox relay", &mut common::relay_command(config))
 }
 
 fn stop_gracefully(mut relay: ChildGuard) {
@@ -50,14 +44,9 @@ fn published_total(metrics: &str) -> Option<f64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_relay_binary_publishes_to_http_then_redis_by_config_only() {
-    let pg_url = env_or(
-        "OUTBOX_TEST_POSTGRES_URL",
-        "postgres://postgres@127.0.0.1:5432/test",
-    );
     let redis_url = env_or("OUTBOX_TEST_REDIS_URL", "redis://127.0.0.1:6379/");
-    let pool = sqlx::PgPool::connect(&pg_url).await.unwrap_or_else(|e| {
-        panic!("PostgreSQL is not reachable at {pg_url} ({e}); run scripts/services.sh")
-    });
+    let pg_url = outbox_test_support::postgres_url();
+    let pool = outbox_test_support::postgres_pool().await;
     let table = format!("swap_{:016x}", fastrand::u64(..));
     let outbox = PgOutbox::with_names(pool.clone(), TableNames::default().outbox(&table).unwrap());
     outbox.migrate().await.unwrap();

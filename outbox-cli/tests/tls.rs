@@ -3,7 +3,6 @@
 //! clients, in front of the test RabbitMQ.
 
 use std::collections::HashSet;
-use std::process::Command;
 use std::time::Duration;
 
 use outbox::NewMessage;
@@ -15,13 +14,8 @@ mod common;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_relay_binary_publishes_to_an_amqps_route() {
-    let pg_url = outbox_test_support::server_url(
-        "OUTBOX_TEST_POSTGRES_URL",
-        "postgres://postgres@127.0.0.1:5432/test",
-    );
-    let pool = sqlx::PgPool::connect(&pg_url).await.unwrap_or_else(|e| {
-        outbox_test_support::no_server("PostgreSQL", "OUTBOX_TEST_POSTGRES_URL", &pg_url, e)
-    });
+    let pg_url = outbox_test_support::postgres_url();
+    let pool = outbox_test_support::postgres_pool().await;
     let table = format!("tls_{:016x}", fastrand::u64(..));
     let outbox = PgOutbox::with_names(pool.clone(), TableNames::default().outbox(&table).unwrap());
     outbox.migrate().await.unwrap();
@@ -59,10 +53,7 @@ async fn the_relay_binary_publishes_to_an_amqps_route() {
     .unwrap();
     let mut relay = ChildGuard::spawn(
         "outbox relay",
-        Command::new(env!("CARGO_BIN_EXE_outbox"))
-            .args(["--config", config.to_str().unwrap(), "relay"])
-            .env_remove("OUTBOX_CONFIG")
-            .env("RUST_LOG", "error"),
+        common::relay_command(&config).env("RUST_LOG", "error"),
     );
     wait_until(
         "every message delivered over amqps://",

@@ -24,13 +24,6 @@ fn env_or(var: &str, default: &str) -> String {
     std::env::var(var).unwrap_or_else(|_| default.to_owned())
 }
 
-fn postgres_url() -> String {
-    env_or(
-        "OUTBOX_TEST_POSTGRES_URL",
-        "postgres://postgres@127.0.0.1:5432/test",
-    )
-}
-
 fn writers_dir() -> PathBuf {
     let home = std::env::var("HOME").unwrap_or_default();
     Path::new(&home).join(".cache/outbox-writers")
@@ -133,12 +126,7 @@ async fn writers_are_delivered_in_commit_order(mut setup: Setup, transactions: u
         ),
     )
     .unwrap();
-    let _relay = ChildGuard::spawn(
-        "outbox relay",
-        Command::new(env!("CARGO_BIN_EXE_outbox"))
-            .args(["--config", config.to_str().unwrap(), "relay"])
-            .env_remove("OUTBOX_CONFIG"),
-    );
+    let _relay = ChildGuard::spawn("outbox relay", &mut common::relay_command(&config));
 
     let seed = fastrand::u32(..).to_string();
     eprintln!("writer seed {seed}");
@@ -302,7 +290,7 @@ async fn writers_on_postgres(url: String, prefix: &str, writer: Command, transac
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_writers_on_postgres_are_delivered_in_commit_order() {
-    let url = postgres_url();
+    let url = outbox_test_support::postgres_url();
     let mut writer = Command::new(python());
     writer.args([script("writer.py"), "postgres".to_owned(), url.clone()]);
     writers_on_postgres(url, "pywriter", writer, TRANSACTIONS).await;
@@ -338,7 +326,7 @@ async fn python_writers_on_mysql_are_delivered_in_commit_order() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_writers_on_postgres_are_delivered_in_commit_order() {
-    let url = postgres_url();
+    let url = outbox_test_support::postgres_url();
     let node = program(
         "OUTBOX_TEST_NODE",
         PathBuf::from("node"),

@@ -1,7 +1,7 @@
 //! Drivers: how a store or a sink is built from its URL and settings, so that the front
-//! crate can pick one by URL scheme without knowing any backend. Each backend crate
-//! exposes a [`StoreDriver`] or [`SinkDriver`] constant, derived from the [`UrlStore`] or
-//! [`RouteSink`] it implements (`SinkDriver::of::<RedisSink>()`); the front crate's
+//! crate can pick one by URL scheme without knowing any backend. A driver is derived from
+//! the [`UrlStore`] or [`RouteSink`] a backend implements (`SinkDriver::of::<RedisSink>()`,
+//! [`route_sink!`](crate::route_sink) writes the usual `RouteSink`); the front crate's
 //! registry installs the ones its Cargo features compiled in, and applications add their
 //! own, derived the same way or written out:
 //!
@@ -461,6 +461,74 @@ pub trait RouteSink: Sink + Sized {
         let _ = config;
         Ok(Vec::new())
     }
+}
+
+/// Implements [`RouteSink`] for a sink built the usual way: `Sink::connect(config)`
+/// builds it, `config.validate()` checks its settings offline, `error.is_retryable()`
+/// says whether building again can help and, with `url_options` last, the config's
+/// `take_url_options` moves the options in its URL's query into its fields.
+///
+/// ```
+/// # use outbox_engine::testkit::RecordingSink;
+/// # use outbox_engine::{Failure, Message, Outcome, PublishContext};
+/// # #[derive(serde::Deserialize)]
+/// # struct MemoryConfig;
+/// # impl MemoryConfig {
+/// #     fn validate(&self) -> Result<(), MemoryError> { Ok(()) }
+/// # }
+/// # #[derive(Debug, thiserror::Error)]
+/// # #[error("never")]
+/// # struct MemoryError;
+/// # impl MemoryError {
+/// #     fn is_retryable(&self) -> bool { false }
+/// # }
+/// struct Memory(RecordingSink);
+/// # impl outbox_engine::Sink for Memory {
+/// #     async fn publish(&self, batch: &[Message], cx: &PublishContext)
+/// #         -> Result<Vec<Outcome>, Failure> { self.0.publish(batch, cx).await }
+/// # }
+///
+/// impl Memory {
+///     async fn connect(_: MemoryConfig) -> Result<Self, MemoryError> {
+///         Ok(Memory(RecordingSink::new()))
+///     }
+/// }
+///
+/// outbox_engine::route_sink!(Memory, ["memory"], MemoryConfig, MemoryError);
+///
+/// let driver = outbox_engine::registry::SinkDriver::of::<Memory>();
+/// assert!(driver.handles("memory://anything"));
+/// ```
+#[macro_export]
+macro_rules! route_sink {
+    ($sink:ty, [$($scheme:literal),+], $config:ty, $error:ty $(, $url_options:ident)?) => {
+        impl $crate::registry::RouteSink for $sink {
+            const SCHEMES: &'static [&'static str] = &[$($scheme),+];
+            type Config = $config;
+            type Error = $error;
+
+            async fn connect(config: $config) -> ::core::result::Result<Self, $error> {
+                <$sink>::connect(config).await
+            }
+
+            fn is_retryable(error: &$error) -> bool {
+                error.is_retryable()
+            }
+
+            fn check(config: &$config) -> ::core::result::Result<(), $error> {
+                config.validate().map(drop)
+            }
+
+            $($crate::route_sink!(@$url_options $config, $error);)?
+        }
+    };
+    (@url_options $config:ty, $error:ty) => {
+        fn url_options(
+            config: &mut $config,
+        ) -> ::core::result::Result<::std::vec::Vec<&'static str>, $error> {
+            config.take_url_options()
+        }
+    };
 }
 
 /// The route's settings as `S::Config`, with the options of its URL moved in.

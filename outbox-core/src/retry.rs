@@ -18,9 +18,7 @@ use crate::sink::Failure;
 /// use std::time::Duration;
 /// use outbox_engine::RetryPolicy;
 ///
-/// let policy = RetryPolicy::default()
-///     .initial_delay(Duration::from_millis(500))
-///     .max_delay(Duration::from_secs(60))
+/// let policy = RetryPolicy::exponential(Duration::from_millis(500), Duration::from_secs(60))
 ///     .max_attempts(10)
 ///     .max_age(Some(Duration::from_secs(24 * 3600)));
 /// assert!(policy.backoff(3) <= Duration::from_secs(2));
@@ -55,6 +53,21 @@ pub enum Decision {
 }
 
 impl RetryPolicy {
+    /// Backoff from `initial`, doubling up to `max`; the attempt and age limits are the
+    /// defaults.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use outbox_engine::RetryPolicy;
+    ///
+    /// let policy = RetryPolicy::exponential(Duration::from_millis(20), Duration::from_secs(1));
+    /// assert!(policy.backoff(10) <= Duration::from_secs(1));
+    /// assert_eq!(policy.attempt_limit(), RetryPolicy::default().attempt_limit());
+    /// ```
+    pub fn exponential(initial: Duration, max: Duration) -> Self {
+        Self::default().initial_delay(initial).max_delay(max)
+    }
+
     /// The base of the exponential backoff.
     pub fn initial_delay(mut self, delay: Duration) -> Self {
         self.initial_delay = delay;

@@ -52,9 +52,7 @@ async fn keys_arrive_in_commit_order_through_failures_and_kills() {
             .poll_interval(Duration::from_millis(10))
             .wakeup(store.wakeup())
             .retry(
-                RetryPolicy::default()
-                    .initial_delay(Duration::from_millis(1))
-                    .max_delay(Duration::from_millis(10))
+                RetryPolicy::exponential(Duration::from_millis(1), Duration::from_millis(10))
                     .max_attempts(1000),
             )
             .build()

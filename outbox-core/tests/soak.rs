@@ -50,9 +50,7 @@ async fn soak_with_flaky_sink_and_killed_relays_loses_nothing() {
             .poll_interval(Duration::from_millis(20))
             .wakeup(store.wakeup())
             .retry(
-                RetryPolicy::default()
-                    .initial_delay(Duration::from_millis(1))
-                    .max_delay(Duration::from_millis(20))
+                RetryPolicy::exponential(Duration::from_millis(1), Duration::from_millis(20))
                     .max_attempts(1000),
             )
             .build()

@@ -140,19 +140,33 @@ impl Default for Registry {
         #[cfg(feature = "mysql")]
         registry.stores.extend([outbox_sqlx::MYSQL, diesel::MYSQL]);
         #[cfg(feature = "http")]
-        registry.sinks.push(outbox_sink_http::DRIVER);
+        registry
+            .sinks
+            .push(SinkDriver::of::<outbox_sink_http::HttpSink>());
         #[cfg(feature = "redis")]
-        registry.sinks.push(outbox_sink_redis::DRIVER);
+        registry
+            .sinks
+            .push(SinkDriver::of::<outbox_sink_redis::RedisSink>());
         #[cfg(feature = "amqp")]
-        registry.sinks.push(outbox_sink_amqp::DRIVER);
+        registry
+            .sinks
+            .push(SinkDriver::of::<outbox_sink_amqp::AmqpSink>());
         #[cfg(feature = "kafka")]
-        registry.sinks.push(outbox_sink_kafka::DRIVER);
+        registry
+            .sinks
+            .push(SinkDriver::of::<outbox_sink_kafka::KafkaSink>());
         #[cfg(feature = "sqs")]
-        registry.sinks.push(outbox_sink_sqs::DRIVER);
+        registry
+            .sinks
+            .push(SinkDriver::of::<outbox_sink_sqs::SqsSink>());
         #[cfg(feature = "nats")]
-        registry.sinks.push(outbox_sink_nats::DRIVER);
+        registry
+            .sinks
+            .push(SinkDriver::of::<outbox_sink_nats::NatsSink>());
         #[cfg(feature = "mqtt")]
-        registry.sinks.push(outbox_sink_mqtt::DRIVER);
+        registry
+            .sinks
+            .push(SinkDriver::of::<outbox_sink_mqtt::MqttSink>());
         registry
     }
 }

@@ -74,13 +74,7 @@ async fn traceparent_reaches_http_and_redis_receivers_unchanged() {
     )
     .expect("the only subscriber of this test binary");
 
-    let pg_url = server_url(
-        "OUTBOX_TEST_POSTGRES_URL",
-        "postgres://postgres@127.0.0.1:5432/test",
-    );
-    let pool = sqlx::PgPool::connect(&pg_url)
-        .await
-        .unwrap_or_else(|e| no_server("PostgreSQL", "OUTBOX_TEST_POSTGRES_URL", &pg_url, e));
+    let pool = outbox_test_support::postgres_pool().await;
     let redis_url = server_url("OUTBOX_TEST_REDIS_URL", "redis://127.0.0.1:6379/");
     let mut redis = redis::Client::open(redis_url.as_str())
         .unwrap()

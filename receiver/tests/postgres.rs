@@ -197,11 +197,10 @@ async fn exactly_one_side_effect_per_committed_message_despite_redeliveries() {
     let relay = Relay::builder(outbox.clone())
         .route(DESTINATION, sink.clone())
         .batch_size(7)
-        .retry(
-            RetryPolicy::default()
-                .initial_delay(Duration::from_millis(50))
-                .max_delay(Duration::from_millis(100)),
-        )
+        .retry(RetryPolicy::exponential(
+            Duration::from_millis(50),
+            Duration::from_millis(100),
+        ))
         .build()
         .unwrap();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);

@@ -82,32 +82,13 @@ pub use error::{AmqpSinkError, classify};
 pub use receive::{read_delivery, read_parts};
 pub use sink::AmqpSink;
 
-/// The driver for `amqp://` and `amqps://` routes: parses the route's settings as an
-/// [`AmqpSinkConfig`] and [`connect`](AmqpSink::connect)s, checking the broker.
-pub const DRIVER: outbox_engine::registry::SinkDriver =
-    outbox_engine::registry::SinkDriver::of::<AmqpSink>();
-
-impl outbox_engine::registry::RouteSink for AmqpSink {
-    const SCHEMES: &'static [&'static str] = &["amqp", "amqps"];
-    type Config = AmqpSinkConfig;
-    type Error = AmqpSinkError;
-
-    async fn connect(config: AmqpSinkConfig) -> Result<Self, AmqpSinkError> {
-        AmqpSink::connect(config).await
-    }
-
-    fn is_retryable(error: &AmqpSinkError) -> bool {
-        error.is_retryable()
-    }
-
-    fn check(config: &AmqpSinkConfig) -> Result<(), AmqpSinkError> {
-        config.validate()
-    }
-
-    fn url_options(config: &mut AmqpSinkConfig) -> Result<Vec<&'static str>, AmqpSinkError> {
-        config.take_url_options()
-    }
-}
+outbox_engine::route_sink!(
+    AmqpSink,
+    ["amqp", "amqps"],
+    AmqpSinkConfig,
+    AmqpSinkError,
+    url_options
+);
 
 /// The `lapin` client crate this sink is built on, for matching versions.
 pub use lapin as client;

@@ -60,9 +60,7 @@ async fn connection_closed_by_the_broker_and_app_restart_lose_nothing() {
         .concurrency(2)
         .poll_interval(Duration::from_millis(20))
         .retry(
-            RetryPolicy::default()
-                .initial_delay(Duration::from_millis(50))
-                .max_delay(Duration::from_millis(500))
+            RetryPolicy::exponential(Duration::from_millis(50), Duration::from_millis(500))
                 .max_attempts(1_000),
         )
         .build()
@@ -283,9 +281,7 @@ async fn a_message_the_broker_refuses_is_dead_lettered_alone() {
         )
         .batch_size(10)
         .retry(
-            RetryPolicy::default()
-                .initial_delay(Duration::from_millis(20))
-                .max_delay(Duration::from_millis(200))
+            RetryPolicy::exponential(Duration::from_millis(20), Duration::from_millis(200))
                 .max_attempts(50),
         )
         .build()

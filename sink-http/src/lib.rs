@@ -86,11 +86,6 @@ pub use error::{HttpSinkError, parse_retry_after};
 pub use fanout::{FanOutError, fan_out};
 pub use sink::HttpSink;
 
-/// The driver for `http://` and `https://` routes: parses the route's settings as an
-/// [`HttpSinkConfig`] and builds the sink.
-pub const DRIVER: outbox_engine::registry::SinkDriver =
-    outbox_engine::registry::SinkDriver::of::<HttpSink>();
-
 impl outbox_engine::registry::RouteSink for HttpSink {
     const SCHEMES: &'static [&'static str] = &["http", "https"];
     type Config = HttpSinkConfig;

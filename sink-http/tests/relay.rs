@@ -111,11 +111,10 @@ async fn retryable_answers_are_retried_and_retry_after_reaches_the_row() {
             common::sink(common::config(server.url("/throttled"))),
         )
         .route("flaky", common::sink(common::config(server.url("/flaky"))))
-        .retry(
-            RetryPolicy::default()
-                .initial_delay(Duration::from_millis(50))
-                .max_delay(Duration::from_millis(50)),
-        )
+        .retry(RetryPolicy::exponential(
+            Duration::from_millis(50),
+            Duration::from_millis(50),
+        ))
         .build()
         .unwrap();
     let before = Utc::now();
@@ -288,11 +287,10 @@ async fn a_500_storm_opens_the_circuit_and_the_rest_wait_without_using_attempts(
     let relay = Relay::builder(store.clone())
         .route("api", Arc::clone(&sink))
         .batch_size(12)
-        .retry(
-            RetryPolicy::default()
-                .initial_delay(Duration::from_millis(10))
-                .max_delay(Duration::from_millis(10)),
-        )
+        .retry(RetryPolicy::exponential(
+            Duration::from_millis(10),
+            Duration::from_millis(10),
+        ))
         .build()
         .unwrap();
 
@@ -364,11 +362,10 @@ async fn a_429_with_retry_after_pauses_the_route() {
     let ids = enqueue(&store, "api", 5);
     let relay = Relay::builder(store.clone())
         .route("api", Arc::clone(&sink))
-        .retry(
-            RetryPolicy::default()
-                .initial_delay(Duration::from_millis(10))
-                .max_delay(Duration::from_millis(10)),
-        )
+        .retry(RetryPolicy::exponential(
+            Duration::from_millis(10),
+            Duration::from_millis(10),
+        ))
         .build()
         .unwrap();
     let before = Utc::now();

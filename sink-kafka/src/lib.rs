@@ -79,28 +79,7 @@ pub use error::{KafkaSinkError, classify};
 pub use receive::{read_parts, read_record};
 pub use sink::KafkaSink;
 
-/// The driver for `kafka://` routes: parses the route's settings as a
-/// [`KafkaSinkConfig`] and [`connect`](KafkaSink::connect)s, checking the cluster.
-pub const DRIVER: outbox_engine::registry::SinkDriver =
-    outbox_engine::registry::SinkDriver::of::<KafkaSink>();
-
-impl outbox_engine::registry::RouteSink for KafkaSink {
-    const SCHEMES: &'static [&'static str] = &["kafka"];
-    type Config = KafkaSinkConfig;
-    type Error = KafkaSinkError;
-
-    async fn connect(config: KafkaSinkConfig) -> Result<Self, KafkaSinkError> {
-        KafkaSink::connect(config).await
-    }
-
-    fn is_retryable(error: &KafkaSinkError) -> bool {
-        error.is_retryable()
-    }
-
-    fn check(config: &KafkaSinkConfig) -> Result<(), KafkaSinkError> {
-        config.validate()
-    }
-}
+outbox_engine::route_sink!(KafkaSink, ["kafka"], KafkaSinkConfig, KafkaSinkError);
 
 /// The `rdkafka` client crate this sink is built on, for matching versions.
 pub use rdkafka as client;

@@ -134,10 +134,11 @@ impl RunningRelay {
             .poll_interval(Duration::from_millis(20))
             .shutdown_grace(Duration::from_secs(2))
             .retry(
-                outbox_engine::RetryPolicy::default()
-                    .initial_delay(Duration::from_millis(100))
-                    .max_delay(Duration::from_secs(1))
-                    .max_attempts(1_000),
+                outbox_engine::RetryPolicy::exponential(
+                    Duration::from_millis(100),
+                    Duration::from_secs(1),
+                )
+                .max_attempts(1_000),
             )
             .build()
             .unwrap();

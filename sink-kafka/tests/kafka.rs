@@ -184,13 +184,7 @@ async fn a_redelivered_message_is_a_duplicate_in_the_consumers_inbox() {
     use outbox_sqlx::postgres::PgInbox;
     use outbox_sqlx::{Delivery, Inbox};
 
-    let pg_url = outbox_test_support::server_url(
-        "OUTBOX_TEST_POSTGRES_URL",
-        "postgres://postgres@127.0.0.1:5432/test",
-    );
-    let pool = sqlx::PgPool::connect(&pg_url).await.unwrap_or_else(|e| {
-        outbox_test_support::no_server("PostgreSQL", "OUTBOX_TEST_POSTGRES_URL", &pg_url, e)
-    });
+    let pool = outbox_test_support::postgres_pool().await;
     let table = format!("kafka_inbox_{:016x}", fastrand::u64(..));
     let inbox = PgInbox::with_names(outbox_sqlx::TableNames::default().inbox(&table).unwrap());
     inbox.migrate(&pool).await.unwrap();
@@ -598,9 +592,10 @@ async fn the_driver_builds_a_route_from_its_settings() {
             "properties": { "compression.type": "lz4" },
         }),
     };
-    let sink = (outbox_sink_kafka::DRIVER.build)(&route)
-        .await
-        .expect("the route starts");
+    let sink =
+        (outbox_engine::registry::SinkDriver::of::<outbox_sink_kafka::KafkaSink>().build)(&route)
+            .await
+            .expect("the route starts");
     let message = sink_suite::messages("events", 1);
     let outcomes = sink
         .publish_dyn(&message, &PublishContext::default())

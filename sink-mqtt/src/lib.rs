@@ -82,32 +82,13 @@ pub use error::MqttSinkError;
 pub use receive::{read_envelope, read_properties, read_publish};
 pub use sink::MqttSink;
 
-/// The driver for `mqtt://` and `mqtts://` routes: parses the route's settings as an [`MqttSinkConfig`]
-/// and [`connect`](MqttSink::connect)s.
-pub const DRIVER: outbox_engine::registry::SinkDriver =
-    outbox_engine::registry::SinkDriver::of::<MqttSink>();
-
-impl outbox_engine::registry::RouteSink for MqttSink {
-    const SCHEMES: &'static [&'static str] = &["mqtt", "mqtts"];
-    type Config = MqttSinkConfig;
-    type Error = MqttSinkError;
-
-    async fn connect(config: MqttSinkConfig) -> Result<Self, MqttSinkError> {
-        MqttSink::connect(config).await
-    }
-
-    fn is_retryable(error: &MqttSinkError) -> bool {
-        error.is_retryable()
-    }
-
-    fn check(config: &MqttSinkConfig) -> Result<(), MqttSinkError> {
-        config.validate()
-    }
-
-    fn url_options(config: &mut MqttSinkConfig) -> Result<Vec<&'static str>, MqttSinkError> {
-        config.take_url_options()
-    }
-}
+outbox_engine::route_sink!(
+    MqttSink,
+    ["mqtt", "mqtts"],
+    MqttSinkConfig,
+    MqttSinkError,
+    url_options
+);
 
 /// The `rumqttc` client crate this sink is built on, for matching versions.
 pub use rumqttc as client;

@@ -122,13 +122,7 @@ async fn a_redelivered_message_is_a_duplicate_in_the_consumers_inbox() {
     use outbox_sqlx::postgres::PgInbox;
     use outbox_sqlx::{Delivery, Inbox};
 
-    let pg_url = outbox_test_support::server_url(
-        "OUTBOX_TEST_POSTGRES_URL",
-        "postgres://postgres@127.0.0.1:5432/test",
-    );
-    let pool = sqlx::PgPool::connect(&pg_url).await.unwrap_or_else(|e| {
-        outbox_test_support::no_server("PostgreSQL", "OUTBOX_TEST_POSTGRES_URL", &pg_url, e)
-    });
+    let pool = outbox_test_support::postgres_pool().await;
     let table = format!("mqtt_inbox_{:016x}", fastrand::u64(..));
     let inbox = PgInbox::with_names(outbox_sqlx::TableNames::default().inbox(&table).unwrap());
     inbox.migrate(&pool).await.unwrap();

@@ -75,32 +75,13 @@ pub use error::{NatsSinkError, classify};
 pub use receive::{read_message, read_parts};
 pub use sink::NatsSink;
 
-/// The driver for `nats://` and `nats+tls://` routes: parses the route's settings as a
-/// [`NatsSinkConfig`] and [`connect`](NatsSink::connect)s, checking the server.
-pub const DRIVER: outbox_engine::registry::SinkDriver =
-    outbox_engine::registry::SinkDriver::of::<NatsSink>();
-
-impl outbox_engine::registry::RouteSink for NatsSink {
-    const SCHEMES: &'static [&'static str] = &["nats", "nats+tls"];
-    type Config = NatsSinkConfig;
-    type Error = NatsSinkError;
-
-    async fn connect(config: NatsSinkConfig) -> Result<Self, NatsSinkError> {
-        NatsSink::connect(config).await
-    }
-
-    fn is_retryable(error: &NatsSinkError) -> bool {
-        error.is_retryable()
-    }
-
-    fn check(config: &NatsSinkConfig) -> Result<(), NatsSinkError> {
-        config.validate()
-    }
-
-    fn url_options(config: &mut NatsSinkConfig) -> Result<Vec<&'static str>, NatsSinkError> {
-        config.take_url_options()
-    }
-}
+outbox_engine::route_sink!(
+    NatsSink,
+    ["nats", "nats+tls"],
+    NatsSinkConfig,
+    NatsSinkError,
+    url_options
+);
 
 /// The `async-nats` client crate this sink is built on, for matching versions.
 pub use async_nats as client;

@@ -111,32 +111,13 @@ pub use error::{RedisSinkError, classify, classify_reply};
 pub use receive::read_stream_entry;
 pub use sink::RedisSink;
 
-/// The driver for `redis://` and `rediss://` routes: parses the route's settings as a
-/// [`RedisSinkConfig`] and [`connect`](RedisSink::connect)s, checking the server.
-pub const DRIVER: outbox_engine::registry::SinkDriver =
-    outbox_engine::registry::SinkDriver::of::<RedisSink>();
-
-impl outbox_engine::registry::RouteSink for RedisSink {
-    const SCHEMES: &'static [&'static str] = &["redis", "rediss"];
-    type Config = RedisSinkConfig;
-    type Error = RedisSinkError;
-
-    async fn connect(config: RedisSinkConfig) -> Result<Self, RedisSinkError> {
-        RedisSink::connect(config).await
-    }
-
-    fn is_retryable(error: &RedisSinkError) -> bool {
-        error.is_retryable()
-    }
-
-    fn check(config: &RedisSinkConfig) -> Result<(), RedisSinkError> {
-        config.validate().map(drop)
-    }
-
-    fn url_options(config: &mut RedisSinkConfig) -> Result<Vec<&'static str>, RedisSinkError> {
-        config.take_url_options()
-    }
-}
+outbox_engine::route_sink!(
+    RedisSink,
+    ["redis", "rediss"],
+    RedisSinkConfig,
+    RedisSinkError,
+    url_options
+);
 
 /// The `redis` client crate this sink is built on (with its `streams` commands and
 /// reply types, and the Tokio connections), for consumers at the version the sink is

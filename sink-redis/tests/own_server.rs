@@ -43,9 +43,7 @@ async fn redis_killed_mid_run_and_restarted_loses_nothing() {
         .poll_interval(Duration::from_millis(20))
         .wakeup(store.wakeup())
         .retry(
-            RetryPolicy::default()
-                .initial_delay(Duration::from_millis(20))
-                .max_delay(Duration::from_millis(300))
+            RetryPolicy::exponential(Duration::from_millis(20), Duration::from_millis(300))
                 .max_attempts(10_000),
         )
         .build()

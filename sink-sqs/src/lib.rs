@@ -87,29 +87,12 @@ pub use receive::{
 };
 pub use sink::{MAX_BATCH_BYTES, MAX_BATCH_ENTRIES, SqsSink, sqs_id};
 
-/// The driver for `sqs://`, `sqs+https://` and `sqs+http://` routes: parses the route's
-/// settings as an [`SqsSinkConfig`] and [`connect`](SqsSink::connect)s, reading the
-/// queue.
-pub const DRIVER: outbox_engine::registry::SinkDriver =
-    outbox_engine::registry::SinkDriver::of::<SqsSink>();
-
-impl outbox_engine::registry::RouteSink for SqsSink {
-    const SCHEMES: &'static [&'static str] = &["sqs", "sqs+https", "sqs+http"];
-    type Config = SqsSinkConfig;
-    type Error = SqsSinkError;
-
-    async fn connect(config: SqsSinkConfig) -> Result<Self, SqsSinkError> {
-        SqsSink::connect(config).await
-    }
-
-    fn is_retryable(error: &SqsSinkError) -> bool {
-        error.is_retryable()
-    }
-
-    fn check(config: &SqsSinkConfig) -> Result<(), SqsSinkError> {
-        config.validate()
-    }
-}
+outbox_engine::route_sink!(
+    SqsSink,
+    ["sqs", "sqs+https", "sqs+http"],
+    SqsSinkConfig,
+    SqsSinkError
+);
 
 /// The `aws-sdk-sqs` client crate this sink is built on, for matching versions.
 pub use aws_sdk_sqs as client;

@@ -33,10 +33,11 @@ async fn an_emulator_killed_and_restarted_mid_run_loses_nothing() {
         .batch_size(50)
         .poll_interval(Duration::from_millis(20))
         .retry(
-            outbox_engine::RetryPolicy::default()
-                .initial_delay(Duration::from_millis(100))
-                .max_delay(Duration::from_secs(1))
-                .max_attempts(1_000),
+            outbox_engine::RetryPolicy::exponential(
+                Duration::from_millis(100),
+                Duration::from_secs(1),
+            )
+            .max_attempts(1_000),
         )
         .build()
         .unwrap();

@@ -181,13 +181,7 @@ async fn a_redelivered_message_is_a_duplicate_in_the_consumers_inbox() {
     use outbox_sqlx::postgres::PgInbox;
     use outbox_sqlx::{Delivery, Inbox};
 
-    let pg_url = outbox_test_support::server_url(
-        "OUTBOX_TEST_POSTGRES_URL",
-        "postgres://postgres@127.0.0.1:5432/test",
-    );
-    let pool = sqlx::PgPool::connect(&pg_url).await.unwrap_or_else(|e| {
-        outbox_test_support::no_server("PostgreSQL", "OUTBOX_TEST_POSTGRES_URL", &pg_url, e)
-    });
+    let pool = outbox_test_support::postgres_pool().await;
     let table = format!("sqs_inbox_{:016x}", fastrand::u64(..));
     let inbox = PgInbox::with_names(outbox_sqlx::TableNames::default().inbox(&table).unwrap());
     inbox.migrate(&pool).await.unwrap();
@@ -325,11 +319,10 @@ async fn a_partly_failed_batch_marks_the_successes_dead_letters_sender_faults_an
         .collect();
     let relay = Relay::builder(store.clone())
         .route("billing", sink)
-        .retry(
-            outbox_engine::RetryPolicy::default()
-                .initial_delay(Duration::from_millis(10))
-                .max_delay(Duration::from_millis(50)),
-        )
+        .retry(outbox_engine::RetryPolicy::exponential(
+            Duration::from_millis(10),
+            Duration::from_millis(50),
+        ))
         .build()
         .unwrap();
     outbox_test_support::wait_until(
@@ -648,9 +641,10 @@ async fn the_driver_builds_a_route_from_its_settings() {
             "secret_access_key": "test",
         }),
     };
-    let sink = (outbox_sink_sqs::DRIVER.build)(&route)
-        .await
-        .expect("the route starts");
+    let sink =
+        (outbox_engine::registry::SinkDriver::of::<outbox_sink_sqs::SqsSink>().build)(&route)
+            .await
+            .expect("the route starts");
     let mut message = sink_suite::messages("events", 1);
     message[0].partition_key = None;
     let outcomes = sink

@@ -233,6 +233,25 @@ pub fn no_server(what: &str, var: &str, url: &str, error: impl std::fmt::Display
     )
 }
 
+/// The variable naming the test PostgreSQL server.
+pub const POSTGRES_VAR: &str = "OUTBOX_TEST_POSTGRES_URL";
+
+/// The test PostgreSQL server: `$OUTBOX_TEST_POSTGRES_URL`, or the database
+/// `scripts/services.sh` creates.
+pub fn postgres_url() -> String {
+    server_url(POSTGRES_VAR, "postgres://postgres@127.0.0.1:5432/test")
+}
+
+/// A pool on the test PostgreSQL server; without one the test fails, saying how to
+/// start it.
+#[cfg(feature = "postgres")]
+pub async fn postgres_pool() -> sqlx::PgPool {
+    let url = postgres_url();
+    sqlx::PgPool::connect(&url)
+        .await
+        .unwrap_or_else(|e| no_server("PostgreSQL", POSTGRES_VAR, &url, e))
+}
+
 /// Runs `command` to completion and returns its output; kills it and panics if it takes
 /// longer than `limit`.
 pub fn output_within(what: &str, limit: Duration, command: &mut Command) -> Output {

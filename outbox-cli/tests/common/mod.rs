@@ -1,5 +1,5 @@
-//! Shared by the CLI tests: the consumers (from the battery crate), a tiny HTTP client, and
-//! rows left published, dead or pending.
+//! Shared by the CLI tests: the relay command, the consumers (from the battery crate), a
+//! tiny HTTP client, and rows left published, dead or pending.
 #![allow(dead_code, unused_imports, unreachable_pub)]
 
 use std::time::Duration;
@@ -11,6 +11,17 @@ pub use outbox_battery::consumers::{
     Received, amqp_consumer, delete_amqp_queue, delete_nats_stream, kafka_consumer, mqtt_consumer,
     nats_consumer, recording_receiver, sqs_consumer,
 };
+
+/// `outbox --config <config> relay`, ignoring any `OUTBOX_CONFIG` in the environment.
+pub fn relay_command(config: &std::path::Path) -> std::process::Command {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_outbox"));
+    command
+        .arg("--config")
+        .arg(config)
+        .arg("relay")
+        .env_remove("OUTBOX_CONFIG");
+    command
+}
 
 /// A webhook receiver that counts what it gets and answers 204: its URL and the count.
 pub async fn counting_receiver() -> (String, std::sync::Arc<std::sync::atomic::AtomicU64>) {

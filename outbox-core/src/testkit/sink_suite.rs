@@ -34,6 +34,19 @@ pub struct Delivered {
     pub headers: Headers,
 }
 
+impl From<crate::receive::Received> for Delivered {
+    /// What a consumer read back with the sink crate's reader (`read_delivery`, say).
+    fn from(received: crate::receive::Received) -> Self {
+        Self {
+            id: received.id.to_string(),
+            idempotency_key: received.idempotency_key,
+            event_type: received.event_type,
+            payload: received.payload,
+            headers: received.headers,
+        }
+    }
+}
+
 impl Delivered {
     /// What a perfect receiver would see for `message`.
     pub fn expected(message: &Message) -> Self {

@@ -16,9 +16,10 @@ pub fn fresh_table(prefix: &str) -> String {
 /// A test's retry policy: backoffs from `initial_ms` up to `max_ms` milliseconds (chain
 /// `.max_attempts(n)`).
 pub fn backoff_ms(initial_ms: u64, max_ms: u64) -> outbox_engine::RetryPolicy {
-    outbox_engine::RetryPolicy::default()
-        .initial_delay(std::time::Duration::from_millis(initial_ms))
-        .max_delay(std::time::Duration::from_millis(max_ms))
+    outbox_engine::RetryPolicy::exponential(
+        std::time::Duration::from_millis(initial_ms),
+        std::time::Duration::from_millis(max_ms),
+    )
 }
 
 /// A small JSON message for `destination`.

@@ -143,13 +143,7 @@ impl Broker {
 /// A delivery as the sink suite compares it, decoded with the crate's consumer helper.
 pub fn delivered(delivery: &lapin::message::Delivery) -> Delivered {
     let received = read_delivery(delivery).expect("an outbox message");
-    Delivered {
-        id: received.id.to_string(),
-        idempotency_key: received.idempotency_key,
-        event_type: received.event_type,
-        payload: received.payload,
-        headers: received.headers,
-    }
+    Delivered::from(received)
 }
 
 /// A header of a delivery as text.

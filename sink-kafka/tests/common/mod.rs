@@ -180,13 +180,7 @@ impl Reader {
 /// A record as the conformance suite compares it.
 pub fn delivered(record: &OwnedMessage) -> Delivered {
     let received = read_record(record).expect("an outbox record");
-    Delivered {
-        id: received.id.to_string(),
-        idempotency_key: received.idempotency_key,
-        event_type: received.event_type,
-        payload: received.payload,
-        headers: received.headers,
-    }
+    Delivered::from(received)
 }
 
 /// The record's key as text.

@@ -114,13 +114,7 @@ pub fn delivered(publish: &Publish, protocol: Protocol) -> Delivered {
         _ => read_publish(publish),
     }
     .expect("an outbox message");
-    Delivered {
-        id: received.id.to_string(),
-        idempotency_key: received.idempotency_key,
-        event_type: received.event_type,
-        payload: received.payload,
-        headers: received.headers,
-    }
+    Delivered::from(received)
 }
 
 /// Connects a sink; a missing broker fails the test with instructions.

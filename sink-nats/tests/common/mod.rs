@@ -106,13 +106,7 @@ impl Server {
 /// helper.
 pub fn delivered(message: &jetstream::message::StreamMessage) -> Delivered {
     let received = read_parts(Some(&message.headers), &message.payload).expect("an outbox message");
-    Delivered {
-        id: received.id.to_string(),
-        idempotency_key: received.idempotency_key,
-        event_type: received.event_type,
-        payload: received.payload,
-        headers: received.headers,
-    }
+    Delivered::from(received)
 }
 
 /// Connects a sink; a missing server fails the test with instructions.

@@ -243,13 +243,7 @@ pub async fn delete_all(
 /// What the conformance suite compares, read from an SQS message.
 pub fn delivered(message: &Message) -> Delivered {
     let received = read_message(message).expect("an outbox message");
-    Delivered {
-        id: received.id.to_string(),
-        idempotency_key: received.idempotency_key,
-        event_type: received.event_type,
-        payload: received.payload,
-        headers: received.headers,
-    }
+    Delivered::from(received)
 }
 
 /// A system attribute of a received message.

@@ -63,9 +63,7 @@ pub async fn max_attempts_dead_letters<H: StoreHarness>(h: &H) {
     let relay = Relay::builder(h.store().clone())
         .route("orders", always_failing)
         .retry(
-            RetryPolicy::default()
-                .initial_delay(Duration::from_secs(1))
-                .max_delay(Duration::from_secs(1))
+            RetryPolicy::exponential(Duration::from_secs(1), Duration::from_secs(1))
                 .max_attempts(3),
         )
         .build()
