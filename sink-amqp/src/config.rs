@@ -5,6 +5,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use derive_setters::Setters;
 use outbox_engine::template::Template;
 use serde::Deserialize;
 
@@ -68,8 +69,9 @@ const SINK_OPTIONS: &[&str] = &[
 /// assert!(!format!("{config:?}").contains("s3cret"));
 /// # Ok::<(), outbox_sink_amqp::AmqpSinkError>(())
 /// ```
-#[derive(Clone, PartialEq, Eq, Deserialize)]
+#[derive(Clone, PartialEq, Eq, Deserialize, Setters)]
 #[serde(default, deny_unknown_fields)]
+#[setters(into, strip_option)]
 #[non_exhaustive]
 pub struct AmqpSinkConfig {
     /// The broker URL: `amqp://[user[:password]@]host[:port][/vhost][?client options]`,
@@ -83,6 +85,7 @@ pub struct AmqpSinkConfig {
     /// Publish with delivery mode 2 (persistent).
     pub persistent: bool,
     /// Payloads larger than this fail permanently as too large.
+    #[setters(into = false)]
     pub max_payload_bytes: usize,
     /// How long one connection attempt may take.
     #[serde(deserialize_with = "outbox_engine::duration::deserialize")]
@@ -90,8 +93,10 @@ pub struct AmqpSinkConfig {
     /// The CA certificate (PEM) to verify the broker with, instead of the system roots.
     pub tls_ca_file: Option<PathBuf>,
     /// A client certificate (PEM) for mutual TLS; needs `tls_key_file`.
+    #[setters(skip)]
     pub tls_cert_file: Option<PathBuf>,
     /// The client certificate's private key (PEM, PKCS#8); needs `tls_cert_file`.
+    #[setters(skip)]
     pub tls_key_file: Option<PathBuf>,
 }
 
@@ -240,86 +245,6 @@ impl AmqpSinkConfig {
         }
         self.url = parsed.to_string();
         Ok(set)
-    }
-
-    /// Sets the broker URL.
-    ///
-    /// ```
-    /// # use outbox_sink_amqp::AmqpSinkConfig;
-    /// let c = AmqpSinkConfig::default().url("amqp://mq:5672/shop");
-    /// assert_eq!(c.url, "amqp://mq:5672/shop");
-    /// ```
-    pub fn url(mut self, url: impl Into<String>) -> Self {
-        self.url = url.into();
-        self
-    }
-
-    /// Sets the exchange name template (`""` is the default exchange).
-    ///
-    /// ```
-    /// # use outbox_sink_amqp::AmqpSinkConfig;
-    /// assert!(AmqpSinkConfig::default().exchange("events.{tenant_id}").validate().is_ok());
-    /// ```
-    pub fn exchange(mut self, template: impl Into<String>) -> Self {
-        self.exchange = template.into();
-        self
-    }
-
-    /// Sets the routing key template.
-    ///
-    /// ```
-    /// # use outbox_sink_amqp::AmqpSinkConfig;
-    /// assert!(AmqpSinkConfig::default().routing_key("{event_type}.{partition_key}").validate().is_ok());
-    /// ```
-    pub fn routing_key(mut self, template: impl Into<String>) -> Self {
-        self.routing_key = template.into();
-        self
-    }
-
-    /// Publishes persistent (delivery mode 2, the default) or transient messages.
-    ///
-    /// ```
-    /// # use outbox_sink_amqp::AmqpSinkConfig;
-    /// assert!(!AmqpSinkConfig::default().persistent(false).persistent);
-    /// ```
-    pub fn persistent(mut self, persistent: bool) -> Self {
-        self.persistent = persistent;
-        self
-    }
-
-    /// Sets the largest payload accepted.
-    ///
-    /// ```
-    /// # use outbox_sink_amqp::AmqpSinkConfig;
-    /// assert_eq!(AmqpSinkConfig::default().max_payload_bytes(1 << 20).max_payload_bytes, 1 << 20);
-    /// ```
-    pub fn max_payload_bytes(mut self, bytes: usize) -> Self {
-        self.max_payload_bytes = bytes;
-        self
-    }
-
-    /// Sets the timeout of one connection attempt.
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// # use outbox_sink_amqp::AmqpSinkConfig;
-    /// assert!(AmqpSinkConfig::default().connect_timeout(Duration::from_secs(2)).validate().is_ok());
-    /// ```
-    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
-        self.connect_timeout = timeout;
-        self
-    }
-
-    /// Verifies the broker with this CA certificate (PEM file) instead of the system roots.
-    ///
-    /// ```
-    /// # use outbox_sink_amqp::AmqpSinkConfig;
-    /// let c = AmqpSinkConfig::new("amqps://mq.internal:5671/%2f").tls_ca_file("/etc/ssl/mq-ca.pem");
-    /// assert!(c.tls_ca_file.is_some());
-    /// ```
-    pub fn tls_ca_file(mut self, path: impl Into<PathBuf>) -> Self {
-        self.tls_ca_file = Some(path.into());
-        self
     }
 
     /// Presents this client certificate and PKCS#8 key (PEM files) for mutual TLS.

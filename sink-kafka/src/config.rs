@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
+use derive_setters::Setters;
 use outbox_engine::template::Template;
 use serde::Deserialize;
 
@@ -80,8 +81,9 @@ pub enum Unkeyed {
 /// assert!(!format!("{config:?}").contains("s3cret"));
 /// # Ok::<(), outbox_sink_kafka::KafkaSinkError>(())
 /// ```
-#[derive(Clone, PartialEq, Eq, Deserialize)]
+#[derive(Clone, PartialEq, Eq, Deserialize, Setters)]
 #[serde(deny_unknown_fields)]
+#[setters(into, strip_option)]
 #[non_exhaustive]
 pub struct KafkaSinkConfig {
     /// `kafka://host:port[,host:port…][/topic][?options]`.
@@ -96,6 +98,7 @@ pub struct KafkaSinkConfig {
     #[serde(default, with = "outbox_engine::duration::optional")]
     pub connect_timeout: Option<Duration>,
     /// librdkafka producer properties.
+    #[setters(skip)]
     #[serde(default)]
     pub properties: BTreeMap<String, String>,
 }
@@ -170,41 +173,6 @@ impl KafkaSinkConfig {
         let config = Self::new(url);
         config.validate()?;
         Ok(config)
-    }
-
-    /// Sets the topic name template.
-    ///
-    /// ```
-    /// # use outbox_sink_kafka::KafkaSinkConfig;
-    /// assert!(KafkaSinkConfig::default().topic("events.{tenant_id}").validate().is_ok());
-    /// assert!(KafkaSinkConfig::default().topic("bad topic").validate().is_err());
-    /// ```
-    pub fn topic(mut self, template: impl Into<String>) -> Self {
-        self.topic = Some(template.into());
-        self
-    }
-
-    /// Sets how messages without a partition key are keyed.
-    ///
-    /// ```
-    /// # use outbox_sink_kafka::{KafkaSinkConfig, Unkeyed};
-    /// assert_eq!(KafkaSinkConfig::default().unkeyed(Unkeyed::Id).unkeyed, Some(Unkeyed::Id));
-    /// ```
-    pub fn unkeyed(mut self, unkeyed: Unkeyed) -> Self {
-        self.unkeyed = Some(unkeyed);
-        self
-    }
-
-    /// Sets how long start-up may take.
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// # use outbox_sink_kafka::KafkaSinkConfig;
-    /// assert!(KafkaSinkConfig::default().connect_timeout(Duration::from_secs(2)).validate().is_ok());
-    /// ```
-    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
-        self.connect_timeout = Some(timeout);
-        self
     }
 
     /// Sets a librdkafka producer property.

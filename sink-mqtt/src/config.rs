@@ -5,6 +5,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use derive_setters::Setters;
 use outbox_engine::template::Template;
 use serde::Deserialize;
 
@@ -76,8 +77,9 @@ pub enum Protocol {
 /// assert!(!format!("{config:?}").contains("s3cret"));
 /// # Ok::<(), outbox_sink_mqtt::MqttSinkError>(())
 /// ```
-#[derive(Clone, PartialEq, Eq, Deserialize)]
+#[derive(Clone, PartialEq, Eq, Deserialize, Setters)]
 #[serde(default, deny_unknown_fields)]
+#[setters(into, strip_option)]
 #[non_exhaustive]
 pub struct MqttSinkConfig {
     /// The broker URL: `mqtt://[user[:password]@]host[:port]`.
@@ -95,12 +97,15 @@ pub struct MqttSinkConfig {
     #[serde(deserialize_with = "outbox_engine::duration::deserialize")]
     pub connect_timeout: Duration,
     /// Payloads larger than this fail permanently as too large.
+    #[setters(into = false)]
     pub max_payload_bytes: usize,
     /// The CA certificate (PEM) to verify the broker with, instead of the system roots.
     pub tls_ca_file: Option<PathBuf>,
     /// A client certificate (PEM) for mutual TLS; needs `tls_key_file`.
+    #[setters(skip)]
     pub tls_cert_file: Option<PathBuf>,
     /// The client certificate's private key (PEM); needs `tls_cert_file`.
+    #[setters(skip)]
     pub tls_key_file: Option<PathBuf>,
 }
 
@@ -243,98 +248,6 @@ impl MqttSinkConfig {
         parsed.set_query(None);
         self.url = parsed.to_string();
         Ok(set)
-    }
-
-    /// Sets the broker URL.
-    ///
-    /// ```
-    /// # use outbox_sink_mqtt::MqttSinkConfig;
-    /// let c = MqttSinkConfig::default().url("mqtt://broker.internal:1883");
-    /// assert_eq!(c.url, "mqtt://broker.internal:1883");
-    /// ```
-    pub fn url(mut self, url: impl Into<String>) -> Self {
-        self.url = url.into();
-        self
-    }
-
-    /// Sets the topic template.
-    ///
-    /// ```
-    /// # use outbox_sink_mqtt::MqttSinkConfig;
-    /// assert!(MqttSinkConfig::default().topic("orders/{partition_key}").validate().is_ok());
-    /// ```
-    pub fn topic(mut self, template: impl Into<String>) -> Self {
-        self.topic = template.into();
-        self
-    }
-
-    /// Sets the MQTT version.
-    ///
-    /// ```
-    /// # use outbox_sink_mqtt::{MqttSinkConfig, Protocol};
-    /// assert_eq!(MqttSinkConfig::default().protocol(Protocol::V311).protocol, Protocol::V311);
-    /// ```
-    pub fn protocol(mut self, protocol: Protocol) -> Self {
-        self.protocol = protocol;
-        self
-    }
-
-    /// Sets the client identifier.
-    ///
-    /// ```
-    /// # use outbox_sink_mqtt::MqttSinkConfig;
-    /// assert_eq!(MqttSinkConfig::default().client_id("relay-1").client_id, "relay-1");
-    /// ```
-    pub fn client_id(mut self, id: impl Into<String>) -> Self {
-        self.client_id = id.into();
-        self
-    }
-
-    /// Sets the keep-alive interval.
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// # use outbox_sink_mqtt::MqttSinkConfig;
-    /// assert!(MqttSinkConfig::default().keep_alive(Duration::from_secs(10)).validate().is_ok());
-    /// ```
-    pub fn keep_alive(mut self, interval: Duration) -> Self {
-        self.keep_alive = interval;
-        self
-    }
-
-    /// Sets the timeout of one connection attempt.
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// # use outbox_sink_mqtt::MqttSinkConfig;
-    /// assert!(MqttSinkConfig::default().connect_timeout(Duration::from_secs(2)).validate().is_ok());
-    /// ```
-    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
-        self.connect_timeout = timeout;
-        self
-    }
-
-    /// Sets the largest payload accepted.
-    ///
-    /// ```
-    /// # use outbox_sink_mqtt::MqttSinkConfig;
-    /// assert_eq!(MqttSinkConfig::default().max_payload_bytes(1 << 16).max_payload_bytes, 1 << 16);
-    /// ```
-    pub fn max_payload_bytes(mut self, bytes: usize) -> Self {
-        self.max_payload_bytes = bytes;
-        self
-    }
-
-    /// Verifies the broker with this CA certificate (PEM file) instead of the system roots.
-    ///
-    /// ```
-    /// # use outbox_sink_mqtt::MqttSinkConfig;
-    /// let c = MqttSinkConfig::new("mqtts://broker.internal").tls_ca_file("/etc/ssl/mqtt-ca.pem");
-    /// assert!(c.validate().is_ok());
-    /// ```
-    pub fn tls_ca_file(mut self, path: impl Into<PathBuf>) -> Self {
-        self.tls_ca_file = Some(path.into());
-        self
     }
 
     /// Presents this client certificate and key (PEM files) for mutual TLS.

@@ -5,6 +5,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use derive_setters::Setters;
 use outbox_engine::template::Template;
 use serde::Deserialize;
 
@@ -60,8 +61,9 @@ const OPTIONS: &[&str] = &[
 /// assert!(!format!("{config:?}").contains("s3cret"));
 /// # Ok::<(), outbox_sink_nats::NatsSinkError>(())
 /// ```
-#[derive(Clone, PartialEq, Eq, Deserialize)]
+#[derive(Clone, PartialEq, Eq, Deserialize, Setters)]
 #[serde(default, deny_unknown_fields)]
+#[setters(into, strip_option)]
 #[non_exhaustive]
 pub struct NatsSinkConfig {
     /// The server URL: `nats://[user[:password]@|token@]host[:port]`, or `nats+tls://…`.
@@ -81,8 +83,10 @@ pub struct NatsSinkConfig {
     /// The CA certificate (PEM) to verify the server with, instead of the system roots.
     pub tls_ca_file: Option<PathBuf>,
     /// A client certificate (PEM) for mutual TLS; needs `tls_key_file`.
+    #[setters(skip)]
     pub tls_cert_file: Option<PathBuf>,
     /// The client certificate's private key (PEM); needs `tls_cert_file`.
+    #[setters(skip)]
     pub tls_key_file: Option<PathBuf>,
 }
 
@@ -218,89 +222,6 @@ impl NatsSinkConfig {
         parsed.set_query(None);
         self.url = parsed.to_string();
         Ok(set)
-    }
-
-    /// Sets the server URL.
-    ///
-    /// ```
-    /// # use outbox_sink_nats::NatsSinkConfig;
-    /// let c = NatsSinkConfig::default().url("nats://nats.internal:4222");
-    /// assert_eq!(c.url, "nats://nats.internal:4222");
-    /// ```
-    pub fn url(mut self, url: impl Into<String>) -> Self {
-        self.url = url.into();
-        self
-    }
-
-    /// Sets the subject template.
-    ///
-    /// ```
-    /// # use outbox_sink_nats::NatsSinkConfig;
-    /// assert!(NatsSinkConfig::default().subject("orders.{partition_key}").validate().is_ok());
-    /// ```
-    pub fn subject(mut self, template: impl Into<String>) -> Self {
-        self.subject = template.into();
-        self
-    }
-
-    /// Sets how long a message waits for its `PubAck`.
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// # use outbox_sink_nats::NatsSinkConfig;
-    /// assert!(NatsSinkConfig::default().ack_timeout(Duration::from_secs(2)).validate().is_ok());
-    /// ```
-    pub fn ack_timeout(mut self, timeout: Duration) -> Self {
-        self.ack_timeout = timeout;
-        self
-    }
-
-    /// Sets the timeout of one connection attempt.
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// # use outbox_sink_nats::NatsSinkConfig;
-    /// assert!(NatsSinkConfig::default().connect_timeout(Duration::from_secs(2)).validate().is_ok());
-    /// ```
-    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
-        self.connect_timeout = timeout;
-        self
-    }
-
-    /// Logs in with a credentials file (user JWT and NKey seed).
-    ///
-    /// ```
-    /// # use outbox_sink_nats::NatsSinkConfig;
-    /// let c = NatsSinkConfig::default().credentials_file("/etc/nats/relay.creds");
-    /// assert!(c.validate().is_ok());
-    /// ```
-    pub fn credentials_file(mut self, path: impl Into<PathBuf>) -> Self {
-        self.credentials_file = Some(path.into());
-        self
-    }
-
-    /// Logs in with the NKey seed in this file.
-    ///
-    /// ```
-    /// # use outbox_sink_nats::NatsSinkConfig;
-    /// let c = NatsSinkConfig::default().nkey_seed_file("/etc/nats/relay.nk");
-    /// assert!(c.validate().is_ok());
-    /// ```
-    pub fn nkey_seed_file(mut self, path: impl Into<PathBuf>) -> Self {
-        self.nkey_seed_file = Some(path.into());
-        self
-    }
-
-    /// Verifies the server with this CA certificate (PEM file) instead of the system roots.
-    ///
-    /// ```
-    /// # use outbox_sink_nats::NatsSinkConfig;
-    /// let c = NatsSinkConfig::new("nats+tls://nats.internal").tls_ca_file("/etc/ssl/nats-ca.pem");
-    /// assert!(c.validate().is_ok());
-    /// ```
-    pub fn tls_ca_file(mut self, path: impl Into<PathBuf>) -> Self {
-        self.tls_ca_file = Some(path.into());
-        self
     }
 
     /// Presents this client certificate and key (PEM files) for mutual TLS.

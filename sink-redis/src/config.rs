@@ -11,6 +11,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use derive_setters::Setters;
 use serde::Deserialize;
 
 pub use durability::Durability;
@@ -59,8 +60,9 @@ use crate::error::RedisSinkError;
 /// assert!(!format!("{config:?}").contains("s3cret"));
 /// # Ok::<(), outbox_sink_redis::RedisSinkError>(())
 /// ```
-#[derive(Clone, PartialEq, Eq, Deserialize)]
+#[derive(Clone, PartialEq, Eq, Deserialize, Setters)]
 #[serde(default, deny_unknown_fields)]
+#[setters(into, strip_option)]
 #[non_exhaustive]
 pub struct RedisSinkConfig {
     /// The server URL: `redis://[user][:password@]host[:port][/db]`, `rediss://…` (TLS,
@@ -68,10 +70,13 @@ pub struct RedisSinkConfig {
     pub url: String,
     /// The stream key template (see [`StreamTemplate`]).
     pub stream: String,
-    /// Trim the stream to about this many entries on every append (`MAXLEN ~ n`).
+    /// Trim the stream to about this many entries on every append (`MAXLEN ~ n`); `None`
+    /// never trims.
+    #[setters(into = false, strip_option = false)]
     pub maxlen: Option<u64>,
-    /// How long a re-sent idempotency key is recognised and not appended again.
-    /// `"off"` turns it off (TOML has no null).
+    /// How long a re-sent idempotency key is recognised and not appended again; `None`
+    /// (`"off"` in a config file, TOML has no null) appends every publish.
+    #[setters(into = false, strip_option = false)]
     #[serde(deserialize_with = "outbox_engine::duration::or_off::deserialize")]
     pub dedupe_window: Option<Duration>,
     /// The prefix of dedupe keys; the full key is
@@ -82,6 +87,7 @@ pub struct RedisSinkConfig {
     /// What a batch waits for before it counts as acknowledged.
     pub durability: Durability,
     /// Payloads larger than this fail permanently as too large.
+    #[setters(into = false)]
     pub max_payload_bytes: usize,
     /// How long one connection attempt may take.
     #[serde(deserialize_with = "outbox_engine::duration::deserialize")]
@@ -92,8 +98,10 @@ pub struct RedisSinkConfig {
     /// The CA certificate (PEM) to verify the server with, instead of the system roots.
     pub tls_ca_file: Option<PathBuf>,
     /// A client certificate (PEM) for mutual TLS; needs `tls_key_file`.
+    #[setters(skip)]
     pub tls_cert_file: Option<PathBuf>,
     /// The client certificate's private key (PEM); needs `tls_cert_file`.
+    #[setters(skip)]
     pub tls_key_file: Option<PathBuf>,
 }
 
@@ -192,140 +200,6 @@ impl RedisSinkConfig {
         let mut config = Self::new(url);
         config.take_url_options()?;
         Ok(config)
-    }
-
-    /// Sets the server URL.
-    ///
-    /// ```
-    /// # use outbox_sink_redis::RedisSinkConfig;
-    /// let c = RedisSinkConfig::default().url("redis://cache:6379/2");
-    /// assert_eq!(c.url, "redis://cache:6379/2");
-    /// ```
-    pub fn url(mut self, url: impl Into<String>) -> Self {
-        self.url = url.into();
-        self
-    }
-
-    /// Sets the stream key template (see [`StreamTemplate`]).
-    ///
-    /// ```
-    /// # use outbox_sink_redis::RedisSinkConfig;
-    /// let c = RedisSinkConfig::default().stream("events.{tenant_id}");
-    /// assert!(c.validate().is_ok());
-    /// ```
-    pub fn stream(mut self, template: impl Into<String>) -> Self {
-        self.stream = template.into();
-        self
-    }
-
-    /// Trims the stream to about `n` entries on every append (`MAXLEN ~ n`); `None` never
-    /// trims.
-    ///
-    /// ```
-    /// # use outbox_sink_redis::RedisSinkConfig;
-    /// assert!(RedisSinkConfig::default().maxlen(Some(100_000)).validate().is_ok());
-    /// assert!(RedisSinkConfig::default().maxlen(Some(0)).validate().is_err());
-    /// ```
-    pub fn maxlen(mut self, n: Option<u64>) -> Self {
-        self.maxlen = n;
-        self
-    }
-
-    /// Sets the dedupe window; `None` appends every publish (plain pipelined `XADD`).
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// # use outbox_sink_redis::RedisSinkConfig;
-    /// let c = RedisSinkConfig::default().dedupe_window(Some(Duration::from_secs(3600)));
-    /// assert_eq!(c.dedupe_window, Some(Duration::from_secs(3600)));
-    /// ```
-    pub fn dedupe_window(mut self, window: Option<Duration>) -> Self {
-        self.dedupe_window = window;
-        self
-    }
-
-    /// Sets the dedupe key prefix.
-    ///
-    /// ```
-    /// # use outbox_sink_redis::RedisSinkConfig;
-    /// assert!(RedisSinkConfig::default().dedupe_prefix("app:dedupe:").validate().is_ok());
-    /// ```
-    pub fn dedupe_prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.dedupe_prefix = prefix.into();
-        self
-    }
-
-    /// Sets the entry field layout.
-    ///
-    /// ```
-    /// # use outbox_sink_redis::{FieldLayout, HeaderLayout, RedisSinkConfig};
-    /// let mut layout = FieldLayout::default();
-    /// layout.headers = HeaderLayout::Json { field: "headers".into() };
-    /// assert!(RedisSinkConfig::default().fields(layout).validate().is_ok());
-    /// ```
-    pub fn fields(mut self, fields: FieldLayout) -> Self {
-        self.fields = fields;
-        self
-    }
-
-    /// Sets what each batch waits for before it counts as acknowledged.
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// # use outbox_sink_redis::{Durability, RedisSinkConfig};
-    /// let c = RedisSinkConfig::default().durability(Durability::wait(1, Duration::from_millis(200)));
-    /// assert!(c.validate().is_ok());
-    /// ```
-    pub fn durability(mut self, durability: Durability) -> Self {
-        self.durability = durability;
-        self
-    }
-
-    /// Sets the largest payload accepted.
-    ///
-    /// ```
-    /// # use outbox_sink_redis::RedisSinkConfig;
-    /// assert_eq!(RedisSinkConfig::default().max_payload_bytes(1 << 20).max_payload_bytes, 1 << 20);
-    /// ```
-    pub fn max_payload_bytes(mut self, bytes: usize) -> Self {
-        self.max_payload_bytes = bytes;
-        self
-    }
-
-    /// Sets the timeout of one connection attempt.
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// # use outbox_sink_redis::RedisSinkConfig;
-    /// assert!(RedisSinkConfig::default().connect_timeout(Duration::from_secs(2)).validate().is_ok());
-    /// ```
-    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
-        self.connect_timeout = timeout;
-        self
-    }
-
-    /// Sets the timeout of one batch round trip.
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// # use outbox_sink_redis::RedisSinkConfig;
-    /// assert!(RedisSinkConfig::default().response_timeout(Duration::from_secs(10)).validate().is_ok());
-    /// ```
-    pub fn response_timeout(mut self, timeout: Duration) -> Self {
-        self.response_timeout = timeout;
-        self
-    }
-
-    /// Verifies the server with this CA certificate (PEM file) instead of the system roots.
-    ///
-    /// ```
-    /// # use outbox_sink_redis::RedisSinkConfig;
-    /// let c = RedisSinkConfig::new("rediss://cache.internal:6380/").tls_ca_file("/etc/ssl/redis-ca.pem");
-    /// assert!(c.tls_ca_file.is_some());
-    /// ```
-    pub fn tls_ca_file(mut self, path: impl Into<PathBuf>) -> Self {
-        self.tls_ca_file = Some(path.into());
-        self
     }
 
     /// Presents this client certificate and key (PEM files) for mutual TLS.

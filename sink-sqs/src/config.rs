@@ -4,6 +4,7 @@
 use std::fmt;
 use std::time::Duration;
 
+use derive_setters::Setters;
 use outbox_engine::redact;
 use serde::Deserialize;
 
@@ -71,8 +72,9 @@ pub enum Binary {
 /// assert!(!format!("{local:?}").contains("s3cret"));
 /// # Ok::<(), outbox_sink_sqs::SqsSinkError>(())
 /// ```
-#[derive(Clone, PartialEq, Eq, Deserialize)]
+#[derive(Clone, PartialEq, Eq, Deserialize, Setters)]
 #[serde(deny_unknown_fields)]
+#[setters(into, strip_option)]
 #[non_exhaustive]
 pub struct SqsSinkConfig {
     /// `sqs://REGION/QUEUE`, `sqs://REGION/ACCOUNT/QUEUE` or `sqs+https://HOST/ACCOUNT/QUEUE`.
@@ -96,12 +98,15 @@ pub struct SqsSinkConfig {
     #[serde(default)]
     pub profile: Option<String>,
     /// A static access key id (with `secret_access_key`).
+    #[setters(skip)]
     #[serde(default)]
     pub access_key_id: Option<String>,
     /// A static secret access key (never shown).
+    #[setters(skip)]
     #[serde(default)]
     pub secret_access_key: Option<String>,
     /// A session token for temporary static credentials (never shown).
+    #[setters(skip)]
     #[serde(default)]
     pub session_token: Option<String>,
 }
@@ -194,75 +199,6 @@ impl SqsSinkConfig {
         let config = Self::new(url);
         config.validate()?;
         Ok(config)
-    }
-
-    /// Sends requests to `endpoint` (an emulator, a VPC endpoint).
-    ///
-    /// ```
-    /// # use outbox_sink_sqs::SqsSinkConfig;
-    /// let c = SqsSinkConfig::new("sqs://us-east-1/orders").endpoint("http://127.0.0.1:4566");
-    /// assert!(c.validate().is_ok());
-    /// ```
-    pub fn endpoint(mut self, endpoint: impl Into<String>) -> Self {
-        self.endpoint = Some(endpoint.into());
-        self
-    }
-
-    /// Sets the AWS region.
-    ///
-    /// ```
-    /// # use outbox_sink_sqs::SqsSinkConfig;
-    /// assert!(SqsSinkConfig::new("sqs:///orders").region("eu-west-1").validate().is_ok());
-    /// ```
-    pub fn region(mut self, region: impl Into<String>) -> Self {
-        self.region = Some(region.into());
-        self
-    }
-
-    /// Sets the FIFO group id of messages without a partition key.
-    ///
-    /// ```
-    /// # use outbox_sink_sqs::SqsSinkConfig;
-    /// assert!(SqsSinkConfig::new("sqs://us-east-1/o.fifo").default_group("all").validate().is_ok());
-    /// assert!(SqsSinkConfig::new("sqs://us-east-1/o.fifo").default_group("").validate().is_err());
-    /// ```
-    pub fn default_group(mut self, group: impl Into<String>) -> Self {
-        self.default_group = Some(group.into());
-        self
-    }
-
-    /// Sets how payloads that are not SQS text are sent.
-    ///
-    /// ```
-    /// # use outbox_sink_sqs::{Binary, SqsSinkConfig};
-    /// assert_eq!(SqsSinkConfig::new("sqs://us-east-1/o").binary(Binary::Base64).binary, Some(Binary::Base64));
-    /// ```
-    pub fn binary(mut self, binary: Binary) -> Self {
-        self.binary = Some(binary);
-        self
-    }
-
-    /// Sets how long start-up may take.
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// # use outbox_sink_sqs::SqsSinkConfig;
-    /// assert!(SqsSinkConfig::new("sqs://us-east-1/o").connect_timeout(Duration::from_secs(2)).validate().is_ok());
-    /// ```
-    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
-        self.connect_timeout = Some(timeout);
-        self
-    }
-
-    /// Sets the shared-config profile.
-    ///
-    /// ```
-    /// # use outbox_sink_sqs::SqsSinkConfig;
-    /// assert!(SqsSinkConfig::new("sqs://us-east-1/o").profile("relay").validate().is_ok());
-    /// ```
-    pub fn profile(mut self, profile: impl Into<String>) -> Self {
-        self.profile = Some(profile.into());
-        self
     }
 
     /// Sets static credentials instead of the standard chain.
