@@ -914,6 +914,8 @@ where
 /// - `async fn harness(mode: PublishedRows) -> Harness`: a fresh outbox table (in a
 ///   database of its own where the dialect needs one), whose harness has the `outbox`,
 ///   and `rows()` and `by_status()` as the database counts them;
+/// - `async fn older_harness() -> Harness`: the same, but holding only the schema's first
+///   two migrations, as an older release left it (`migrate` not yet run);
 /// - `async fn insert_with(h: &Harness, column: &str, value: &str)`: one row written as
 ///   a foreign writer would, with `column` set to the SQL expression `value`;
 /// - `BUSINESS_TABLE` and `BUSINESS_INSERT`: a business table's `CREATE` and its
@@ -968,6 +970,29 @@ macro_rules! sqlx_tests {
                 }),
             })
             .await;
+        }
+
+        /// A table migrated by a version before the writers' migration (001 and 002
+        /// only), with a row in it, is upgraded in place: the old row is still delivered,
+        /// and a minimal row now gets the defaults and the checks.
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn an_older_table_is_upgraded_in_place() {
+            let h = older_harness().await;
+            let old = outbox_engine::NewMessage::builder("orders", "order.paid")
+                .bytes(b"{}".to_vec(), "application/json")
+                .build()
+                .unwrap();
+            let mut tx = h.outbox.pool().begin().await.unwrap();
+            h.outbox.enqueue(&mut tx, &old).await.unwrap();
+            tx.commit().await.unwrap();
+            h.outbox.migrate().await.expect("upgrade");
+            insert_with(&h, "destination", "'orders'").await.unwrap();
+            common::assert_refused(
+                insert_with(&h, "event_type", "''").await,
+                "event_type",
+                "column event_type",
+            );
+            common::minimal_rows_are_delivered(h.outbox.clone(), 2).await;
         }
 
         $crate::sqlx_tests!(@refuses
