@@ -111,6 +111,10 @@ pub trait SqlDialect: sqlx::Database + sealed::Sealed {
 pub struct Column {
     name: &'static str,
     position: Position,
+    #[cfg_attr(
+        not(any(feature = "postgres", feature = "mysql")),
+        expect(dead_code, reason = "SQLite checks every value")
+    )]
     verified: bool,
 }
 
@@ -184,6 +188,7 @@ impl<R: sqlx::Row> sqlx::ColumnIndex<R> for Column {
 
 /// Reads `column` of `row` as `T`; the column's type is checked unless it was
 /// [`verified`](Column::verified).
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) fn get<'r, T, R>(row: &'r R, column: impl Into<Column>) -> Result<T, sqlx::Error>
 where
     R: sqlx::Row,
