@@ -42,7 +42,7 @@ use serde_json::json;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::support::{self, Error, LOOPBACK, RunningRelay};
+use crate::support::{self, Error, LOOPBACK};
 
 /// The route of customer messages (the messaging provider's HTTP API).
 pub const WHATSAPP: &str = "whatsapp";
@@ -426,7 +426,7 @@ async fn story(
         ))
         .build()?;
     let started = Instant::now();
-    let running = RunningRelay::start(relay);
+    let running = relay.spawn();
     let totals = support::settle(&outbox, rows, Duration::from_secs(60)).await;
     running.stop().await?;
     server.abort();

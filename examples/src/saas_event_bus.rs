@@ -39,7 +39,8 @@ use outbox::redis::client as redis;
 use serde_json::json;
 use sqlx::PgPool;
 
-use crate::support::{self, Error, RunningRelay};
+use crate::support::{self, Error};
+use outbox::RunningRelay;
 
 mod consumers;
 
@@ -129,7 +130,7 @@ async fn start_relay(text: &str) -> Result<RunningRelay, Error> {
     // `OUTBOX_…` environment settings; here the text is all there is.
     let config = outbox::Config::from_toml(text, std::iter::empty::<(&str, &str)>())?;
     let outbox = outbox::Outbox::from_config(&config).await?;
-    Ok(RunningRelay::start_outbox(outbox))
+    Ok(outbox.spawn())
 }
 
 // ---------------------------------------------------------------------------------------

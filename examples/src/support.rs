@@ -6,10 +6,9 @@ use std::time::Duration;
 use outbox::amqp::client as amqp;
 use outbox::kafka::client as kafka;
 use outbox::redis::client as redis;
-use outbox::{DestinationStats, Relay, Store, StoreStats};
+use outbox::{DestinationStats, StoreStats};
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
-use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 /// The error type of the examples.
@@ -282,39 +281,6 @@ pub(crate) async fn settle(
             .into());
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-/// A relay running in a background task until [`stop`](Self::stop).
-pub(crate) struct RunningRelay {
-    stop: oneshot::Sender<()>,
-    task: JoinHandle<()>,
-}
-
-impl RunningRelay {
-    /// Spawns `relay.run(..)`.
-    pub(crate) fn start<S: Store>(relay: Relay<S>) -> Self {
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(relay.run(async {
-            let _ = stopped.await;
-        }));
-        Self { stop, task }
-    }
-
-    /// Spawns `outbox.run(..)`.
-    pub(crate) fn start_outbox(outbox: outbox::Outbox) -> Self {
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(outbox.run(async {
-            let _ = stopped.await;
-        }));
-        Self { stop, task }
-    }
-
-    /// Graceful shutdown: in-flight batches finish, then the workers end.
-    pub(crate) async fn stop(self) -> Result<(), Error> {
-        let _ = self.stop.send(());
-        self.task.await?;
-        Ok(())
     }
 }
 

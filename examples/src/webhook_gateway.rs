@@ -44,7 +44,7 @@ use serde_json::json;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::support::{self, Error, LOOPBACK, RunningRelay};
+use crate::support::{self, Error, LOOPBACK};
 
 /// A subscriber's endpoint behind its circuit breaker.
 type Circuit = outbox::layers::CircuitBreaker<HttpSink>;
@@ -514,7 +514,7 @@ async fn story(pool: &PgPool, names: &Names, replay: Replay) -> Result<Summary, 
             Duration::from_secs(1),
         ))
         .build()?;
-    let running = RunningRelay::start(relay);
+    let running = relay.spawn();
 
     // The gateway API.
     let gateway = Gateway {

@@ -82,7 +82,7 @@ pub use message::{
 };
 pub use receive::{Delivery, Inbox, NotAnOutboxMessage, Received};
 pub use registry::{PublishedRows, StoreSettings};
-pub use relay::{BatchReport, Relay, RelayBuilder};
+pub use relay::{BatchReport, Relay, RelayBuilder, RunningRelay};
 pub use retry::{Decision, RetryPolicy, full_jitter};
 pub use sink::{
     BoxFuture, DEFAULT_PUBLISH_TIMEOUT, DynSink, Failure, FailureClass, Outcome, Outcomes,

@@ -134,10 +134,7 @@ async fn the_rest_of_a_key_does_not_wait_for_the_poll() {
         .wakeup(store.wakeup())
         .build()
         .unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let running = tokio::spawn(relay.run(async {
-        let _ = stopped.await;
-    }));
+    let running = relay.spawn();
     assert!(
         sink.wait_for(3, Duration::from_secs(5)).await,
         "all three messages of key k delivered within 5 s (got {})",
@@ -148,6 +145,5 @@ async fn the_rest_of_a_key_does_not_wait_for_the_poll() {
         ids,
         "in commit order"
     );
-    stop.send(()).unwrap();
-    running.await.unwrap();
+    running.stop().await.unwrap();
 }

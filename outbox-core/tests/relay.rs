@@ -414,10 +414,7 @@ async fn wakeups_beat_the_poll_interval() {
         .concurrency(2)
         .build()
         .unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let running = tokio::spawn(relay.run(async {
-        let _ = stopped.await;
-    }));
+    let running = relay.spawn();
     tokio::time::sleep(Duration::from_millis(100)).await; // workers are idle now
     for round in 1..=3 {
         store.enqueue(msg("orders", "e")).unwrap();
@@ -426,8 +423,7 @@ async fn wakeups_beat_the_poll_interval() {
             "woken for message {round}"
         );
     }
-    stop.send(()).unwrap();
-    running.await.unwrap();
+    running.stop().await.unwrap();
 }
 
 /// Counts publish calls, i.e. claimed batches, and the messages in them.
@@ -462,10 +458,7 @@ async fn batches_for_a_burst(min_wakeup_interval: Duration) -> usize {
         .concurrency(2)
         .build()
         .unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let running = tokio::spawn(relay.run(async {
-        let _ = stopped.await;
-    }));
+    let running = relay.spawn();
     tokio::time::sleep(Duration::from_millis(100)).await; // workers are idle now
     store.enqueue(msg("orders", "first")).unwrap();
     outbox_test_support::wait_until(
@@ -484,8 +477,7 @@ async fn batches_for_a_burst(min_wakeup_interval: Duration) -> usize {
         || async { sink.messages.load(AtomicOrdering::SeqCst) == 21 },
     )
     .await;
-    stop.send(()).unwrap();
-    running.await.unwrap();
+    running.stop().await.unwrap();
     sink.batches.load(AtomicOrdering::SeqCst)
 }
 

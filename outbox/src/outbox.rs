@@ -4,8 +4,8 @@
 use std::future::Future;
 
 use outbox_engine::{
-    AnyStore, Backend, BatchReport, DynStore, Listener, Relay, RelayBuilder, RelayHealth, Sink,
-    StoreError,
+    AnyStore, Backend, BatchReport, DynStore, Listener, Relay, RelayBuilder, RelayHealth,
+    RunningRelay, Sink, StoreError,
 };
 
 use crate::config::{Config, RouteTable};
@@ -131,6 +131,16 @@ impl Outbox {
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send) {
         self.relay.run(shutdown).await;
         drop(self.listener);
+    }
+
+    /// Runs the relay in a task of its own on the current Tokio runtime, as
+    /// [`run`](Self::run) does, until the handle's [`stop`](RunningRelay::stop).
+    ///
+    /// # Panics
+    ///
+    /// Outside a Tokio runtime.
+    pub fn spawn(self) -> RunningRelay {
+        RunningRelay::spawn(|shutdown| self.run(shutdown))
     }
 }
 

@@ -523,10 +523,7 @@ async fn a_relay_loses_nothing_across_server_restarts() {
         .poll_interval(Duration::from_millis(20))
         .build()
         .unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let running = tokio::spawn(relay.run(async {
-        let _ = stopped.await;
-    }));
+    let running = relay.spawn();
     let mut ids = Vec::new();
     for round in 0..3 {
         let messages = outbox_engine::testkit::numbered("events", "order.paid", 300);
@@ -547,8 +544,7 @@ async fn a_relay_loses_nothing_across_server_restarts() {
         },
     )
     .await;
-    let _ = stop.send(());
-    tokio::time::timeout(Duration::from_secs(20), running)
+    tokio::time::timeout(Duration::from_secs(20), running.stop())
         .await
         .expect("the relay stopped within 20 s")
         .unwrap();

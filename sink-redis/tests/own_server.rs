@@ -48,10 +48,7 @@ async fn redis_killed_mid_run_and_restarted_loses_nothing() {
         )
         .build()
         .unwrap();
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let running = tokio::spawn(relay.run(async {
-        let _ = stop_rx.await;
-    }));
+    let running = relay.spawn();
 
     // A producer enqueues steadily for about three seconds.
     let producer_store = store.clone();
@@ -115,8 +112,7 @@ async fn redis_killed_mid_run_and_restarted_loses_nothing() {
         },
     )
     .await;
-    let _ = stop_tx.send(());
-    running.await.unwrap();
+    running.stop().await.unwrap();
 
     let total = store.stats().await.unwrap().total();
     assert_eq!(total.dead, 0, "{total:?}");

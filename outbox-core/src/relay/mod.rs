@@ -39,7 +39,8 @@
 //! [`Relay::drain`](crate::Relay::drain) repeats it until a claim comes back empty. Tests
 //! and one-shot jobs use them. [`Relay::run`](crate::Relay::run) spawns `concurrency`
 //! workers, a wakeup pacer and, unless gauges are off, a gauge reader, and runs until its
-//! `shutdown` future completes.
+//! `shutdown` future completes; [`Relay::spawn`](crate::Relay::spawn) runs it in a task of
+//! its own until its handle's [`stop`](crate::RunningRelay::stop).
 //!
 //! ## The worker loop
 //!
@@ -211,6 +212,7 @@
 
 mod builder;
 mod publication;
+mod running;
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
@@ -223,6 +225,7 @@ use tokio::task::JoinSet;
 use tracing::{Instrument, Span, debug, debug_span, info_span, warn};
 
 pub use builder::RelayBuilder;
+pub use running::RunningRelay;
 
 use crate::clock::Clock;
 use crate::error::{StoreError, StoreErrorKind};
@@ -347,6 +350,16 @@ impl<S: Store> Relay<S> {
             }
             total.add(report);
         }
+    }
+
+    /// Runs the relay in a task of its own on the current Tokio runtime, as
+    /// [`run`](Self::run) does, until the handle's [`stop`](RunningRelay::stop).
+    ///
+    /// # Panics
+    ///
+    /// Outside a Tokio runtime.
+    pub fn spawn(self) -> RunningRelay {
+        RunningRelay::spawn(|shutdown| self.run(shutdown))
     }
 
     /// Runs `concurrency` workers until `shutdown` completes, then stops claiming, lets

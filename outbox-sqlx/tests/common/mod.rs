@@ -597,10 +597,7 @@ where
         .retry(backoff_ms(2, 10).max_attempts(10_000))
         .build()
         .expect("relay");
-    let (stop_relay, stopped) = tokio::sync::oneshot::channel::<()>();
-    let relay = tokio::spawn(relay.run(async move {
-        let _ = stopped.await;
-    }));
+    let relay = relay.spawn();
 
     // Published rows stay (a day is far off): every row a purge deletes is a counter.
     let purging = Arc::new(AtomicBool::new(true));
@@ -661,8 +658,7 @@ where
     }
     purging.store(false, Ordering::Relaxed);
     purger.await.expect("purger");
-    let _ = stop_relay.send(());
-    relay.await.expect("relay");
+    relay.stop().await.expect("relay");
 
     let received: Vec<Option<i64>> = sink
         .messages()
