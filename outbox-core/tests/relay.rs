@@ -426,6 +426,32 @@ async fn wakeups_beat_the_poll_interval() {
     running.stop().await.unwrap();
 }
 
+/// A spawned relay runs until its handle's `stop`; a dropped handle leaves it running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spawned_relay_outlives_its_dropped_handle_and_stops_through_a_kept_one() {
+    let store = MemoryStore::new();
+    let sink = RecordingSink::new();
+    let build = || {
+        Relay::builder(store.clone())
+            .route("orders", sink.clone())
+            .poll_interval(Duration::from_millis(10))
+            .build()
+            .unwrap()
+    };
+    drop(build().spawn());
+    store.enqueue(msg("orders", "e")).unwrap();
+    assert!(
+        sink.wait_for(1, Duration::from_secs(5)).await,
+        "the relay whose handle was dropped published"
+    );
+
+    let running = build().spawn();
+    tokio::time::timeout(Duration::from_secs(20), running.stop())
+        .await
+        .expect("stop returned within 20 s")
+        .expect("the relay's task ended without a panic");
+}
+
 /// Counts publish calls, i.e. claimed batches, and the messages in them.
 #[derive(Clone, Default)]
 struct CountingSink {
