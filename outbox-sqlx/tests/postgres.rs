@@ -268,13 +268,7 @@ async fn rotation_while_relays_run_loses_no_pending_or_dead_row() {
             .retry(common::backoff_ms(2, 10).max_attempts(10_000))
             .build()
             .unwrap();
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        relays.push((
-            stop,
-            tokio::spawn(relay.run(async move {
-                let _ = stopped.await;
-            })),
-        ));
+        relays.push(relay.spawn());
     }
 
     let rotating = Arc::new(AtomicBool::new(true));
@@ -344,9 +338,8 @@ async fn rotation_while_relays_run_loses_no_pending_or_dead_row() {
         "waited 30 s for the five replayed dead letters, saw {}",
         audit.len()
     );
-    for (stop, relay) in relays {
-        let _ = stop.send(());
-        relay.await.unwrap();
+    for relay in relays {
+        relay.stop().await.unwrap();
     }
 }
 

@@ -13,7 +13,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use outbox_engine::{MemoryStore, NewMessage, Relay, Status};
+use outbox_engine::{MemoryStore, NewMessage, Relay, RunningRelay, Status};
 use outbox_sink_kafka::KafkaSinkConfig;
 use outbox_sink_kafka::read_record;
 
@@ -30,7 +30,7 @@ async fn a_broker_killed_and_restarted_mid_run_loses_nothing() {
     let kafka = Kafka::at(&broker.address()).await;
     let topic = kafka.topic("restart", 3).await;
     let store = MemoryStore::new();
-    let mut relay = RunningRelay::start(&store, &broker.address(), &topic).await;
+    let mut relay = start_relay(&store, &broker.address(), &topic).await;
 
     // Commit in small transactions while the relay runs; the broker dies halfway.
     let mut committed = HashSet::new();
@@ -75,13 +75,13 @@ async fn a_broker_killed_and_restarted_mid_run_loses_nothing() {
             eprintln!(
                 "tansu panicked (its own bug); restarting it and the relay as a supervisor would"
             );
-            relay.stop().await;
+            stop_relay(relay).await;
             broker.restart().await;
-            relay = RunningRelay::start(&store, &broker.address(), &topic).await;
+            relay = start_relay(&store, &broker.address(), &topic).await;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    relay.stop().await;
+    stop_relay(relay).await;
 
     // Read until every committed id is there (or a minute passed): re-sends mean the
     // record count alone does not tell.
@@ -116,45 +116,32 @@ async fn a_broker_killed_and_restarted_mid_run_loses_nothing() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// A relay running in a task over the shared store, with its own Kafka sink.
-struct RunningRelay {
-    stop: tokio::sync::watch::Sender<bool>,
-    task: tokio::task::JoinHandle<()>,
+/// A relay over the shared store with its own Kafka sink, running in a task of its own.
+async fn start_relay(store: &MemoryStore, address: &str, topic: &str) -> RunningRelay {
+    Relay::builder(store.clone())
+        .route(
+            "events",
+            sink(KafkaSinkConfig::new(format!("kafka://{address}")).topic(topic.to_owned())).await,
+        )
+        .batch_size(50)
+        .poll_interval(Duration::from_millis(20))
+        .shutdown_grace(Duration::from_secs(2))
+        .retry(
+            outbox_engine::RetryPolicy::exponential(
+                Duration::from_millis(100),
+                Duration::from_secs(1),
+            )
+            .max_attempts(1_000),
+        )
+        .build()
+        .unwrap()
+        .spawn()
 }
 
-impl RunningRelay {
-    async fn start(store: &MemoryStore, address: &str, topic: &str) -> Self {
-        let relay = Relay::builder(store.clone())
-            .route(
-                "events",
-                sink(KafkaSinkConfig::new(format!("kafka://{address}")).topic(topic.to_owned()))
-                    .await,
-            )
-            .batch_size(50)
-            .poll_interval(Duration::from_millis(20))
-            .shutdown_grace(Duration::from_secs(2))
-            .retry(
-                outbox_engine::RetryPolicy::exponential(
-                    Duration::from_millis(100),
-                    Duration::from_secs(1),
-                )
-                .max_attempts(1_000),
-            )
-            .build()
-            .unwrap();
-        let (stop, mut stopped) = tokio::sync::watch::channel(false);
-        let task = tokio::spawn(relay.run(async move {
-            let _ = stopped.wait_for(|s| *s).await;
-        }));
-        Self { stop, task }
-    }
-
-    /// Stops claiming, lets batches in flight finish for the grace, releases the rest.
-    async fn stop(self) {
-        self.stop.send(true).unwrap();
-        tokio::time::timeout(Duration::from_secs(60), self.task)
-            .await
-            .expect("the relay stopped within 60 s")
-            .unwrap();
-    }
+/// Stops claiming, lets batches in flight finish for the grace, releases the rest.
+async fn stop_relay(relay: RunningRelay) {
+    tokio::time::timeout(Duration::from_secs(60), relay.stop())
+        .await
+        .expect("the relay stopped within 60 s")
+        .unwrap();
 }
