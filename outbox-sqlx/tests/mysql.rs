@@ -195,13 +195,7 @@ impl MySqlHarness {
 async fn older_harness() -> MySqlHarness {
     let pool = pool().await;
     let (names, cleanup) = fresh_outbox(&pool);
-    for migration in
-        &outbox_sql::outbox_migrations(Dialect::MySql, &names, PublishedRows::Keep)[..2]
-    {
-        for statement in &migration.statements {
-            sqlx::raw_sql(statement).execute(&pool).await.unwrap();
-        }
-    }
+    common::older_table(&pool, Dialect::MySql, &names, 2).await;
     MySqlHarness {
         outbox: MySqlOutbox::with_names(pool, names),
         _cleanup: cleanup,

@@ -114,13 +114,7 @@ async fn older_harness() -> PgHarness {
     let names = TableNames::default()
         .outbox(&common::fresh_table("outbox"))
         .unwrap();
-    for migration in
-        &outbox_sql::outbox_migrations(Dialect::Postgres, &names, PublishedRows::Keep)[..2]
-    {
-        for statement in &migration.statements {
-            sqlx::raw_sql(statement).execute(&pool).await.unwrap();
-        }
-    }
+    common::older_table(&pool, Dialect::Postgres, &names, 2).await;
     PgHarness {
         outbox: PgOutbox::with_names(pool, names),
         mode: PublishedRows::Keep,

@@ -114,13 +114,7 @@ async fn older_harness() -> SqliteHarness {
     let names = TableNames::default()
         .outbox(&common::fresh_table("outbox"))
         .unwrap();
-    for migration in
-        &outbox_sql::outbox_migrations(Dialect::Sqlite, &names, PublishedRows::Keep)[..2]
-    {
-        for statement in &migration.statements {
-            sqlx::raw_sql(statement).execute(&db.pool).await.unwrap();
-        }
-    }
+    common::older_table(&db.pool, Dialect::Sqlite, &names, 2).await;
     SqliteHarness {
         outbox: SqliteOutbox::with_names(db.pool.clone(), names),
         _db: Some(db),

@@ -905,6 +905,24 @@ where
     assert_eq!(rows().await, 2);
 }
 
+/// Runs the schema's first `count` migrations for `names` on `pool`, unrecorded: a table
+/// as an older release left it.
+pub async fn older_table<DB>(
+    pool: &sqlx::Pool<DB>,
+    dialect: outbox_sql::Dialect,
+    names: &outbox_sql::TableNames,
+    count: usize,
+) where
+    DB: sqlx::Database,
+    for<'c> &'c sqlx::Pool<DB>: sqlx::Executor<'c, Database = DB>,
+{
+    let migrations =
+        outbox_sql::outbox_migrations(dialect, names, outbox_engine::PublishedRows::Keep);
+    for statement in migrations[..count].iter().flat_map(|m| &m.statements) {
+        sqlx::raw_sql(statement).execute(pool).await.unwrap();
+    }
+}
+
 /// The tests every database runs, one body each (tokio's `rt_common` pattern). The file
 /// that expands it defines:
 /// - `async fn harness(mode: PublishedRows) -> Harness`: a fresh outbox table (in a
