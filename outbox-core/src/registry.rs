@@ -463,10 +463,11 @@ pub trait RouteSink: Sink + Sized {
     }
 }
 
-/// Implements [`RouteSink`] for a sink built the usual way: `Sink::connect(config)`
-/// builds it, `config.validate()` checks its settings offline, `error.is_retryable()`
-/// says whether building again can help and, with `url_options` last, the config's
-/// `take_url_options` moves the options in its URL's query into its fields.
+/// Implements [`RouteSink`] for a sink built the usual way: the sink type's own async
+/// `connect(config)` builds it, `config.validate()` checks its settings offline,
+/// `error.is_retryable()` says whether building again can help and, with `url_options`
+/// last, the config's `take_url_options` moves the options in its URL's query into its
+/// fields.
 ///
 /// ```
 /// # use outbox_engine::testkit::RecordingSink;

@@ -12,7 +12,8 @@
 //!   with libtest's command line (`--list`, filters, `--skip`, `--exact`), so any runner
 //!   sees its tests.
 //! - [`server_url`] / [`no_server`]: where the test servers are, and a loud failure when
-//!   one is missing.
+//!   one is missing; [`postgres_url`] and, with the `postgres` feature, `postgres_pool`
+//!   for the test PostgreSQL server.
 //! - [`make_certificates`]: a private CA with server and client certificates, for TLS tests;
 //!   [`TlsTerminator`]: `socat` terminating TLS (and verifying clients) in front of a server.
 //! - [`servers`]: private `nats-server`s and `mosquitto`s, for restarts and server settings.
