@@ -70,12 +70,12 @@ pub struct RedisSinkConfig {
     pub url: String,
     /// The stream key template (see [`StreamTemplate`]).
     pub stream: String,
-    /// Trim the stream to about this many entries on every append (`MAXLEN ~ n`); `None`
-    /// never trims.
+    /// Trim the stream to about this many entries on every append (`MAXLEN ~ n`); unset,
+    /// the stream is never trimmed.
     #[setters(into = false, strip_option = false)]
     pub maxlen: Option<u64>,
-    /// How long a re-sent idempotency key is recognised and not appended again; `None`
-    /// (`"off"` in a config file, TOML has no null) appends every publish.
+    /// How long a re-sent idempotency key is recognised and not appended again. `"off"`
+    /// (`None` in code; TOML has no null) appends every publish.
     #[setters(into = false, strip_option = false)]
     #[serde(deserialize_with = "outbox_engine::duration::or_off::deserialize")]
     pub dedupe_window: Option<Duration>,
