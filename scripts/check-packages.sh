@@ -58,6 +58,10 @@ done
     printf '%s\n' "${patches[@]}"
 } >"$scratch/Cargo.toml"
 cp Cargo.lock "$scratch/Cargo.lock"
+# `cargo package` stamps every file with one fixed time in 2006, so against the kept
+# target directory a changed crate would look older than its last check and be skipped:
+# date the sources now, so that each run checks what it packed.
+find "$scratch" -type f -exec touch {} +
 
 for entry in "${packages[@]}"; do
     read -r name _ <<<"$entry"
