@@ -64,6 +64,7 @@ pub enum Binary {
 ///
 /// let config = SqsSinkConfig::from_url("sqs://eu-west-1/invoices.fifo?default_group=billing")?;
 /// assert!(config.validate().is_ok());
+/// assert!(config.clone().default_group("").validate().is_err());
 ///
 /// let local = SqsSinkConfig::new("sqs+http://127.0.0.1:4566/000000000000/invoices")
 ///     .region("us-east-1")
