@@ -91,6 +91,12 @@ pub trait SqlDialect: sqlx::Database + sealed::Sealed {
         async { Ok(()) }
     }
 
+    /// Whether a result's types belong to its columns, so that one row of a result read
+    /// whole vouches for the types of the others (a `verified` column). SQLite types
+    /// each value instead.
+    #[doc(hidden)]
+    const TYPED_COLUMNS: bool = true;
+
     /// How many rows a statement changed.
     #[doc(hidden)]
     fn rows_affected(result: &Self::QueryResult) -> u64;
@@ -111,10 +117,6 @@ pub trait SqlDialect: sqlx::Database + sealed::Sealed {
 pub struct Column {
     name: &'static str,
     position: Position,
-    #[cfg_attr(
-        not(any(feature = "postgres", feature = "mysql")),
-        expect(dead_code, reason = "SQLite checks every value")
-    )]
     verified: bool,
 }
 
@@ -188,7 +190,6 @@ impl<R: sqlx::Row> sqlx::ColumnIndex<R> for Column {
 
 /// Reads `column` of `row` as `T`; the column's type is checked unless it was
 /// [`verified`](Column::verified).
-#[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) fn get<'r, T, R>(row: &'r R, column: impl Into<Column>) -> Result<T, sqlx::Error>
 where
     R: sqlx::Row,

@@ -123,7 +123,7 @@ pub(crate) fn claimed<DB: SqlDialect>(
             Ok(mut m) => {
                 m.waited = waited::<DB>(row, &columns);
                 messages.push(m);
-                if !verified {
+                if DB::TYPED_COLUMNS && !verified {
                     verified = true;
                     columns = columns.verified();
                 }

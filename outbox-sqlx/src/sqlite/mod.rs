@@ -106,7 +106,7 @@ use sqlx::sqlite::{Sqlite, SqlitePool, SqliteQueryResult, SqliteRow};
 
 use crate::SqlInbox;
 use crate::common::{stored_id, undecodable};
-use crate::dialect::{Column, SqlDialect, Tables, sealed};
+use crate::dialect::{Column, SqlDialect, Tables, get, sealed};
 use crate::error::classify;
 use crate::store::SqlOutbox;
 
@@ -156,22 +156,21 @@ impl SqlDialect for Sqlite {
         tx.commit().await.map_err(classify)
     }
 
-    // SQLite types each value, not each column: every value's type is checked, even in a
-    // column `verified` in another row.
+    /// SQLite types each value, not each column: every value's type is checked.
+    const TYPED_COLUMNS: bool = false;
+
     fn text(row: &SqliteRow, column: impl Into<Column>) -> Result<Option<String>, sqlx::Error> {
-        row.try_get(column.into())
+        get(row, column)
     }
 
     fn payload(row: &SqliteRow, column: impl Into<Column>) -> Result<Vec<u8>, sqlx::Error> {
-        row.try_get(column.into())
+        get(row, column)
     }
 
     /// Ids are stored as text; only the lowercase hyphenated form is read.
     fn id(row: &SqliteRow, column: impl Into<Column>) -> Result<MessageId, String> {
         let column = column.into();
-        let text: &str = row
-            .try_get(column)
-            .map_err(|e| undecodable(column.name(), e))?;
+        let text: &str = get(row, column).map_err(|e| undecodable(column.name(), e))?;
         stored_id(text)
     }
 
@@ -183,21 +182,18 @@ impl SqlDialect for Sqlite {
     }
 
     fn count(row: &SqliteRow, column: impl Into<Column>) -> Result<i64, sqlx::Error> {
-        row.try_get(column.into())
+        get(row, column)
     }
 
     fn attempts(row: &SqliteRow, column: impl Into<Column>) -> Result<i64, sqlx::Error> {
-        row.try_get(column.into())
+        get(row, column)
     }
 
     /// Times are unix milliseconds.
     fn time(row: &SqliteRow, column: impl Into<Column>) -> Result<Option<DateTime<Utc>>, String> {
         let column = column.into();
         let name = column.name();
-        let Some(ms) = row
-            .try_get::<Option<i64>, _>(column)
-            .map_err(|e| undecodable(name, e))?
-        else {
+        let Some(ms) = get::<Option<i64>, _>(row, column).map_err(|e| undecodable(name, e))? else {
             return Ok(None);
         };
         DateTime::from_timestamp_millis(ms)
